@@ -1,0 +1,68 @@
+"""Models for tests that record what they saw inside forward: the only honest proof that a switch
+changed what ran (autocast dtype, memory format, numerics settings, distributed state)."""
+
+from __future__ import annotations
+
+import pytorch_lightning as pl
+import torch
+from torch import nn
+
+SEEN: list = []
+
+
+def _snapshot(x: torch.Tensor, conv: nn.Conv2d, out: torch.Tensor) -> dict:
+    params = list(conv.parameters())
+    return {
+        "input_dtype": x.dtype,
+        "conv_out_dtype": out.dtype,
+        "autocast": torch.is_autocast_enabled(x.device.type),
+        "input_channels_last": x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(),
+        "weight_channels_last": conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous(),
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
+        "distributed": torch.distributed.is_available() and torch.distributed.is_initialized(),
+        "dtensor_params": any(type(p).__name__ == "DTensor" or type(getattr(p, "data", p)).__name__ == "DTensor" for p in params),
+        "grad_enabled": torch.is_grad_enabled(),
+    }
+
+
+class ProbeNet(nn.Module):
+    """A small CNN that appends a snapshot of its runtime context to SEEN on every forward."""
+
+    def __init__(self, num_classes: int = 10, width: int = 8, fail_when: str | None = None):
+        super().__init__()
+        self.conv = nn.Conv2d(3, width, 3, padding=1)
+        self.bn = nn.BatchNorm2d(width)
+        self.fc = nn.Linear(width, num_classes)
+        if fail_when:
+            raise RuntimeError(f"ProbeNet asked to fail: {fail_when}")
+
+    def forward(self, x):
+        out = self.conv(x)
+        if not torch.compiler.is_compiling():
+            SEEN.append(_snapshot(x, self.conv, out))
+        return self.fc(torch.relu(self.bn(out)).mean((2, 3)))
+
+
+class ProbeLightningModule(pl.LightningModule):
+    """A user's own LightningModule: trained as-is, with its own step and optimizer."""
+
+    calls: list = []
+
+    def __init__(self, num_classes: int = 10, lr: float = 0.01):
+        super().__init__()
+        self.net = ProbeNet(num_classes)
+        self.lr = lr
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        ProbeLightningModule.calls.append(batch_idx)
+        x, y = batch
+        loss = nn.functional.cross_entropy(self(x), y)
+        self.log("train/loss", loss, on_epoch=True)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.lr)

@@ -1,0 +1,91 @@
+"""Config composition, scale precedence and the bad-input messages (no training here)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_cli
+
+from trainer.config import check_overrides
+from trainer.errors import ConfigError
+
+RECIPES = ["resnet50", "vit"]
+
+
+def test_base_config_composes(compose):
+    cfg = compose()
+    assert cfg.model._target_ == "trainer.models.tiny.TinyCNN"
+    assert cfg.data.name == "synthetic"
+    assert cfg.amp is False and cfg.compile is False and cfg.accumulate == 1
+
+
+@pytest.mark.parametrize("recipe,target,optim", [("resnet50", "torchvision.models.resnet50", "sgd"), ("vit", "torchvision.models.vision_transformer.VisionTransformer", "adamw")])
+def test_recipes_resolve_as_all_off_baselines(compose, recipe, target, optim):
+    cfg = compose(f"+recipe={recipe}")
+    assert cfg.recipe == recipe and cfg.model._target_ == target and cfg.optim.name == optim
+    assert cfg.data.image_size == 224
+    assert cfg.loss.label_smoothing > 0 and cfg.sched.name == "cosine" and cfg.sched.warmup_epochs > 0
+    assert not any([cfg.amp, cfg.compile, cfg.channels_last, cfg.tf32, cfg.cudnn_benchmark, cfg.profile])
+    assert cfg.accumulate == 1 and cfg.strategy == "auto"
+    if recipe == "vit":
+        assert cfg.trainer.gradient_clip_val == 1.0
+
+
+def test_scale_smoke_beats_recipe_and_cli_beats_scale(compose):
+    cfg = compose("+recipe=vit", "scale=smoke")
+    assert cfg.data.image_size == 32 and cfg.trainer.limit_train_batches == 8
+    assert cfg.model.hidden_dim == 192 and cfg.model.patch_size == 4  # the recipe's own smoke block
+    assert cfg.model.image_size == 32  # interpolation follows the scaled value
+    cfg = compose("+recipe=vit", "scale=smoke", "data.image_size=48", "model.num_layers=2")
+    assert cfg.data.image_size == 48 and cfg.model.image_size == 48 and cfg.model.num_layers == 2
+
+
+def test_full_scale_keeps_the_recipe(compose):
+    cfg = compose("+recipe=resnet50")
+    assert cfg.data.batch_size == 256 and cfg.trainer.limit_train_batches == 1.0
+
+
+@pytest.mark.parametrize(
+    "override,expected",
+    [
+        ("ampp=true", ["'ampp'", "Did you mean 'amp'"]),
+        ("accumulate=two", ["'accumulate'", "not an integer"]),
+        ("accumulate=0", ["'accumulate'", ">= 1"]),
+        ("amp=maybe", ["'amp'", "true, false"]),
+        ("+recipe=resnet5", ["Unknown recipe 'resnet5'", "resnet50, vit"]),
+        ("strategy=ddpp", ["'strategy'", "auto, ddp, fsdp, fsdp2"]),
+        ("amp_dtype=fp8", ["'amp_dtype'", "auto, bf16, fp16"]),
+        ("compile_mode=fast", ["'compile_mode'", "max-autotune"]),
+        ("data.batchsize=8", ["'data.batchsize'", "Did you mean 'data.batch_size'"]),
+        ("trainer.limit_train_batches=2.5", ["'trainer.limit_train_batches'", "fraction"]),
+        ("accumulate=1,0", ["'accumulate'", ">= 1"]),  # each sweep value is checked
+    ],
+)
+def test_bad_overrides_name_the_key_and_allowed_values(override, expected):
+    with pytest.raises(ConfigError) as e:
+        check_overrides([override], RECIPES)
+    for text in expected:
+        assert text in str(e.value)
+
+
+def test_good_overrides_pass():
+    check_overrides(["amp=false,true", "+recipe=vit", "scale=smoke", "data=builtin", "model.width=4", "hydra.run.dir=x", "trainer.limit_train_batches=3"], RECIPES)
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["ampp=true"], "Did you mean 'amp'"),
+        (["accumulate=two"], "'accumulate'"),
+        (["+recipe=nope"], "Unknown recipe 'nope'"),
+        (["strategy=fsdp"], "strategy=fsdp2"),
+        (["amp=true", "amp_dtype=fp16"], "amp_dtype=fp16"),
+        (["data=imagefolder", "data.root=/does/not/exist"], "data.root"),
+        (["model._target_=no_such_pkg.Net"], "model._target_"),
+    ],
+)
+def test_bad_input_reaches_the_user_without_a_traceback(tmp_path, args, expected):
+    r = run_cli(f"hydra.run.dir={tmp_path}/run", *args)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert expected in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    assert "HYDRA_FULL_ERROR" not in r.stderr

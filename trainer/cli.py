@@ -1,0 +1,113 @@
+"""The Hydra entry point behind ``train.py`` and the ``trainer-train`` console script.
+
+It checks the command line against the schema before Hydra composes (so a typo gets a one-paragraph
+answer, not a Hydra stack), applies ``scale=``, saves the effective config, runs the job, and
+keeps a sweep going when one job fails (its metrics.json says why; the exit code says that
+something failed).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import List
+
+from .errors import ConfigError
+
+log = logging.getLogger("trainer")
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = ROOT / "configs"
+RECIPE_DIR = ROOT / "recipes"
+
+# Hydra options that take a value as the next argument
+_OPTS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+_NO_CHECK = {"--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc", "--info", "-i"}
+
+_failed_jobs: List[str] = []
+
+
+def recipes() -> List[str]:
+    return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
+
+
+def user_overrides(argv: List[str]) -> List[str] | None:
+    """The key=value overrides in ``argv`` (Hydra's own options skipped); None for --help and the like."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg in _NO_CHECK:
+            return None
+        if arg in _OPTS_WITH_VALUE:
+            skip = True
+            continue
+        if arg.startswith("-") and "=" not in arg.split("-", 1)[-1][:1]:
+            continue
+        out.append(arg)
+    return out
+
+
+def fail(message: str, code: int = ConfigError.exit_code) -> None:
+    print(f"\nerror: {message}\n", file=sys.stderr)
+    sys.exit(code)
+
+
+def task(cfg) -> None:
+    """One Hydra job: apply the scale, save the effective config, run, record the outcome."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from .run import run
+    from .scale import apply_scale
+
+    hc = HydraConfig.get()
+    out_dir = hc.runtime.output_dir
+    multirun = hc.mode == RunMode.MULTIRUN
+    overrides = list(hc.overrides.task)
+    try:
+        cfg = apply_scale(cfg, overrides)
+        if hc.output_subdir is not None:
+            # Hydra saved the config before scale= was applied; keep the one that actually runs.
+            OmegaConf.save(cfg, os.path.join(out_dir, hc.output_subdir, "config.yaml"), resolve=True)
+        run(cfg, out_dir, overrides)
+    except ConfigError as e:
+        if not multirun:
+            fail(str(e))
+        log.error("job %s stopped before training: %s", hc.job.num, e)
+        _failed_jobs.append(out_dir)
+    except Exception:
+        if not multirun:
+            raise
+        log.exception("job %s failed; its metrics.json records the error, and the sweep goes on", hc.job.num)
+        _failed_jobs.append(out_dir)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    overrides = user_overrides(argv)
+    if overrides is not None:
+        from .config import check_overrides
+
+        try:
+            check_overrides(overrides, recipes())
+        except ConfigError as e:
+            fail(str(e))
+
+    import hydra
+
+    from .config import register_schema
+
+    register_schema()
+    hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(task)()
+    if _failed_jobs:
+        print(f"\n{len(_failed_jobs)} job(s) failed; see metrics.json in: {', '.join(_failed_jobs)}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

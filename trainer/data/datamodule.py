@@ -1,0 +1,77 @@
+"""The LightningDataModule behind every ``data=`` choice, with the loader knobs from config."""
+
+from __future__ import annotations
+
+import logging
+
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader
+
+from ..errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class ImageDataModule(pl.LightningDataModule):
+    def __init__(self, data_cfg, seed: int = 42):
+        super().__init__()
+        self.cfg = data_cfg
+        self.seed = seed
+        self.train_set = None
+        self.val_set = None
+        self.classes = None
+
+    def build(self) -> int:
+        """Create the datasets (generating the built-in set if needed); return the number of classes.
+
+        Called by ``trainer.run`` before the model exists, so a bad data path fails before
+        anything is built, and the model's output layer can follow the data's class count.
+        """
+        c = self.cfg
+        if c.name == "synthetic":
+            from .synthetic import SyntheticImages
+
+            self.train_set = SyntheticImages(c.num_samples, c.image_size, c.num_classes, self.seed, "train")
+            self.val_set = SyntheticImages(c.val_samples, c.image_size, c.num_classes, self.seed, "val") if c.val_samples else None
+            return c.num_classes
+        if c.name == "builtin":
+            from .builtin import ensure_builtin
+
+            root, key = ensure_builtin(c.cache_dir, c.images_per_class, c.stored_size), "data.cache_dir"
+        else:
+            root, key = c.root, "data.root"
+        from .folder import build_image_folders
+
+        self.train_set, self.val_set, self.classes = build_image_folders(root, c.image_size, c.augment, c.val_split, self.seed, key)
+        if len(self.train_set) == 0:
+            raise ConfigError(f"'{key}' ({root}) has no training images.")
+        if c.drop_last and len(self.train_set) < c.batch_size:
+            raise ConfigError(
+                f"data.batch_size={c.batch_size} is larger than the training set ({len(self.train_set)} images in {root}), "
+                "so every batch would be dropped. Lower data.batch_size or set data.drop_last=false."
+            )
+        return len(self.classes)
+
+    def _loader(self, dataset, train: bool) -> DataLoader:
+        c = self.cfg
+        workers = c.num_workers
+        return DataLoader(
+            dataset,
+            batch_size=c.batch_size,
+            shuffle=train,
+            drop_last=train and c.drop_last,
+            num_workers=workers,
+            pin_memory=c.pin_memory,
+            persistent_workers=c.persistent_workers and workers > 0,
+            prefetch_factor=c.prefetch_factor if workers > 0 else None,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        if self.train_set is None:
+            self.build()
+        return self._loader(self.train_set, train=True)
+
+    def val_dataloader(self):
+        if self.train_set is None:
+            self.build()
+        return self._loader(self.val_set, train=False) if self.val_set is not None and len(self.val_set) else []

@@ -1,0 +1,74 @@
+"""Real image folders (JPEG/PNG) in torchvision's ImageFolder layout, split into train and val.
+
+``root`` holds either ``train/`` and ``val/`` subfolders, each with one folder per class, or the
+class folders directly, in which case ``val_split`` of each class is held out (seeded, so the
+split is the same in every run).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Tuple
+
+from ..errors import ConfigError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def transforms_for(image_size: int, train: bool, augment: bool):
+    from torchvision import transforms as T
+
+    if train and augment:
+        steps = [T.RandomResizedCrop(image_size, scale=(0.35, 1.0), antialias=True), T.RandomHorizontalFlip()]
+    else:
+        steps = [T.Resize(int(round(image_size * 1.14)), antialias=True), T.CenterCrop(image_size)]
+    return T.Compose(steps + [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+
+def _image_folder(path: str, transform, key: str):
+    from torchvision.datasets import ImageFolder
+
+    try:
+        return ImageFolder(path, transform=transform)
+    except (FileNotFoundError, RuntimeError) as e:
+        raise ConfigError(
+            f"'{key}' points at {path}, which holds no images in class folders ({e}). "
+            "Expected DIR/<class>/<image>.jpg, or DIR/train/<class>/... and DIR/val/<class>/...; "
+            "images may be .jpg, .jpeg, .png, .bmp, .webp."
+        ) from None
+
+
+def build_image_folders(root: str, image_size: int, augment: bool, val_split: float, seed: int, key: str = "data.root") -> Tuple:
+    """Return (train_dataset, val_dataset or None, class_names)."""
+    import torch
+    from torch.utils.data import Subset
+
+    if not root:
+        raise ConfigError(f"'{key}' is not set. data=imagefolder needs data.root=DIR, a folder of class subfolders of images.")
+    root = os.path.expanduser(root)
+    if not os.path.isdir(root):
+        raise ConfigError(f"'{key}' points at {root}, which does not exist or is not a folder. Set {key}=DIR to a folder of class subfolders of images.")
+    train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
+    if os.path.isdir(train_dir):
+        train = _image_folder(train_dir, transforms_for(image_size, True, augment), key)
+        val = _image_folder(val_dir, transforms_for(image_size, False, augment), key) if os.path.isdir(val_dir) else None
+        if val is not None and val.classes != train.classes:
+            raise ConfigError(f"'{key}': {train_dir} and {val_dir} have different class folders; they must match.")
+        return train, val, train.classes
+    full_train = _image_folder(root, transforms_for(image_size, True, augment), key)
+    if val_split <= 0:
+        return full_train, None, full_train.classes
+    full_val = _image_folder(root, transforms_for(image_size, False, augment), key)
+    # a per-class split keeps every class in both halves
+    g = torch.Generator().manual_seed(seed)
+    by_class: dict = {}
+    for idx, target in enumerate(full_train.targets):
+        by_class.setdefault(target, []).append(idx)
+    train_idx, val_idx = [], []
+    for idxs in by_class.values():
+        perm = [idxs[i] for i in torch.randperm(len(idxs), generator=g).tolist()]
+        n_val = int(round(len(perm) * val_split)) if len(perm) > 1 else 0
+        val_idx += perm[:n_val]
+        train_idx += perm[n_val:]
+    return Subset(full_train, sorted(train_idx)), Subset(full_val, sorted(val_idx)), full_train.classes

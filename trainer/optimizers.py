@@ -1,0 +1,48 @@
+"""Optimizer and learning-rate schedule from config: SGD or AdamW, linear warm-up then cosine.
+
+Weight decay skips biases and normalization weights (the usual recipe practice). The schedule
+steps per optimizer step, so it stays right under gradient accumulation and any epoch length.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float):
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim <= 1 else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
+    groups = param_groups(model, cfg.weight_decay)
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    if cfg.name == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+    raise ValueError(f"unknown optimizer {cfg.name}")  # config.validate rejects it earlier
+
+
+def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float = 0.0):
+    """LR multiplier: linear warm-up from ~0 to 1, then cosine down to ``min_ratio``."""
+
+    def factor(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def build_scheduler(optimizer, cfg, total_steps: int, max_epochs: int):
+    if cfg.name == "constant":
+        return None
+    warmup_steps = int(round(cfg.warmup_epochs * total_steps / max(1, max_epochs)))
+    lam = warmup_cosine(total_steps, warmup_steps, cfg.min_lr_ratio)
+    return {"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, lam), "interval": "step"}

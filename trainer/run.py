@@ -1,0 +1,155 @@
+"""Build and run one training job from a composed config; always leave a metrics.json behind.
+
+``run(cfg, out_dir)`` does not depend on Hydra's runtime state, so tests call it in-process with a
+config composed by ``hydra.compose``; ``trainer.cli`` calls it once per (sweep) job.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from omegaconf import OmegaConf, open_dict
+
+from . import config as config_mod
+from . import metrics as metrics_mod
+from .errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def flags_of(cfg) -> Dict[str, Any]:
+    return {k: OmegaConf.to_container(cfg[k]) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in config_mod.FLAG_KEYS}
+
+
+def _trainer_args(cfg) -> Dict[str, Any]:
+    t = cfg.trainer
+    return {
+        "max_epochs": t.max_epochs,
+        "limit_train_batches": t.limit_train_batches,
+        "limit_val_batches": t.limit_val_batches,
+        "log_every_n_steps": t.log_every_n_steps,
+        "gradient_clip_val": t.gradient_clip_val,
+        "gradient_clip_algorithm": t.gradient_clip_algorithm,
+        "num_sanity_val_steps": t.num_sanity_val_steps,
+        "check_val_every_n_epoch": t.check_val_every_n_epoch,
+        "deterministic": t.deterministic,
+    }
+
+
+def _show_progress_bar(cfg) -> bool:
+    """``trainer.enable_progress_bar=null`` (default): only when stderr is a terminal."""
+    show = cfg.trainer.enable_progress_bar
+    return sys.stderr.isatty() if show is None else bool(show)
+
+
+def _callbacks(cfg, out_dir: str, timer) -> List[Any]:
+    import pytorch_lightning as pl
+
+    from .callbacks import ProfilerCallback
+
+    callbacks: List[Any] = [timer]
+    if cfg.profile:
+        callbacks.append(ProfilerCallback(os.path.join(out_dir, "profiler"), cfg.profiler))
+    if _show_progress_bar(cfg):
+        # a low refresh rate keeps the bar from costing time on fast steps
+        callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=cfg.trainer.progress_refresh_rate))
+    if cfg.checkpoint.enabled:
+        callbacks.append(
+            pl.callbacks.ModelCheckpoint(
+                dirpath=os.path.join(out_dir, "checkpoints"), every_n_epochs=cfg.checkpoint.every_n_epochs, save_last=True
+            )
+        )
+    return callbacks
+
+
+def _metric(trainer, name: str) -> Optional[float]:
+    if trainer is None:
+        return None
+    value = trainer.callback_metrics.get(name)
+    return round(float(value), 5) if value is not None else None
+
+
+def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, Any]:
+    """Train one job into ``out_dir``; return its metrics (also written to ``out_dir/metrics.json``).
+
+    Raises ConfigError for bad input (before anything is built) and re-raises training errors,
+    after metrics.json records them.
+    """
+    from .callbacks import EpochTimer
+
+    started = time.time()
+    timer = EpochTimer()
+    hw = plan = trainer = None
+    status, error = "ok", None
+    try:
+        config_mod.validate(cfg)
+        import pytorch_lightning as pl
+        import torch
+
+        from . import hardware, switchboard
+        from .data import ImageDataModule
+        from .models import build_module
+
+        hw = hardware.detect(cfg.accelerator)
+        plan = switchboard.resolve(cfg, hw)
+        log.info(plan.banner(cfg, hw))
+        for warning in plan.warnings:
+            log.warning(warning)
+        pl.seed_everything(cfg.seed, workers=True, verbose=False)
+        switchboard.apply_global_settings(cfg)
+
+        datamodule = ImageDataModule(cfg.data, cfg.seed)
+        num_classes = datamodule.build()
+        if num_classes != cfg.data.num_classes:
+            log.info("data.num_classes set to %d: the dataset has %d classes", num_classes, num_classes)
+            with open_dict(cfg):
+                cfg.data.num_classes = num_classes
+        module = switchboard.transform_model(build_module(cfg), cfg)
+
+        from pytorch_lightning.loggers import TensorBoardLogger
+
+        trainer = pl.Trainer(
+            **switchboard.trainer_kwargs(cfg, plan),
+            **_trainer_args(cfg),
+            callbacks=_callbacks(cfg, out_dir, timer),
+            logger=TensorBoardLogger(save_dir=out_dir, name="", version="", default_hp_metric=False),
+            default_root_dir=out_dir,
+            enable_checkpointing=cfg.checkpoint.enabled,
+            enable_progress_bar=_show_progress_bar(cfg),
+        )
+        if plan.accelerator == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+        if trainer.interrupted:
+            status, error = "failed", "interrupted (KeyboardInterrupt or signal) before the last epoch finished"
+    except BaseException as e:
+        status, error = "failed", (str(e) if isinstance(e, ConfigError) else metrics_mod.one_line(e))
+        raise
+    finally:
+        result = metrics_mod.build(
+            status=status,
+            error=error,
+            recipe=cfg.get("recipe"),
+            flags=flags_of(cfg),
+            device={"accelerator": hw.accelerator, "name": hw.name, "count": trainer.world_size if trainer else hw.count}
+            if hw
+            else None,
+            epochs=timer.epochs,
+            summary=timer.summary(),
+            peak_memory=metrics_mod.peak_memory_mb(plan.accelerator) if plan else None,
+            train_loss=_metric(trainer, "train/loss_epoch"),
+            val_acc=_metric(trainer, "val/acc"),
+            extra={
+                "precision": plan.precision if plan else None,
+                "overrides": list(overrides or []),
+                "data": {k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers")},
+                "wall_time_s": round(time.time() - started, 2),
+            },
+        )
+        if trainer is None or trainer.is_global_zero:
+            metrics_mod.write(os.path.join(out_dir, "metrics.json"), result)
+    return result

@@ -1,0 +1,141 @@
+"""The switchboard: turns the top-level optimization flags into what actually runs.
+
+Each flag is applied through Lightning's own mechanism where one exists (precision plugin,
+``accumulate_grad_batches``, strategy, ``benchmark``) or by one small function (channels_last,
+compile, tf32). ``resolve`` decides everything up front and refuses impossible combinations, so a
+bad flag stops before any model or data is built.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, List
+
+import torch
+
+from .errors import ConfigError
+from .hardware import Hardware
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Plan:
+    accelerator: str  # "cpu" | "cuda"
+    devices: Any
+    num_nodes: int
+    precision: str  # Lightning precision string
+    amp_dtype: str | None  # "bf16" | "fp16" | None (amp off)
+    strategy: Any
+    warnings: List[str] = field(default_factory=list)
+
+    def banner(self, cfg, hw: Hardware) -> str:
+        dtypes = "bf16" + ("" if hw.bf16_native else " (emulated, slow)") + (", fp16" if hw.fp16 else "")
+        flags = (
+            f"amp={'off' if not self.amp_dtype else self.amp_dtype} compile={cfg.compile and cfg.compile_mode} "
+            f"channels_last={cfg.channels_last} accumulate={cfg.accumulate} strategy={cfg.strategy} "
+            f"devices={self.devices} tf32={cfg.tf32} cudnn_benchmark={cfg.cudnn_benchmark} profile={cfg.profile}"
+        )
+        cap = f" sm{hw.capability}" if hw.capability else ""
+        return f"device: {hw.accelerator} x{hw.count} ({hw.name}{cap}, {hw.cpu_cores} cores) | dtypes: {dtypes} | {flags}"
+
+
+def resolve(cfg, hw: Hardware) -> Plan:
+    """Decide precision, strategy and devices from the flags; raise ConfigError if impossible."""
+    warnings: List[str] = []
+    if cfg.accelerator in ("gpu", "cuda") and hw.accelerator != "cuda":
+        raise ConfigError("'accelerator' is set to a GPU, but torch sees no CUDA device here. Allowed on this machine: auto, cpu.")
+    accelerator = hw.accelerator if cfg.accelerator == "auto" else ("cpu" if cfg.accelerator == "cpu" else "cuda")
+
+    amp_dtype = None
+    precision = "32-true"
+    if cfg.amp:
+        amp_dtype = cfg.amp_dtype
+        if amp_dtype == "auto":
+            amp_dtype = "bf16" if (accelerator == "cpu" or hw.bf16_native) else "fp16"
+        if amp_dtype == "fp16" and accelerator == "cpu":
+            raise ConfigError(
+                "'amp_dtype=fp16' needs a CUDA GPU: fp16 autocast with loss scaling is not supported on CPU. "
+                "Allowed here: amp_dtype=auto or amp_dtype=bf16 (or amp=false)."
+            )
+        precision = "bf16-mixed" if amp_dtype == "bf16" else "16-mixed"
+        if amp_dtype == "bf16" and not hw.bf16_native:
+            where = "this CPU has no AVX512-BF16/AMX" if accelerator == "cpu" else f"this GPU (sm{hw.capability}) has no native bf16"
+            warnings.append(
+                f"amp=true with bf16: {where}, so bf16 is emulated and will be SLOWER than fp32 here "
+                "(about 30x for a ResNet-50 step on the AVX2 build machines). Measure it, but do not expect a speed-up."
+            )
+
+    devices = cfg.devices
+    available = hw.count if accelerator == "cuda" else None
+    if accelerator == "cuda" and isinstance(devices, int) and devices > available:
+        raise ConfigError(f"'devices={devices}' but this machine has {available} CUDA device(s). Allowed: 1..{available}, -1 or auto.")
+
+    strategy: Any = cfg.strategy
+    if cfg.strategy == "fsdp":
+        if accelerator != "cuda":
+            raise ConfigError(
+                "'strategy=fsdp' needs CUDA GPUs (Lightning's FSDPStrategy refuses CPU). On this machine use "
+                "strategy=fsdp2 (FSDP2 via fully_shard, also runs on CPU with gloo), or strategy=ddp / auto."
+            )
+    elif cfg.strategy == "fsdp2":
+        from pytorch_lightning.strategies import ModelParallelStrategy
+
+        n = devices if isinstance(devices, int) and devices > 0 else (hw.count if accelerator == "cuda" else 1)
+        strategy = ModelParallelStrategy(data_parallel_size=n * cfg.num_nodes, tensor_parallel_size=1)
+    elif cfg.strategy == "ddp":
+        from pytorch_lightning.strategies import DDPStrategy
+
+        strategy = DDPStrategy(process_group_backend="nccl" if accelerator == "cuda" else "gloo")
+
+    if cfg.compile and cfg.compile_mode in ("reduce-overhead",) and accelerator == "cpu":
+        warnings.append("compile_mode=reduce-overhead uses CUDA graphs; on CPU it behaves like the default mode.")
+    if cfg.tf32 and accelerator == "cpu":
+        warnings.append("tf32=true only changes CUDA matmuls and convolutions (Ampere or newer); on CPU it has no effect.")
+    if cfg.cudnn_benchmark and accelerator == "cpu":
+        warnings.append("cudnn_benchmark=true only affects cuDNN on CUDA; on CPU it has no effect.")
+    return Plan(accelerator, devices, cfg.num_nodes, precision, amp_dtype, strategy, warnings)
+
+
+def apply_global_settings(cfg) -> None:
+    """Process-wide numerics: TF32 for matmuls and convolutions.
+
+    tf32=false sets full fp32 explicitly (torch's default leaves cuDNN convolutions on TF32),
+    so that the A/B baseline really is fp32.
+    """
+    torch.set_float32_matmul_precision("high" if cfg.tf32 else "highest")
+    torch.backends.cuda.matmul.allow_tf32 = bool(cfg.tf32)
+    torch.backends.cudnn.allow_tf32 = bool(cfg.tf32)
+
+
+def _to_channels_last(module, args):
+    return tuple(a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.ndim == 4 else a for a in args)
+
+
+def transform_model(module: torch.nn.Module, cfg) -> torch.nn.Module:
+    """Model transforms, in the order that composes: memory format, then compile (last)."""
+    if cfg.channels_last:
+        module.to(memory_format=torch.channels_last)
+        # inputs follow the weights: a forward pre-hook works for our wrapper and for a user's own
+        # LightningModule alike, and runs inside forward (where compile sees it)
+        module.register_forward_pre_hook(_to_channels_last)
+    if cfg.compile:
+        # Compiling the LightningModule itself (not a submodule) keeps state-dict keys free of
+        # "_orig_mod." (checked on torch 2.14.1 + Lightning 2.6.6); Lightning unwraps it in fit().
+        mode = None if cfg.compile_mode == "default" else cfg.compile_mode
+        module = torch.compile(module, mode=mode)
+    return module
+
+
+def trainer_kwargs(cfg, plan: Plan) -> dict:
+    """Lightning Trainer arguments owned by the switchboard."""
+    return {
+        "accelerator": "gpu" if plan.accelerator == "cuda" else "cpu",
+        "devices": plan.devices,
+        "num_nodes": plan.num_nodes,
+        "precision": plan.precision,
+        "strategy": plan.strategy,
+        "accumulate_grad_batches": cfg.accumulate,
+        "benchmark": bool(cfg.cudnn_benchmark),
+    }
