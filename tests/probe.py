@@ -11,7 +11,6 @@ SEEN: list = []
 
 
 def _snapshot(x: torch.Tensor, conv: nn.Conv2d, out: torch.Tensor) -> dict:
-    params = list(conv.parameters())
     return {
         "input_dtype": x.dtype,
         "conv_out_dtype": out.dtype,
@@ -21,7 +20,6 @@ def _snapshot(x: torch.Tensor, conv: nn.Conv2d, out: torch.Tensor) -> dict:
         "matmul_precision": torch.get_float32_matmul_precision(),
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "distributed": torch.distributed.is_available() and torch.distributed.is_initialized(),
-        "dtensor_params": any(type(p).__name__ == "DTensor" or type(getattr(p, "data", p)).__name__ == "DTensor" for p in params),
         "grad_enabled": torch.is_grad_enabled(),
     }
 
@@ -40,7 +38,8 @@ class ProbeNet(nn.Module):
     def forward(self, x):
         out = self.conv(x)
         if not torch.compiler.is_compiling():
-            SEEN.append(_snapshot(x, self.conv, out))
+            # fully_shard (FSDP2) swaps the module's class for an "FSDP<Name>" subclass
+            SEEN.append(dict(_snapshot(x, self.conv, out), module_class=type(self).__name__))
         return self.fc(torch.relu(self.bn(out)).mean((2, 3)))
 
 

@@ -26,7 +26,7 @@ def apply_scale(cfg: DictConfig, cli_overrides: Iterable[str]) -> DictConfig:
     scaled = cfg.copy()
     with open_dict(scaled):
         for layer in layers:
-            scaled.merge_with(OmegaConf.create(OmegaConf.to_container(layer)))
+            scaled.merge_with(OmegaConf.create(OmegaConf.to_container(OmegaConf.create(layer))))
         _reapply_cli(scaled, cli_overrides)
     return scaled
 

@@ -27,16 +27,18 @@ class ImageClassifier(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = F.cross_entropy(self(x), y, label_smoothing=self.label_smoothing)
-        # on_step values are only turned into Python floats at log_every_n_steps, so this does not
-        # add a device sync per step; the epoch mean is reduced once per epoch.
-        self.log("train/loss", loss, on_step=True, on_epoch=True, batch_size=y.shape[0])
+        # step values are only turned into Python floats at log_every_n_steps, so this adds no
+        # device sync per step; the epoch mean is reduced (across ranks too) once per epoch.
+        self.log("train/loss", loss, on_step=True, on_epoch=False, batch_size=y.shape[0])
+        self.log("train/loss_epoch", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=y.shape[0])
         return loss
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
         logits = self(x)
-        self.log("val/loss", F.cross_entropy(logits, y), on_epoch=True, batch_size=y.shape[0])
-        self.log("val/acc", (logits.argmax(1) == y).float().mean(), on_epoch=True, prog_bar=True, batch_size=y.shape[0])
+        n = y.shape[0]
+        self.log("val/loss", F.cross_entropy(logits, y), on_epoch=True, sync_dist=True, batch_size=n)
+        self.log("val/acc", (logits.argmax(1) == y).float().mean(), on_epoch=True, sync_dist=True, prog_bar=True, batch_size=n)
 
     def configure_model(self):
         """strategy=fsdp2: shard each repeated block, then the root, with FSDP2's ``fully_shard``."""

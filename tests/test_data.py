@@ -1,0 +1,86 @@
+"""Datasets and loader knobs: synthetic determinism, the built-in JPEG set, image folders."""
+
+from __future__ import annotations
+
+import torch
+from PIL import Image
+
+from trainer.data import ImageDataModule
+from trainer.data.synthetic import SyntheticImages
+
+
+def test_synthetic_is_deterministic_per_seed():
+    a, b, c = (SyntheticImages(32, 16, 4, seed) for seed in (1, 1, 2))
+    assert torch.equal(a[5][0], b[5][0]) and a[5][1] == b[5][1]
+    assert not torch.equal(a[5][0], c[5][0])
+    assert a[0][0].dtype == torch.float32 and a[0][0].shape == (3, 16, 16)
+
+
+def test_builtin_dataset_is_real_jpeg_and_cached(compose, tmp_path):
+    cfg = compose("data=builtin", f"data.cache_dir={tmp_path}", "data.images_per_class=4", "data.stored_size=40", "data.image_size=32", "data.batch_size=4")
+    dm = ImageDataModule(cfg.data, cfg.seed)
+    assert dm.build() == 10
+    files = sorted(tmp_path.rglob("*.jpg"))
+    assert len(files) == 10 * (4 + 2)
+    with Image.open(files[0]) as im:
+        assert im.format == "JPEG" and im.size == (40, 40)
+    first_mtime = files[0].stat().st_mtime
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (4, 3, 32, 32) and x.dtype == torch.float32
+    ImageDataModule(cfg.data, cfg.seed).build()  # second build reuses the cache
+    assert files[0].stat().st_mtime == first_mtime
+
+
+def _make_folder(root, classes=("a", "b", "c"), per_class=5, size=20):
+    for i, cls in enumerate(classes):
+        (root / cls).mkdir(parents=True)
+        for j in range(per_class):
+            Image.new("RGB", (size, size), (40 * i, 10 * j, 100)).save(root / cls / f"{j}.jpg")
+
+
+def test_imagefolder_split_by_ratio(compose, tmp_path):
+    _make_folder(tmp_path / "imgs", per_class=10)
+    cfg = compose("data=imagefolder", f"data.root={tmp_path / 'imgs'}", "data.val_split=0.2", "data.image_size=16", "data.batch_size=2")
+    dm = ImageDataModule(cfg.data, cfg.seed)
+    assert dm.build() == 3
+    assert len(dm.train_set) == 24 and len(dm.val_set) == 6
+    assert not set(dm.train_set.indices) & set(dm.val_set.indices)
+
+
+def test_imagefolder_train_val_subfolders(compose, tmp_path):
+    _make_folder(tmp_path / "ds" / "train", per_class=4)
+    _make_folder(tmp_path / "ds" / "val", per_class=2)
+    cfg = compose("data=imagefolder", f"data.root={tmp_path / 'ds'}", "data.image_size=16", "data.batch_size=2")
+    dm = ImageDataModule(cfg.data, cfg.seed)
+    assert dm.build() == 3 and len(dm.train_set) == 12 and len(dm.val_set) == 6
+
+
+def test_loader_knobs_reach_the_dataloader(compose):
+    cfg = compose("data.num_workers=2", "data.pin_memory=true", "data.persistent_workers=true", "data.prefetch_factor=4", "data.batch_size=16")
+    loader = ImageDataModule(cfg.data, cfg.seed).train_dataloader()
+    assert (loader.num_workers, loader.pin_memory, loader.persistent_workers, loader.prefetch_factor, loader.batch_size) == (2, True, True, 4, 16)
+    cfg = compose("data.num_workers=0", "data.persistent_workers=true", "data.prefetch_factor=4")
+    loader = ImageDataModule(cfg.data, cfg.seed).train_dataloader()
+    assert loader.num_workers == 0 and not loader.persistent_workers and loader.prefetch_factor is None
+
+
+def test_batch_larger_than_dataset_is_a_clear_error(compose, tmp_path):
+    import pytest
+
+    from trainer.errors import ConfigError
+
+    _make_folder(tmp_path / "small", per_class=2)
+    cfg = compose("data=imagefolder", f"data.root={tmp_path / 'small'}", "data.val_split=0", "data.batch_size=64")
+    with pytest.raises(ConfigError, match="data.batch_size=64 is larger than the training set"):
+        ImageDataModule(cfg.data, cfg.seed).build()
+
+
+def test_empty_folder_is_a_clear_error(compose, tmp_path):
+    import pytest
+
+    from trainer.errors import ConfigError
+
+    (tmp_path / "empty").mkdir()
+    cfg = compose("data=imagefolder", f"data.root={tmp_path / 'empty'}")
+    with pytest.raises(ConfigError, match="holds no images"):
+        ImageDataModule(cfg.data, cfg.seed).build()
