@@ -27,8 +27,9 @@ def _snapshot(x: torch.Tensor, conv: nn.Conv2d, out: torch.Tensor) -> dict:
 class ProbeNet(nn.Module):
     """A small CNN that appends a snapshot of its runtime context to SEEN on every forward."""
 
-    def __init__(self, num_classes: int = 10, width: int = 8, fail_when: str | None = None):
+    def __init__(self, num_classes: int = 10, width: int = 8, fail_when: str | None = None, fail_in_forward: bool = False):
         super().__init__()
+        self.fail_in_forward = fail_in_forward
         self.conv = nn.Conv2d(3, width, 3, padding=1)
         self.bn = nn.BatchNorm2d(width)
         self.fc = nn.Linear(width, num_classes)
@@ -36,6 +37,8 @@ class ProbeNet(nn.Module):
             raise RuntimeError(f"ProbeNet asked to fail: {fail_when}")
 
     def forward(self, x):
+        if self.fail_in_forward:
+            raise RuntimeError("ProbeNet forward failed on purpose")
         out = self.conv(x)
         if not torch.compiler.is_compiling():
             # fully_shard (FSDP2) swaps the module's class for an "FSDP<Name>" subclass

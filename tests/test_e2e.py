@@ -25,9 +25,46 @@ def test_sweep_runs_jobs_one_after_another_each_with_metrics(tmp_path):
         assert list(job.glob("events.out.tfevents.*"))
         seen.add((m["flags"]["amp"], m["flags"]["channels_last"]))
     assert seen == {(False, False), (False, True), (True, False), (True, True)}
-    # one after another: each job's wall clock interval ends before the next begins
-    starts = [json.loads((j / "metrics.json").read_text())["wall_time_s"] for j in jobs]
-    assert all(s > 0 for s in starts)
+    # the A/B report: three files, one row per job, the varied flags as columns, printed too
+    for name in ("ab_report.md", "ab_report.csv", "ab_report.png"):
+        assert (sweep / name).stat().st_size > 0
+    table = (sweep / "ab_report.md").read_text()
+    assert "| job | amp | channels_last | epoch_time_s |" in table and table.count("| ok |") == 4
+    assert "| job | amp | channels_last |" in r.stdout
+
+
+def test_a_crashing_job_keeps_its_row_and_the_sweep_goes_on(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = run_cli("-m", f"hydra.sweep.dir={sweep}", "model._target_=probe.ProbeNet", "~model.width", "+model.fail_in_forward=true,false", "trainer.max_epochs=2", "data.num_samples=64", "data.image_size=16", "checkpoint.enabled=false")
+    assert r.returncode == 1  # something failed, and the exit code says so
+    assert "Traceback" in r.stdout + r.stderr or "failed" in r.stderr
+    failed, ok = read_metrics(sweep / "0"), read_metrics(sweep / "1")
+    assert failed["status"] == "failed" and "forward failed on purpose" in failed["error"]
+    assert ok["status"] == "ok"
+    rows = (sweep / "ab_report.csv").read_text().splitlines()
+    assert len(rows) == 3 and ",failed," in rows[1] and ",ok," in rows[2]
+
+
+def test_epoch_times_agree_with_an_outside_stopwatch(tmp_path):
+    """The trainer's epoch times vs the gaps between its per-epoch log lines (no validation, no
+    checkpoints, so consecutive epoch-end lines are one training epoch apart)."""
+    import re
+    from datetime import datetime
+
+    run_dir = tmp_path / "stopwatch"
+    r = run_cli(f"hydra.run.dir={run_dir}", "data.num_samples=4096", "data.val_samples=0", "trainer.limit_val_batches=0", "trainer.max_epochs=4", "checkpoint.enabled=false")
+    assert r.returncode == 0, r.stderr[-3000:]
+    stamps = [
+        datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
+        for m in re.finditer(r"^\[([\d\- :,]+)\]\[trainer.callbacks.epoch_timer\]\[INFO\] - epoch \d+:", (run_dir / "train.log").read_text(), re.M)
+    ]
+    epochs = read_metrics(run_dir)["epochs"]
+    assert len(stamps) == len(epochs) == 4
+    for k in (1, 2, 3):
+        outside = (stamps[k] - stamps[k - 1]).total_seconds()
+        inside = epochs[k]["time_s"]
+        assert outside > 0.5, "epochs too short for a 5% comparison"
+        assert abs(inside - outside) <= 0.05 * outside, (k, inside, outside)
 
 
 @pytest.mark.parametrize("recipe", ["resnet50", "vit"])

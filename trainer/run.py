@@ -139,7 +139,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
             if hw
             else None,
             epochs=timer.epochs,
-            summary=timer.summary(),
+            summary=timer.summary(compiled=bool(cfg.compile)),
             peak_memory=metrics_mod.peak_memory_mb(plan.accelerator) if plan else None,
             train_loss=_metric(trainer, "train/loss_epoch"),
             val_acc=_metric(trainer, "val/acc"),

@@ -110,15 +110,27 @@ class EpochTimer(pl.Callback):
             )
 
     # ---- summary
-    def summary(self) -> Dict[str, Any]:
+    def summary(self, compiled: bool = False) -> Dict[str, Any]:
+        """Medians over the steady epochs (all epochs when only one ran), as metrics.json wants them.
+
+        With ``compiled``, ``compile_time_s`` is the first step's time beyond a steady step's: the
+        first forward and backward are where torch.compile traces and generates code.
+        """
         steady = [e for e in self.epochs if not e["warmup"]] or self.epochs
         if not steady:
             return {"epoch_time_s": None, "samples_per_s": None, "data_wait_fraction": None}
         total_time = sum(e["time_s"] for e in steady)
+        median_time = statistics.median(e["time_s"] for e in steady)
+        steps = max(1, statistics.median(e["steps"] for e in steady))
+        compile_time = None
+        if compiled and self.first_step_s is not None:
+            compile_time = round(max(0.0, self.first_step_s - median_time / steps), 3)
         return {
-            "epoch_time_s": round(statistics.median(e["time_s"] for e in steady), 4),
+            "epoch_time_s": round(median_time, 4),
             "samples_per_s": round(statistics.median(e["samples_per_s"] for e in steady), 2),
             "data_wait_fraction": round(sum(e["data_wait_s"] for e in steady) / total_time, 4) if total_time else None,
             "steady_epochs": len([e for e in self.epochs if not e["warmup"]]),
             "first_step_s": round(self.first_step_s, 4) if self.first_step_s is not None else None,
+            "compile_time_s": compile_time,
+            "val_time_s": round(statistics.median(e["val_time_s"] for e in steady), 4),
         }

@@ -1,0 +1,86 @@
+"""The A/B report: baseline choice, speedup, noise and accuracy flags, failed rows, the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from trainer import report
+
+
+def _job(root, name, flags, times, val_acc=0.5, status="ok", error=None, overrides=()):
+    d = root / name
+    d.mkdir(parents=True)
+    epochs = [{"epoch": i, "time_s": t, "samples": 320, "samples_per_s": 320 / t, "data_wait_s": 0.01, "steps": 20, "warmup": i == 0} for i, t in enumerate(times)]
+    steady = sorted(t for t in times[1:]) or times
+    m = {
+        "schema": 1, "status": status, "error": error, "recipe": None,
+        "flags": {"amp": False, "compile": False, "channels_last": False, "accumulate": 1, "strategy": "auto", **flags},
+        "device": {"accelerator": "cpu", "name": "test", "count": 1}, "epochs": epochs,
+        "epoch_time_s": steady[len(steady) // 2] if status == "ok" else None, "samples_per_s": 100.0,
+        "data_wait_fraction": 0.01, "peak_memory_mb": 100.0, "train_loss": 1.0, "val_acc": val_acc, "overrides": list(overrides),
+    }
+    (d / "metrics.json").write_text(json.dumps(m))
+    return d
+
+
+def test_rows_baseline_speedup_noise_accuracy_and_failure(tmp_path):
+    sweep = tmp_path / "sweep"
+    _job(sweep, "0", {"amp": True}, [3.0, 1.0, 1.0, 1.0], val_acc=0.50)  # not the baseline even though first
+    _job(sweep, "1", {}, [3.0, 2.0, 2.1, 1.9], val_acc=0.50)  # all off -> baseline
+    _job(sweep, "2", {"channels_last": True}, [3.0, 1.95, 2.05, 2.0], val_acc=0.40)  # within noise, accuracy drop
+    _job(sweep, "3", {"amp": True, "channels_last": True}, [3.0], status="failed", error="RuntimeError: boom")
+    _job(sweep, "10", {"amp": True, "channels_last": True}, [2.0])  # single epoch: warm-up only; natural sort after 3
+    columns, rows, base = report.build_rows(report.load_jobs([str(sweep)]))
+    assert columns[:3] == ["job", "amp", "channels_last"]
+    assert [r["job"] for r in rows] == ["0", "1", "2", "3", "10"]
+    assert base.path.name == "1"
+    by = {r["job"]: r for r in rows}
+    assert by["1"]["speedup"] == 1.0 and "baseline" in by["1"]["notes"]
+    assert by["0"]["speedup"] == 2.0 and "within noise" not in by["0"]["notes"]
+    assert "within noise" in by["2"]["notes"] and "ACCURACY DROP" in by["2"]["notes"]
+    assert by["3"]["status"] == "failed" and "RuntimeError: boom" in by["3"]["notes"] and by["3"]["speedup"] is None
+    assert "warm-up only" in by["10"]["notes"]
+
+
+def test_varied_keys_include_overrides(tmp_path):
+    _job(tmp_path, "a", {}, [2, 1, 1], overrides=["data.num_workers=0", "hydra.run.dir=x"])
+    _job(tmp_path, "b", {}, [2, 0.5, 0.5], overrides=["data.num_workers=2", "hydra.run.dir=y"])
+    jobs = report.load_jobs([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert report.varied_keys(jobs) == ["data.num_workers"]
+    _, rows, base = report.build_rows(jobs)
+    assert base.path.name == "a" and rows[1]["speedup"] == 2.0
+
+
+def test_cli_rebuilds_report_from_several_dirs(tmp_path):
+    _job(tmp_path / "day1", "0", {}, [2, 1, 1])
+    _job(tmp_path / "day2", "0", {"compile": True}, [9, 0.8, 0.8])
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "trainer.report", str(tmp_path / "day1"), str(tmp_path / "day2"), "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "| compile |" in (out / "ab_report.md").read_text().replace("| job | compile |", "| compile |")
+    assert (out / "ab_report.csv").read_text().count("\n") == 3
+    assert (out / "ab_report.png").stat().st_size > 5000
+    assert "1.25x" in r.stdout
+
+
+def test_cli_on_missing_dir_is_a_clear_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "trainer.report", str(tmp_path / "nope")], capture_output=True, text=True)
+    assert r.returncode == 2 and "no such dir" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_report_does_not_import_torch():
+    code = "import sys, trainer.report; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_parallel_launcher_gets_a_timing_warning(caplog):
+    from omegaconf import OmegaConf
+
+    cb = report.ABReportCallback()
+    cb.on_multirun_start(OmegaConf.create({"hydra": {"launcher": {"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"}}}))
+    assert "interfere" in caplog.text
+    caplog.clear()
+    cb.on_multirun_start(OmegaConf.create({"hydra": {"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}}}))
+    assert "interfere" not in caplog.text
