@@ -25,6 +25,8 @@ CHOICES: Dict[str, tuple] = {
     "data.name": ("synthetic", "imagefolder", "builtin"),
     "optim.name": ("sgd", "adamw"),
     "sched.name": ("cosine", "constant"),
+    "lr_scaling": ("none", "linear", "sqrt"),
+    "optim.fused": ("auto", True, False, "foreach"),
 }
 
 # Config groups: selecting one of these is not a value override.
@@ -44,6 +46,12 @@ FLAG_KEYS = (
     "profile",
     "tf32",
     "cudnn_benchmark",
+    "activation_checkpointing",
+    "lr_scaling",
+    "cuda_alloc_conf",
+    "optim.fused",
+    "optim.zero_grad_to_none",
+    "data.batch_size",
 )
 
 
@@ -51,7 +59,7 @@ FLAG_KEYS = (
 class DataConfig:
     name: str = "synthetic"
     root: Optional[str] = None  # imagefolder: a folder of class subfolders, or with train/ and val/ inside
-    batch_size: int = 32
+    batch_size: Any = 32  # an integer, or "auto": the largest that fits (see batch_finder)
     image_size: int = 32
     num_classes: int = 10
     num_workers: int = 0
@@ -98,8 +106,11 @@ class OptimConfig:
     nesterov: bool = False
     weight_decay: float = 5e-5
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
-    # the batch size ``lr`` was tuned for (reported; used by lr scaling rules)
+    # the batch size ``lr`` was tuned for: with lr_scaling, lr follows the effective batch size
     ref_batch_size: int = 256
+    # optimizer implementation: auto (torch's choice), true (fused kernels), foreach, false (per-parameter loop)
+    fused: Any = "auto"
+    zero_grad_to_none: bool = True
 
 
 @dataclass
@@ -140,6 +151,18 @@ class ProfilerConfig:
 
 
 @dataclass
+class BatchFinderConfig:
+    """data.batch_size=auto: power-of-two search with a real training step."""
+
+    start: int = 2
+    max_batch_size: int = 4096
+    # CPU: the most a training step may take above the process's resting RSS (null: half of MemAvailable)
+    memory_budget_mb: Optional[float] = None
+    # CUDA: fraction of device memory kept free
+    headroom: float = 0.1
+
+
+@dataclass
 class TrainSchema:
     seed: int = 42
     recipe: Optional[str] = None
@@ -157,6 +180,11 @@ class TrainSchema:
     profile: bool = False
     tf32: bool = False
     cudnn_benchmark: bool = False
+    activation_checkpointing: bool = False
+    # learning rate vs effective batch size (batch x accumulate x world size) relative to optim.ref_batch_size
+    lr_scaling: str = "none"
+    # PYTORCH_CUDA_ALLOC_CONF for this run (e.g. expandable_segments:True), set before CUDA initializes
+    cuda_alloc_conf: Optional[str] = None
     ckpt_path: Optional[str] = None
     data: DataConfig = field(default_factory=DataConfig)
     model: Dict[str, Any] = field(default_factory=dict)
@@ -169,6 +197,7 @@ class TrainSchema:
     scales: Dict[str, Any] = field(default_factory=dict)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    batch_finder: BatchFinderConfig = field(default_factory=BatchFinderConfig)
 
 
 def register_schema() -> None:
@@ -292,7 +321,7 @@ def allowed_values(key: str) -> str:
 RANGES = {
     "accumulate": (lambda v: v >= 1, "an integer >= 1 (1 means no accumulation)"),
     "num_nodes": (lambda v: v >= 1, "an integer >= 1"),
-    "data.batch_size": (lambda v: v >= 1, "an integer >= 1"),
+    "data.batch_size": (lambda v: v >= 1, "an integer >= 1, or auto"),
     "data.image_size": (lambda v: v >= 8, "an integer >= 8 (pixels)"),
     "data.num_classes": (lambda v: v >= 2, "an integer >= 2"),
     "data.num_workers": (lambda v: v >= 0, "an integer >= 0 (0 loads in the main process)"),
@@ -308,12 +337,15 @@ RANGES = {
 
 
 def _check_value(key: str, value: Any) -> None:
-    if key in CHOICES and value not in CHOICES[key]:
-        raise ConfigError(f"Bad value for '{key}': {value!r}. Allowed values: {', '.join(CHOICES[key])}.")
+    if key in CHOICES and (value not in CHOICES[key] or (isinstance(value, bool) and not any(c is value for c in CHOICES[key]))):
+        allowed = ", ".join(str(c).lower() if isinstance(c, bool) else c for c in CHOICES[key])
+        raise ConfigError(f"Bad value for '{key}': {value!r}. Allowed values: {allowed}.")
     if key in RANGES and value is not None and not isinstance(value, str):
         ok, what = RANGES[key]
         if not ok(value):
             raise ConfigError(f"Bad value for '{key}': {value!r}. It must be {what}.")
+    if key == "data.batch_size" and (isinstance(value, bool) or not (value == "auto" or isinstance(value, int))):
+        raise ConfigError(f"Bad value for 'data.batch_size': {value!r}. It must be an integer >= 1, or auto (the largest batch that fits).")
     if key == "devices" and not (value == "auto" or (isinstance(value, int) and (value >= 1 or value == -1))):
         raise ConfigError(f"Bad value for 'devices': {value!r}. It must be a positive integer, -1 (all) or auto.")
     if key in ("trainer.limit_train_batches", "trainer.limit_val_batches"):

@@ -9,21 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import resource
-import sys
 import tempfile
 from typing import Any, Dict, Optional
 
 SCHEMA = 1
-
-
-def peak_memory_mb(accelerator: str) -> float:
-    if accelerator == "cuda":
-        import torch
-
-        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
-    return round(rss / (2**20 if sys.platform == "darwin" else 2**10), 1)
 
 
 def one_line(exc: BaseException) -> str:

@@ -6,9 +6,12 @@ steps per optimizer step, so it stays right under gradient accumulation and any 
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float):
@@ -19,13 +22,33 @@ def param_groups(model: torch.nn.Module, weight_decay: float):
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+def _implementation(fused) -> dict:
+    """optim.fused -> optimizer kwargs: auto leaves torch's own choice."""
+    if fused is True:
+        return {"fused": True}
+    if fused == "foreach":
+        return {"foreach": True}
+    if fused is False:
+        return {"foreach": False, "fused": False}
+    return {}
+
+
 def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     groups = param_groups(model, cfg.weight_decay)
     if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
-    if cfg.name == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
-    raise ValueError(f"unknown optimizer {cfg.name}")  # config.validate rejects it earlier
+        cls, kwargs = torch.optim.SGD, {"lr": cfg.lr, "momentum": cfg.momentum, "nesterov": cfg.nesterov}
+    elif cfg.name == "adamw":
+        cls, kwargs = torch.optim.AdamW, {"lr": cfg.lr, "betas": tuple(cfg.betas)}
+    else:
+        raise ValueError(f"unknown optimizer {cfg.name}")  # config.validate rejects it earlier
+    impl = _implementation(cfg.get("fused", "auto"))
+    try:
+        return cls(groups, **kwargs, **impl)
+    except (RuntimeError, ValueError) as e:
+        if not impl.get("fused"):
+            raise
+        log.warning("optim.fused=true: %s has no fused kernel for these parameters (%s); using foreach instead", cls.__name__, e)
+        return cls(groups, **kwargs, foreach=True)
 
 
 def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float = 0.0):

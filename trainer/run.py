@@ -17,12 +17,13 @@ from omegaconf import OmegaConf, open_dict
 from . import config as config_mod
 from . import metrics as metrics_mod
 from .errors import ConfigError
+from .memory import PeakMemory
 
 log = logging.getLogger(__name__)
 
 
 def flags_of(cfg) -> Dict[str, Any]:
-    return {k: OmegaConf.to_container(cfg[k]) if OmegaConf.is_config(cfg[k]) else cfg[k] for k in config_mod.FLAG_KEYS}
+    return {k: OmegaConf.select(cfg, k) for k in config_mod.FLAG_KEYS}
 
 
 def _trainer_args(cfg) -> Dict[str, Any]:
@@ -82,18 +83,20 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
     from .callbacks import EpochTimer
 
     started = time.time()
+    requested = flags_of(cfg)  # as asked for (data.batch_size=auto stays "auto"; the chosen size is batch_size)
     timer = EpochTimer()
-    hw = plan = trainer = None
+    hw = plan = trainer = peak = None
     status, error = "ok", None
+    notes: Dict[str, Any] = {}
     try:
         config_mod.validate(cfg)
         import pytorch_lightning as pl
-        import torch
 
         from . import hardware, switchboard
         from .data import ImageDataModule
         from .models import build_module
 
+        switchboard.set_cuda_alloc_conf(cfg.cuda_alloc_conf)  # before the first CUDA call
         hw = hardware.detect(cfg.accelerator)
         plan = switchboard.resolve(cfg, hw)
         log.info(plan.banner(cfg, hw))
@@ -108,7 +111,18 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
             log.info("data.num_classes set to %d: the dataset has %d classes", num_classes, num_classes)
             with open_dict(cfg):
                 cfg.data.num_classes = num_classes
-        module = switchboard.transform_model(build_module(cfg), cfg)
+        module = switchboard.prepare_model(build_module(cfg), cfg)
+        with open_dict(cfg):
+            if cfg.data.batch_size == "auto":
+                from .batch_finder import find_batch_size
+
+                cfg.data.batch_size, notes["batch_size_reason"] = find_batch_size(
+                    module, datamodule.train_set, cfg, plan.accelerator, plan.amp_dtype
+                )
+                pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the search consumed random numbers
+            notes["lr_note"] = switchboard.scale_lr(cfg, plan.world_size(hw))
+        log.info(notes["lr_note"])
+        module = switchboard.compile_model(module, cfg)
 
         from pytorch_lightning.loggers import TensorBoardLogger
 
@@ -121,8 +135,8 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
             enable_checkpointing=cfg.checkpoint.enabled,
             enable_progress_bar=_show_progress_bar(cfg),
         )
-        if plan.accelerator == "cuda":
-            torch.cuda.reset_peak_memory_stats()
+        peak = PeakMemory(plan.accelerator)
+        peak.start()
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
         if trainer.interrupted:
             status, error = "failed", "interrupted (KeyboardInterrupt or signal) before the last epoch finished"
@@ -134,17 +148,21 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
             status=status,
             error=error,
             recipe=cfg.get("recipe"),
-            flags=flags_of(cfg),
+            flags=requested,
             device={"accelerator": hw.accelerator, "name": hw.name, "count": trainer.world_size if trainer else hw.count}
             if hw
             else None,
             epochs=timer.epochs,
             summary=timer.summary(compiled=bool(cfg.compile)),
-            peak_memory=metrics_mod.peak_memory_mb(plan.accelerator) if plan else None,
+            peak_memory=peak.peak_mb() if peak else None,
             train_loss=_metric(trainer, "train/loss_epoch"),
             val_acc=_metric(trainer, "val/acc"),
             extra={
                 "precision": plan.precision if plan else None,
+                "batch_size": cfg.data.batch_size,
+                "lr": cfg.optim.lr,
+                "peak_memory_method": peak.method if peak else None,
+                **notes,
                 "overrides": list(overrides or []),
                 "data": {k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers")},
                 "wall_time_s": round(time.time() - started, 2),

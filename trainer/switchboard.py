@@ -9,6 +9,7 @@ bad flag stops before any model or data is built.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any, List
 
@@ -29,6 +30,10 @@ class Plan:
     amp_dtype: str | None  # "bf16" | "fp16" | None (amp off)
     strategy: Any
     warnings: List[str] = field(default_factory=list)
+
+    def world_size(self, hw: Hardware) -> int:
+        per_node = self.devices if isinstance(self.devices, int) and self.devices > 0 else (hw.count if self.accelerator == "cuda" else 1)
+        return per_node * self.num_nodes
 
     def banner(self, cfg, hw: Hardware) -> str:
         dtypes = "bf16" + ("" if hw.bf16_native else " (emulated, slow)") + (", fp16" if hw.fp16 else "")
@@ -89,6 +94,11 @@ def resolve(cfg, hw: Hardware) -> Plan:
 
         strategy = DDPStrategy(process_group_backend="nccl" if accelerator == "cuda" else "gloo")
 
+    if cfg.data.batch_size == "auto" and cfg.strategy != "auto":
+        raise ConfigError(
+            f"'data.batch_size=auto' is single-device only (each rank of strategy={cfg.strategy} would search on its own). "
+            "Find the batch once with strategy=auto and pass the number it prints, e.g. data.batch_size=256."
+        )
     if cfg.compile and cfg.compile_mode in ("reduce-overhead",) and accelerator == "cpu":
         warnings.append("compile_mode=reduce-overhead uses CUDA graphs; on CPU it behaves like the default mode.")
     if cfg.tf32 and accelerator == "cpu":
@@ -113,13 +123,72 @@ def _to_channels_last(module, args):
     return tuple(a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.ndim == 4 else a for a in args)
 
 
-def transform_model(module: torch.nn.Module, cfg) -> torch.nn.Module:
-    """Model transforms, in the order that composes: memory format, then compile (last)."""
+def apply_activation_checkpointing(module: torch.nn.Module) -> int:
+    """Checkpoint each repeated block (non-reentrant): its activations are recomputed in backward.
+
+    The block's ``forward`` is wrapped in place, so state-dict keys do not change (checkpoints
+    load with the flag on or off), and it composes with torch.compile.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    from .models.blocks import repeated_blocks
+
+    blocks = repeated_blocks(module)
+    for block in blocks:
+
+        def forward(*args, _inner=block.forward, **kwargs):
+            if torch.is_grad_enabled():
+                return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            return _inner(*args, **kwargs)
+
+        block.forward = forward
+    return len(blocks)
+
+
+def prepare_model(module: torch.nn.Module, cfg) -> torch.nn.Module:
+    """Transforms that come before the batch-size search and compile: checkpointing, memory format."""
+    if cfg.activation_checkpointing:
+        n = apply_activation_checkpointing(module)
+        if not n:
+            raise ConfigError(
+                f"'activation_checkpointing=true' found no repeated blocks to checkpoint in {type(module).__name__} "
+                "(it looks for torchvision ResNet BasicBlock/Bottleneck, ViT EncoderBlock, or a 'blocks'/'layers' "
+                "ModuleList, as in timm). Allowed: activation_checkpointing=false for this model."
+            )
+        log.info("activation checkpointing: %d blocks", n)
     if cfg.channels_last:
         module.to(memory_format=torch.channels_last)
         # inputs follow the weights: a forward pre-hook works for our wrapper and for a user's own
         # LightningModule alike, and runs inside forward (where compile sees it)
         module.register_forward_pre_hook(_to_channels_last)
+    return module
+
+
+def scale_lr(cfg, world_size: int) -> str:
+    """Set optim.lr for the effective batch size (batch x accumulate x world) per ``lr_scaling``; return a note."""
+    effective = int(cfg.data.batch_size) * cfg.accumulate * world_size
+    ratio = effective / cfg.optim.ref_batch_size
+    factor = {"linear": ratio, "sqrt": ratio**0.5}.get(cfg.lr_scaling, 1.0)
+    base = cfg.optim.lr
+    cfg.optim.lr = base * factor
+    if cfg.lr_scaling == "none":
+        return f"lr {base:g} (effective batch {effective}; lr_scaling=none)"
+    return f"lr {base:g} at batch {cfg.optim.ref_batch_size} -> {cfg.optim.lr:.4g} at effective batch {effective} (lr_scaling={cfg.lr_scaling})"
+
+
+def set_cuda_alloc_conf(conf: str | None) -> None:
+    """PYTORCH_CUDA_ALLOC_CONF must be set before the CUDA caching allocator initializes."""
+    if not conf:
+        return
+    os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # CUDA already started in this process (a second sweep job): apply it to the live allocator
+        torch.cuda.memory._set_allocator_settings(conf)
+        log.warning("cuda_alloc_conf=%s applied to an already initialized CUDA allocator (a previous job started CUDA)", conf)
+
+
+def compile_model(module: torch.nn.Module, cfg) -> torch.nn.Module:
+    """``compile=true``: the last transform, after the batch-size search (which runs eagerly)."""
     if cfg.compile:
         # Compiling the LightningModule itself (not a submodule) keeps state-dict keys free of
         # "_orig_mod." (checked on torch 2.14.1 + Lightning 2.6.6); Lightning unwraps it in fit().

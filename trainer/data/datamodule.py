@@ -45,7 +45,7 @@ class ImageDataModule(pl.LightningDataModule):
         self.train_set, self.val_set, self.classes = build_image_folders(root, c.image_size, c.augment, c.val_split, self.seed, key)
         if len(self.train_set) == 0:
             raise ConfigError(f"'{key}' ({root}) has no training images.")
-        if c.drop_last and len(self.train_set) < c.batch_size:
+        if c.drop_last and isinstance(c.batch_size, int) and len(self.train_set) < c.batch_size:
             raise ConfigError(
                 f"data.batch_size={c.batch_size} is larger than the training set ({len(self.train_set)} images in {root}), "
                 "so every batch would be dropped. Lower data.batch_size or set data.drop_last=false."

@@ -56,6 +56,11 @@ class ImageClassifier(pl.LightningModule):
         fully_shard(self.net, mesh=mesh)
         self._sharded = True
 
+    def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+        # optim.zero_grad_to_none=true (default) frees gradient memory between steps instead of
+        # writing zeros into it
+        optimizer.zero_grad(set_to_none=self.optim_cfg.get("zero_grad_to_none", True))
+
     def configure_optimizers(self):
         optimizer = build_optimizer(self.net, self.optim_cfg)
         sched = build_scheduler(optimizer, self.sched_cfg, int(self.trainer.estimated_stepping_batches), self.trainer.max_epochs)

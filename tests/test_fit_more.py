@@ -1,0 +1,136 @@
+"""Issue 'fit more, step faster': batch-size search, activation checkpointing, optimizer
+implementations, zero_grad, lr scaling, the CUDA allocator setting, and peak memory."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+RESNET18 = ["model._target_=torchvision.models.resnet18", "~model.width"]
+
+
+def test_batch_size_auto_grows_with_the_memory_budget(train):
+    small, _ = train("data.batch_size=auto", "batch_finder.memory_budget_mb=40", "data.num_samples=1024", "data.image_size=32", "model.width=32")
+    large, _ = train("data.batch_size=auto", "batch_finder.memory_budget_mb=400", "data.num_samples=1024", "data.image_size=32", "model.width=32")
+    assert small["flags"]["data.batch_size"] == "auto"
+    assert small["batch_size"] < large["batch_size"]
+    assert small["batch_size_reason"].startswith("memory") and small["status"] == "ok"
+    assert small["epochs"][0]["samples"] == small["epochs"][0]["steps"] * small["batch_size"]
+
+
+def test_batch_size_auto_stops_at_dataset_size_and_cap(train):
+    m, _ = train("data.batch_size=auto", "data.num_samples=40", "batch_finder.memory_budget_mb=100000")
+    assert m["batch_size"] == 32 and m["batch_size_reason"].startswith("dataset size")
+    m, _ = train("data.batch_size=auto", "batch_finder.max_batch_size=16", "batch_finder.memory_budget_mb=100000")
+    assert m["batch_size"] == 16 and m["batch_size_reason"].startswith("cap")
+
+
+def test_batch_size_auto_is_single_device_only(train):
+    from trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="single-device only"):
+        train("data.batch_size=auto", "strategy=ddp")
+
+
+def test_lr_scales_with_the_effective_batch(train):
+    m, _ = train("lr_scaling=linear", "optim.lr=0.1", "optim.ref_batch_size=32", "data.batch_size=8", "accumulate=2")
+    assert m["lr"] == pytest.approx(0.1 * 16 / 32)
+    m, _ = train("lr_scaling=sqrt", "optim.lr=0.1", "optim.ref_batch_size=32", "data.batch_size=8")
+    assert m["lr"] == pytest.approx(0.05)
+    m, _ = train("optim.lr=0.1", "data.batch_size=8")
+    assert m["lr"] == pytest.approx(0.1)
+
+
+def test_activation_checkpointing_recomputes_blocks_in_backward(compose):
+    from trainer import switchboard
+    from trainer.models import build_module
+
+    def conv_calls_per_step(flag: str) -> int:
+        module = switchboard.prepare_model(build_module(compose(*RESNET18, f"activation_checkpointing={flag}")), compose(f"activation_checkpointing={flag}"))
+        calls = []
+        module.net.layer1[0].conv1.register_forward_hook(lambda *a: calls.append(1))
+        loss = module(torch.randn(2, 3, 32, 32)).sum()
+        loss.backward()
+        return len(calls)
+
+    assert conv_calls_per_step("false") == 1
+    assert conv_calls_per_step("true") == 2  # once in forward, once recomputed in backward
+
+
+def test_activation_checkpointing_trains_and_keeps_state_dict_keys(train, compose):
+    from trainer import switchboard
+    from trainer.models import build_module
+
+    plain = build_module(compose(*RESNET18)).state_dict().keys()
+    wrapped = switchboard.prepare_model(build_module(compose(*RESNET18)), compose("activation_checkpointing=true")).state_dict().keys()
+    assert list(plain) == list(wrapped)
+    m, _ = train(*RESNET18, "activation_checkpointing=true")
+    assert m["status"] == "ok" and m["flags"]["activation_checkpointing"] is True
+
+
+def test_activation_checkpointing_without_blocks_is_a_clear_error(train):
+    from trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no repeated blocks"):
+        train("activation_checkpointing=true")  # the tiny CNN has none
+
+
+@pytest.mark.parametrize("value,check", [("true", lambda o: o.defaults["fused"] is True), ("foreach", lambda o: o.defaults["foreach"] is True), ("false", lambda o: o.defaults["foreach"] is False and not o.defaults["fused"])])
+def test_optimizer_implementation(compose, value, check):
+    from trainer.optimizers import build_optimizer
+
+    for name in ("sgd", "adamw"):
+        cfg = compose(f"optim.fused={value}", f"optim.name={name}")
+        assert check(build_optimizer(torch.nn.Linear(4, 2), cfg.optim))
+
+
+def test_fused_falls_back_with_a_message(compose, caplog):
+    from trainer.optimizers import build_optimizer
+
+    model = torch.nn.Linear(4, 2).to(torch.float64)  # no fused kernel for float64 SGD on CPU? then foreach
+    opt = build_optimizer(model, compose("optim.fused=true").optim)
+    assert opt.defaults.get("fused") or "using foreach instead" in caplog.text
+
+
+def test_zero_grad_to_none_switch(train):
+    import pytorch_lightning as pl
+
+    seen = {}
+
+    class Watch(pl.Callback):
+        def on_before_backward(self, trainer, pl_module, loss):  # after zero_grad, before backward
+            if trainer.global_step == 1:
+                seen["grad"] = next(pl_module.parameters()).grad
+
+    original = pl.Trainer.__init__
+
+    def init(self, *a, callbacks=None, **kw):
+        original(self, *a, callbacks=list(callbacks or []) + [Watch()], **kw)
+
+    for flag, expect_none in (("true", True), ("false", False)):
+        pl.Trainer.__init__ = init
+        try:
+            train(f"optim.zero_grad_to_none={flag}")
+        finally:
+            pl.Trainer.__init__ = original
+        assert (seen["grad"] is None) == expect_none
+
+
+def test_cuda_alloc_conf_reaches_the_environment_before_cuda_init(train, monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    m, _ = train("model._target_=probe.ProbeNet", "~model.width", "cuda_alloc_conf=expandable_segments:True")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert not torch.cuda.is_initialized()
+    assert m["flags"]["cuda_alloc_conf"] == "expandable_segments:True"
+    os.environ.pop("PYTORCH_CUDA_ALLOC_CONF")
+
+
+def test_peak_memory_is_per_run_not_per_interpreter(train):
+    ballast = bytearray(300 * 2**20)  # the interpreter already holds 300 MB more than the run needs
+    ballast[::4096] = b"x" * len(ballast[::4096])
+    m, _ = train()
+    del ballast
+    assert m["peak_memory_mb"] < 250, m["peak_memory_mb"]
+    assert "VmHWM reset" in m["peak_memory_method"]

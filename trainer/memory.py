@@ -1,0 +1,76 @@
+"""Peak memory of this run, not of the whole interpreter.
+
+On CUDA: ``torch.cuda.max_memory_allocated`` after a reset at fit start. On CPU (Linux): the
+kernel's resident-set high-water mark (VmHWM), reset by writing 5 to /proc/self/clear_refs at fit
+start, minus the RSS at that moment, so a sweep's second job in the same process does not inherit
+the first job's peak and the interpreter's own footprint is not counted. Where the reset is not
+allowed, the process-lifetime ``ru_maxrss`` is the fallback (and said so in metrics.json).
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from typing import Optional
+
+
+def _status_kb(field: str) -> Optional[int]:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def rss_mb() -> Optional[float]:
+    kb = _status_kb("VmRSS")
+    return kb / 1024 if kb is not None else None
+
+
+def reset_cpu_peak() -> bool:
+    """Reset the RSS high-water mark; False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def cpu_peak_mb() -> float:
+    kb = _status_kb("VmHWM")
+    if kb is not None:
+        return kb / 1024
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return rss / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+class PeakMemory:
+    """Measure the peak memory of a stretch of work: ``start()`` then ``peak_mb()``."""
+
+    def __init__(self, accelerator: str) -> None:
+        self.accelerator = accelerator
+        self.baseline_mb = 0.0
+        self.method = ""
+
+    def start(self) -> None:
+        if self.accelerator == "cuda":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+            self.method = "cuda max_memory_allocated"
+        elif reset_cpu_peak():
+            self.baseline_mb = rss_mb() or 0.0
+            self.method = "process peak RSS over the run (VmHWM reset at fit start) minus RSS at fit start"
+        else:
+            self.method = "process peak RSS since start (ru_maxrss; the peak could not be reset)"
+
+    def peak_mb(self) -> float:
+        if self.accelerator == "cuda":
+            import torch
+
+            return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        return round(max(0.0, cpu_peak_mb() - self.baseline_mb), 1)
