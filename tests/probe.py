@@ -27,9 +27,11 @@ def _snapshot(x: torch.Tensor, conv: nn.Conv2d, out: torch.Tensor) -> dict:
 class ProbeNet(nn.Module):
     """A small CNN that appends a snapshot of its runtime context to SEEN on every forward."""
 
-    def __init__(self, num_classes: int = 10, width: int = 8, fail_when: str | None = None, fail_in_forward: bool = False):
+    def __init__(self, num_classes: int = 10, width: int = 8, fail_when: str | None = None, fail_in_forward: bool = False, nan_after: int | None = None):
         super().__init__()
         self.fail_in_forward = fail_in_forward
+        self.nan_after = nan_after  # training forwards after this many return NaN
+        self.train_calls = 0
         self.conv = nn.Conv2d(3, width, 3, padding=1)
         self.bn = nn.BatchNorm2d(width)
         self.fc = nn.Linear(width, num_classes)
@@ -43,7 +45,12 @@ class ProbeNet(nn.Module):
         if not torch.compiler.is_compiling():
             # fully_shard (FSDP2) swaps the module's class for an "FSDP<Name>" subclass
             SEEN.append(dict(_snapshot(x, self.conv, out), module_class=type(self).__name__))
-        return self.fc(torch.relu(self.bn(out)).mean((2, 3)))
+        logits = self.fc(torch.relu(self.bn(out)).mean((2, 3)))
+        if self.training and self.nan_after is not None:
+            self.train_calls += 1
+            if self.train_calls > self.nan_after:
+                logits = logits * float("nan")
+        return logits
 
 
 class ProbeLightningModule(pl.LightningModule):

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import List
 
-from .errors import ConfigError
+from .errors import ConfigError, UserFacingError
 
 log = logging.getLogger("trainer")
 
@@ -51,6 +51,25 @@ def user_overrides(argv: List[str]) -> List[str] | None:
     return out
 
 
+def check_output_dirs(overrides: List[str]) -> None:
+    """hydra.run.dir / hydra.sweep.dir given on the command line must be creatable and writable."""
+    import tempfile
+
+    for ov in overrides:
+        key, _, value = ov.partition("=")
+        if key.lstrip("+") not in ("hydra.run.dir", "hydra.sweep.dir") or "${" in value or "," in value:
+            continue
+        try:
+            os.makedirs(value, exist_ok=True)
+            with tempfile.TemporaryFile(dir=value):
+                pass
+        except OSError as e:
+            raise ConfigError(
+                f"'{key}={value}' cannot be used as the output dir: {e.strerror or e} ({type(e).__name__}). "
+                "Point it at a writable folder; nothing was written and no earlier result was touched."
+            ) from None
+
+
 def fail(message: str, code: int = ConfigError.exit_code) -> None:
     print(f"\nerror: {message}\n", file=sys.stderr)
     sys.exit(code)
@@ -74,11 +93,18 @@ def task(cfg) -> None:
         if hc.output_subdir is not None:
             # Hydra saved the config before scale= was applied; keep the one that actually runs.
             OmegaConf.save(cfg, os.path.join(out_dir, hc.output_subdir, "config.yaml"), resolve=True)
-        run(cfg, out_dir, overrides)
-    except ConfigError as e:
+        result = run(cfg, out_dir, overrides)
+        if result.get("preempted"):
+            from .checkpointing import PREEMPTED_EXIT_CODE
+
+            if not multirun:
+                print(f"\n{result['error']} (exit code {PREEMPTED_EXIT_CODE})", file=sys.stderr)
+                sys.exit(PREEMPTED_EXIT_CODE)
+            _failed_jobs.append(out_dir)
+    except UserFacingError as e:
         if not multirun:
-            fail(str(e))
-        log.error("job %s stopped before training: %s", hc.job.num, e)
+            fail(str(e), e.exit_code)
+        log.error("job %s stopped: %s", hc.job.num, e)
         _failed_jobs.append(out_dir)
     except Exception:
         if not multirun:
@@ -95,6 +121,7 @@ def main() -> None:
 
         try:
             check_overrides(overrides, recipes())
+            check_output_dirs(overrides)
         except ConfigError as e:
             fail(str(e))
 

@@ -26,6 +26,9 @@ CHOICES: Dict[str, tuple] = {
     "optim.name": ("sgd", "adamw"),
     "sched.name": ("cosine", "constant"),
     "lr_scaling": ("none", "linear", "sqrt"),
+    "on_nan": ("stop", "skip", "off"),
+    "data.on_bad_sample": ("skip", "stop"),
+    "checkpoint.mode": ("max", "min"),
     "optim.fused": ("auto", True, False, "foreach"),
 }
 
@@ -78,6 +81,8 @@ class DataConfig:
     stored_size: int = 160
     # augmentation for real images: random resized crop + flip in training
     augment: bool = True
+    # an image file that cannot be decoded: skip it (and count it) or stop with its path
+    on_bad_sample: str = "skip"
 
 
 @dataclass
@@ -134,8 +139,16 @@ class ScaleConfig:
 
 @dataclass
 class CheckpointConfig:
+    """checkpoints/ in the run dir; last.ckpt is always kept and always the newest state."""
+
     enabled: bool = True
     every_n_epochs: Optional[int] = 1
+    every_n_steps: Optional[int] = None
+    every_n_minutes: Optional[float] = None
+    keep_last_k: int = 1  # periodic checkpoints kept besides last.ckpt (-1: all)
+    monitor: Optional[str] = None  # also keep the best by this metric, e.g. val/acc
+    mode: str = "max"
+    save_weights_only: bool = False
 
 
 @dataclass
@@ -185,7 +198,8 @@ class TrainSchema:
     lr_scaling: str = "none"
     # PYTORCH_CUDA_ALLOC_CONF for this run (e.g. expandable_segments:True), set before CUDA initializes
     cuda_alloc_conf: Optional[str] = None
-    ckpt_path: Optional[str] = None
+    ckpt_path: Optional[str] = None  # a .ckpt file, or "last": the newest good checkpoint of the run dir
+    on_nan: str = "stop"  # a non-finite training loss: stop | skip (the step) | off (no check)
     data: DataConfig = field(default_factory=DataConfig)
     model: Dict[str, Any] = field(default_factory=dict)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -333,6 +347,10 @@ RANGES = {
     "sched.warmup_epochs": (lambda v: v >= 0, "a number >= 0"),
     "loss.label_smoothing": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
     "profiler.active": (lambda v: v >= 1, "an integer >= 1"),
+    "checkpoint.every_n_epochs": (lambda v: v is None or v >= 1, "null or an integer >= 1"),
+    "checkpoint.every_n_steps": (lambda v: v is None or v >= 1, "null or an integer >= 1"),
+    "checkpoint.every_n_minutes": (lambda v: v is None or v > 0, "null or a number of minutes > 0"),
+    "checkpoint.keep_last_k": (lambda v: v == -1 or v >= 0, "-1 (all) or an integer >= 0"),
 }
 
 

@@ -1,11 +1,24 @@
-"""The one exception type for bad user input, so the entry point can print it without a traceback."""
+"""Exceptions whose message is the whole story, so the entry point prints them without a traceback."""
 
 
-class ConfigError(Exception):
-    """A bad key, value or combination in the user's config.
+class UserFacingError(Exception):
+    """An error the user can act on; ``trainer.cli`` prints its message and exits with ``exit_code``."""
+
+    exit_code = 1
+
+
+class ConfigError(UserFacingError):
+    """A bad key, value or combination in the user's config, or bad input data.
 
     The message is a complete, one-paragraph explanation that names the key and what is allowed;
-    ``trainer.cli`` prints it as-is and exits with status 2, before any training starts.
+    it is raised before any training starts.
     """
 
     exit_code = 2
+
+
+class TrainingStopped(UserFacingError):
+    """Training stopped on purpose (a non-finite loss with on_nan=stop, a bad sample with
+    data.on_bad_sample=stop); the message names the step or file and the last good checkpoint."""
+
+    exit_code = 3

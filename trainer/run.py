@@ -16,7 +16,7 @@ from omegaconf import OmegaConf, open_dict
 
 from . import config as config_mod
 from . import metrics as metrics_mod
-from .errors import ConfigError
+from .errors import ConfigError, UserFacingError
 from .memory import PeakMemory
 
 log = logging.getLogger(__name__)
@@ -47,24 +47,48 @@ def _show_progress_bar(cfg) -> bool:
     return sys.stderr.isatty() if show is None else bool(show)
 
 
-def _callbacks(cfg, out_dir: str, timer) -> List[Any]:
+def _callbacks(cfg, out_dir: str, timer, extra: List[Any]) -> List[Any]:
     import pytorch_lightning as pl
 
     from .callbacks import ProfilerCallback
+    from .checkpointing import checkpoint_callbacks
 
-    callbacks: List[Any] = [timer]
+    callbacks: List[Any] = [timer, *extra]
     if cfg.profile:
         callbacks.append(ProfilerCallback(os.path.join(out_dir, "profiler"), cfg.profiler))
     if _show_progress_bar(cfg):
         # a low refresh rate keeps the bar from costing time on fast steps
         callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=cfg.trainer.progress_refresh_rate))
     if cfg.checkpoint.enabled:
-        callbacks.append(
-            pl.callbacks.ModelCheckpoint(
-                dirpath=os.path.join(out_dir, "checkpoints"), every_n_epochs=cfg.checkpoint.every_n_epochs, save_last=True
-            )
-        )
+        callbacks += checkpoint_callbacks(cfg.checkpoint, os.path.join(out_dir, "checkpoints"))
     return callbacks
+
+
+def _check_input_size(module, dataset, cfg) -> None:
+    """One sample through the model before training: a too-small image fails here, clearly."""
+    import torch
+
+    x = dataset[0][0].unsqueeze(0).repeat(2, 1, 1, 1)
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            module(x.contiguous(memory_format=torch.channels_last) if cfg.channels_last else x)
+    except Exception as e:
+        raise ConfigError(
+            f"The model cannot take data.image_size={cfg.data.image_size} images ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "
+            "Use a larger data.image_size (ResNets need about 32 px or more; a ViT needs a multiple of model.patch_size)."
+        ) from None
+    finally:
+        module.train(was_training)
+
+
+def _previous_epochs(out_dir: str) -> List[Dict[str, Any]]:
+    """Epochs a resumed run already recorded in its metrics.json."""
+    try:
+        return metrics_mod.read(os.path.join(out_dir, "metrics.json")).get("epochs") or []
+    except (OSError, ValueError):
+        return []
 
 
 def _metric(trainer, name: str) -> Optional[float]:
@@ -85,12 +109,16 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
     started = time.time()
     requested = flags_of(cfg)  # as asked for (data.batch_size=auto stays "auto"; the chosen size is batch_size)
     timer = EpochTimer()
-    hw = plan = trainer = peak = None
+    hw = plan = trainer = peak = preemption = bad_samples = nan_guard = None
     status, error = "ok", None
     notes: Dict[str, Any] = {}
     try:
         config_mod.validate(cfg)
+        import warnings
+
         import pytorch_lightning as pl
+
+        from .checkpointing import AtomicCheckpointIO, PreemptionCallback, ResumableState, resolve_ckpt_path
 
         from . import hardware, switchboard
         from .data import ImageDataModule
@@ -102,6 +130,13 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
         log.info(plan.banner(cfg, hw))
         for warning in plan.warnings:
             log.warning(warning)
+        ckpt_path = resolve_ckpt_path(cfg.ckpt_path, out_dir)
+        if ckpt_path:
+            timer.previous = [dict(e, resumed=True) for e in _previous_epochs(out_dir)]
+            notes["resumed_from"] = ckpt_path
+            log.info("resuming from %s", ckpt_path)
+            # our sampler and ResumableState make mid-epoch resume exact; Lightning cannot see that
+            warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended.*")
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         switchboard.apply_global_settings(cfg)
 
@@ -112,6 +147,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
             with open_dict(cfg):
                 cfg.data.num_classes = num_classes
         module = switchboard.prepare_model(build_module(cfg), cfg)
+        _check_input_size(module, datamodule.train_set, cfg)
         with open_dict(cfg):
             if cfg.data.batch_size == "auto":
                 from .batch_finder import find_batch_size
@@ -126,10 +162,22 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
 
         from pytorch_lightning.loggers import TensorBoardLogger
 
+        from .callbacks import BadSampleCounter, NaNGuard
+
+        checkpoint_dir = os.path.join(out_dir, "checkpoints")
+        preemption = PreemptionCallback(os.path.join(checkpoint_dir, "last.ckpt"))
+        bad_samples = BadSampleCounter()
+        nan_guard = NaNGuard(cfg.on_nan, checkpoint_dir if cfg.checkpoint.enabled else None)
+        extra_callbacks = [ResumableState(), preemption]
+        extra_callbacks += [bad_samples] if cfg.data.name != "synthetic" else []
+        extra_callbacks += [nan_guard] if cfg.on_nan != "off" else []
+        # sharded strategies save with their own checkpoint IO
+        plugins = [AtomicCheckpointIO()] if cfg.strategy in ("auto", "ddp") else []
         trainer = pl.Trainer(
             **switchboard.trainer_kwargs(cfg, plan),
             **_trainer_args(cfg),
-            callbacks=_callbacks(cfg, out_dir, timer),
+            plugins=plugins,
+            callbacks=_callbacks(cfg, out_dir, timer, extra_callbacks),
             logger=TensorBoardLogger(save_dir=out_dir, name="", version="", default_hp_metric=False),
             default_root_dir=out_dir,
             enable_checkpointing=cfg.checkpoint.enabled,
@@ -137,11 +185,21 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
         )
         peak = PeakMemory(plan.accelerator)
         peak.start()
-        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
-        if trainer.interrupted:
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True if ckpt_path else None)
+        except SystemExit:
+            # Lightning turns SIGTERM into SIGTERMException (a SystemExit with status 0) after the
+            # step in which our PreemptionCallback saved last.ckpt: that is a preemption, not a crash
+            if not preemption.received:
+                raise
+        if preemption.received:
+            status = "failed"
+            error = f"preempted by {preemption.received} at step {preemption.saved_at_step}; resume with ckpt_path=last"
+            notes["preempted"] = True
+        elif trainer.interrupted:
             status, error = "failed", "interrupted (KeyboardInterrupt or signal) before the last epoch finished"
     except BaseException as e:
-        status, error = "failed", (str(e) if isinstance(e, ConfigError) else metrics_mod.one_line(e))
+        status, error = "failed", (str(e) if isinstance(e, UserFacingError) else metrics_mod.one_line(e))
         raise
     finally:
         result = metrics_mod.build(
@@ -162,6 +220,8 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
                 "batch_size": cfg.data.batch_size,
                 "lr": cfg.optim.lr,
                 "peak_memory_method": peak.method if peak else None,
+                "skipped_samples": bad_samples.skipped if bad_samples else 0,
+                "nan_skipped_steps": nan_guard.skipped if nan_guard else 0,
                 **notes,
                 "overrides": list(overrides or []),
                 "data": {k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers")},

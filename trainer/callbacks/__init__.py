@@ -1,6 +1,8 @@
-"""Lightning callbacks the trainer adds to every run: epoch timing and profiling."""
+"""Lightning callbacks the trainer adds to runs: epoch timing, profiling, NaN guard, bad-sample count."""
 
+from .bad_samples import BadSampleCounter
 from .epoch_timer import EpochTimer
+from .nan_guard import NaNGuard
 from .profiler import ProfilerCallback
 
-__all__ = ["EpochTimer", "ProfilerCallback"]
+__all__ = ["BadSampleCounter", "EpochTimer", "NaNGuard", "ProfilerCallback"]

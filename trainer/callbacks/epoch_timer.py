@@ -39,10 +39,14 @@ def _batch_size(batch: Any) -> int:
 
 
 class EpochTimer(pl.Callback):
-    def __init__(self) -> None:
+    def __init__(self, previous: List[Dict[str, Any]] | None = None) -> None:
+        # a resumed run: the epochs its metrics.json already holds; those at or after the epoch the
+        # resumed run starts with are dropped (they did not reach a checkpoint)
+        self.previous: List[Dict[str, Any]] = previous or []
         self.epochs: List[Dict[str, Any]] = []
         self.step_times: List[float] = []  # per-step compute time of the current epoch (host view)
         self.first_step_s: float | None = None
+        self._fresh = True  # the first epoch this process runs is warm-up (also after a resume)
         self._reset()
 
     def _reset(self) -> None:
@@ -94,8 +98,13 @@ class EpochTimer(pl.Callback):
             "data_wait_s": round(self._wait, 4),
             "steps": self._steps,
             "val_time_s": round(self._val, 4),
-            "warmup": not self.epochs,  # the first epoch pays for compile, autotune, worker start-up
+            "warmup": self._fresh,  # the first epoch pays for compile, autotune, worker start-up
         }
+        if isinstance(trainer.num_training_batches, int) and self._steps < trainer.num_training_batches:
+            epoch["partial"] = True  # stopped early (preemption) or resumed mid-epoch: not a full epoch
+        if self._fresh and self.previous:
+            self.epochs = [e for e in self.previous if e["epoch"] < epoch["epoch"]]
+        self._fresh = False
         self.epochs.append(epoch)
         if trainer.logger is not None and trainer.is_global_zero:
             trainer.logger.log_metrics(
@@ -116,7 +125,8 @@ class EpochTimer(pl.Callback):
         With ``compiled``, ``compile_time_s`` is the first step's time beyond a steady step's: the
         first forward and backward are where torch.compile traces and generates code.
         """
-        steady = [e for e in self.epochs if not e["warmup"]] or self.epochs
+        full = [e for e in self.epochs if not e.get("partial")]
+        steady = [e for e in full if not e["warmup"]] or full
         if not steady:
             return {"epoch_time_s": None, "samples_per_s": None, "data_wait_fraction": None}
         total_time = sum(e["time_s"] for e in steady)
@@ -129,7 +139,7 @@ class EpochTimer(pl.Callback):
             "epoch_time_s": round(median_time, 4),
             "samples_per_s": round(statistics.median(e["samples_per_s"] for e in steady), 2),
             "data_wait_fraction": round(sum(e["data_wait_s"] for e in steady) / total_time, 4) if total_time else None,
-            "steady_epochs": len([e for e in self.epochs if not e["warmup"]]),
+            "steady_epochs": len([e for e in full if not e["warmup"]]),
             "first_step_s": round(self.first_step_s, 4) if self.first_step_s is not None else None,
             "compile_time_s": compile_time,
             "val_time_s": round(statistics.median(e["val_time_s"] for e in steady), 4),

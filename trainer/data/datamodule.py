@@ -20,6 +20,8 @@ class ImageDataModule(pl.LightningDataModule):
         self.train_set = None
         self.val_set = None
         self.classes = None
+        # (epoch, batches already trained in it): set by ResumableState for a mid-epoch resume
+        self.resume_position: tuple | None = None
 
     def build(self) -> int:
         """Create the datasets (generating the built-in set if needed); return the number of classes.
@@ -42,7 +44,9 @@ class ImageDataModule(pl.LightningDataModule):
             root, key = c.root, "data.root"
         from .folder import build_image_folders
 
-        self.train_set, self.val_set, self.classes = build_image_folders(root, c.image_size, c.augment, c.val_split, self.seed, key)
+        self.train_set, self.val_set, self.classes = build_image_folders(
+            root, c.image_size, c.augment, c.val_split, self.seed, key, c.on_bad_sample
+        )
         if len(self.train_set) == 0:
             raise ConfigError(f"'{key}' ({root}) has no training images.")
         if c.drop_last and isinstance(c.batch_size, int) and len(self.train_set) < c.batch_size:
@@ -55,16 +59,35 @@ class ImageDataModule(pl.LightningDataModule):
     def _loader(self, dataset, train: bool) -> DataLoader:
         c = self.cfg
         workers = c.num_workers
+        sampler = None
+        if train:
+            from .sampler import EpochShuffleSampler
+
+            sampler = EpochShuffleSampler(len(dataset), self.seed)
+            if self.resume_position:
+                epoch, batches = self.resume_position
+                sampler.skip[epoch] = batches * c.batch_size
+                self.resume_position = None
+        from .folder import skip_none_collate
+
         return DataLoader(
             dataset,
             batch_size=c.batch_size,
-            shuffle=train,
+            sampler=sampler,
+            collate_fn=skip_none_collate if c.name != "synthetic" else None,
             drop_last=train and c.drop_last,
             num_workers=workers,
             pin_memory=c.pin_memory,
             persistent_workers=c.persistent_workers and workers > 0,
             prefetch_factor=c.prefetch_factor if workers > 0 else None,
         )
+
+    def expected_batch_size(self, batch_idx: int) -> int:
+        """How many samples training batch ``batch_idx`` holds when no sample is skipped."""
+        c = self.cfg
+        if c.drop_last:
+            return c.batch_size
+        return min(c.batch_size, len(self.train_set) - batch_idx * c.batch_size)
 
     def train_dataloader(self) -> DataLoader:
         if self.train_set is None:

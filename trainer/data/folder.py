@@ -7,6 +7,7 @@ split is the same in every run).
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Tuple
 
@@ -26,11 +27,47 @@ def transforms_for(image_size: int, train: bool, augment: bool):
     return T.Compose(steps + [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
 
-def _image_folder(path: str, transform, key: str):
+def _safe_image_folder_class():
     from torchvision.datasets import ImageFolder
 
+    class SafeImageFolder(ImageFolder):
+        """ImageFolder that turns an undecodable file into a clear stop, or a skipped sample.
+
+        ``on_bad_sample=skip`` returns None for the sample; ``skip_none_collate`` drops it from the
+        batch and ``BadSampleCounter`` counts the short batches.
+        """
+
+        on_bad_sample = "skip"
+
+        def __getitem__(self, index):
+            try:
+                return super().__getitem__(index)
+            except (OSError, ValueError, SyntaxError) as e:  # PIL raises these for truncated/corrupt files
+                path = self.samples[index][0]
+                if self.on_bad_sample == "stop":
+                    from ..errors import TrainingStopped
+
+                    raise TrainingStopped(
+                        f"cannot decode {path} ({type(e).__name__}: {e}); stopped (data.on_bad_sample=stop). "
+                        "Remove or replace the file, or set data.on_bad_sample=skip to skip such files and count them."
+                    ) from None
+                logging.getLogger(__name__).warning("skipping undecodable image %s (%s)", path, e)
+                return None
+
+    return SafeImageFolder
+
+
+def skip_none_collate(batch):
+    from torch.utils.data import default_collate
+
+    return default_collate([b for b in batch if b is not None])
+
+
+def _image_folder(path: str, transform, key: str, on_bad_sample: str = "skip"):
     try:
-        return ImageFolder(path, transform=transform)
+        dataset = _safe_image_folder_class()(path, transform=transform)
+        dataset.on_bad_sample = on_bad_sample
+        return dataset
     except (FileNotFoundError, RuntimeError) as e:
         raise ConfigError(
             f"'{key}' points at {path}, which holds no images in class folders ({e}). "
@@ -39,7 +76,9 @@ def _image_folder(path: str, transform, key: str):
         ) from None
 
 
-def build_image_folders(root: str, image_size: int, augment: bool, val_split: float, seed: int, key: str = "data.root") -> Tuple:
+def build_image_folders(
+    root: str, image_size: int, augment: bool, val_split: float, seed: int, key: str = "data.root", on_bad_sample: str = "skip"
+) -> Tuple:
     """Return (train_dataset, val_dataset or None, class_names)."""
     import torch
     from torch.utils.data import Subset
@@ -51,15 +90,15 @@ def build_image_folders(root: str, image_size: int, augment: bool, val_split: fl
         raise ConfigError(f"'{key}' points at {root}, which does not exist or is not a folder. Set {key}=DIR to a folder of class subfolders of images.")
     train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
     if os.path.isdir(train_dir):
-        train = _image_folder(train_dir, transforms_for(image_size, True, augment), key)
-        val = _image_folder(val_dir, transforms_for(image_size, False, augment), key) if os.path.isdir(val_dir) else None
+        train = _image_folder(train_dir, transforms_for(image_size, True, augment), key, on_bad_sample)
+        val = _image_folder(val_dir, transforms_for(image_size, False, augment), key, on_bad_sample) if os.path.isdir(val_dir) else None
         if val is not None and val.classes != train.classes:
             raise ConfigError(f"'{key}': {train_dir} and {val_dir} have different class folders; they must match.")
         return train, val, train.classes
-    full_train = _image_folder(root, transforms_for(image_size, True, augment), key)
+    full_train = _image_folder(root, transforms_for(image_size, True, augment), key, on_bad_sample)
     if val_split <= 0:
         return full_train, None, full_train.classes
-    full_val = _image_folder(root, transforms_for(image_size, False, augment), key)
+    full_val = _image_folder(root, transforms_for(image_size, False, augment), key, on_bad_sample)
     # a per-class split keeps every class in both halves
     g = torch.Generator().manual_seed(seed)
     by_class: dict = {}

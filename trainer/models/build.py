@@ -32,5 +32,5 @@ def build_module(cfg) -> pl.LightningModule:
     if isinstance(obj, pl.LightningModule):
         return obj
     if isinstance(obj, torch.nn.Module):
-        return ImageClassifier(obj, cfg.optim, cfg.sched, cfg.loss.label_smoothing)
+        return ImageClassifier(obj, cfg.optim, cfg.sched, cfg.loss.label_smoothing, on_nan=cfg.on_nan)
     raise ConfigError(f"'model._target_={target}' built a {type(obj).__name__}, not an nn.Module or LightningModule.")

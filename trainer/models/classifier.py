@@ -14,12 +14,14 @@ from ..optimizers import build_optimizer, build_scheduler
 
 
 class ImageClassifier(pl.LightningModule):
-    def __init__(self, net: torch.nn.Module, optim_cfg, sched_cfg, label_smoothing: float = 0.0):
+    def __init__(self, net: torch.nn.Module, optim_cfg, sched_cfg, label_smoothing: float = 0.0, on_nan: str = "stop"):
         super().__init__()
         self.net = net
+        self.on_nan = on_nan
         self.optim_cfg = optim_cfg
         self.sched_cfg = sched_cfg
         self.label_smoothing = label_smoothing
+        self._zero_grad_to_none = bool(optim_cfg.get("zero_grad_to_none", True))
 
     def forward(self, x):
         return self.net(x)
@@ -27,6 +29,8 @@ class ImageClassifier(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = F.cross_entropy(self(x), y, label_smoothing=self.label_smoothing)
+        if self.on_nan == "skip" and not torch.isfinite(loss):
+            return None  # Lightning skips backward and the optimizer step
         # step values are only turned into Python floats at log_every_n_steps, so this adds no
         # device sync per step; the epoch mean is reduced (across ranks too) once per epoch.
         self.log("train/loss", loss, on_step=True, on_epoch=False, batch_size=y.shape[0])
@@ -59,7 +63,7 @@ class ImageClassifier(pl.LightningModule):
     def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
         # optim.zero_grad_to_none=true (default) frees gradient memory between steps instead of
         # writing zeros into it
-        optimizer.zero_grad(set_to_none=self.optim_cfg.get("zero_grad_to_none", True))
+        optimizer.zero_grad(set_to_none=self._zero_grad_to_none)
 
     def configure_optimizers(self):
         optimizer = build_optimizer(self.net, self.optim_cfg)

@@ -1,0 +1,347 @@
+"""How much does the framework cost per epoch, compared with a plain PyTorch loop?
+
+Why this exists: every switch in the trainer is only worth measuring if the trainer itself does not
+slow what it measures. This script trains the same model on the same data with the same optimizer
+twice: (a) with a plain hand-written PyTorch loop and (b) through ``train.py`` (Hydra + Lightning,
+logging, the epoch timer, the progress bar as a non-terminal user gets it). The target: on CPU,
+ResNet-18 at 32 px and batch 32, the trainer costs at most 3% more per epoch than the plain loop.
+
+How it measures: both sides run as separate subprocesses (the plain loop is this script with
+``--plain``), so both pay process start-up, and neither times itself. Each side is run twice, for
+``--short-epochs`` and ``--long-epochs`` epochs, timed from outside with a wall clock; the
+per-epoch cost is the slope
+
+    slope = (T_long - T_short) / (long_epochs - short_epochs)
+
+which cancels start-up (imports, Hydra, building the model and data) and the first epoch's warm-up,
+and leaves what a steady epoch costs. One untimed run of each side comes first, so the file cache
+is warm for everyone. In each repeat the plain and trainer runs alternate, and which side goes
+first flips from one repeat to the next, so slow drift in the machine's speed hits both sides alike.
+
+How to read it: per repeat, ``ratio = trainer_slope / plain_slope``; 1.00 means no overhead,
+1.03 means the trainer costs 3% more per epoch. The summary is the median ratio over the repeats
+with its spread (min-max). A spread wider than the overhead you are looking for means the
+measurement cannot resolve it: other processes were running (the JSON records the load average
+before and after, and each run's CPU time next to its wall time; CPU/wall near the core count means
+a run had the machine to itself) or the machine's speed wanders (shared VMs do). More ``--repeats``
+narrow the median best; longer runs (``--batches``, ``--long-epochs``) shrink start-up jitter.
+Both sides' last-epoch mean training loss is printed as a check that they trained the same thing:
+same initial weights and data, so they should be close (not equal: the trainer's sampler shuffles
+in its own order).
+
+    python scripts/bench_overhead.py      # the full benchmark: 5 repeats, 80 batches, 1 vs 4 epochs (~6-7 min on 2 cores)
+    python scripts/bench_overhead.py --repeats 1 --batches 5 --short-epochs 1 --long-epochs 2   # does it run? (~30 s)
+
+Results go to ``--out`` (default scripts/results/bench_overhead.json): every raw wall time and
+command, the slopes, the ratios, their median and spread, and the machine it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "scripts" / "results" / "bench_overhead.json"
+TARGET_RATIO = 1.03  # the trainer may cost at most 3% more per epoch than the plain loop
+BUSY_LOAD = 0.5  # a 1-minute load average above this before the start: something else is running
+
+# What both sides train. The trainer gets all of these on its command line, so a change to the
+# config defaults cannot make the two sides drift apart; they match configs/train.yaml today.
+SEED = 42
+IMAGE_SIZE = 32
+BATCH_SIZE = 32
+NUM_CLASSES = 10
+LR = 0.05
+MOMENTUM = 0.9
+WEIGHT_DECAY = 5e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# the plain PyTorch loop: what a user would write by hand (run in its own process by --plain)
+
+
+def plain_loop(epochs: int, batches: int) -> dict:
+    """Train like ``train.py`` would, without the framework; return the last epoch's mean loss.
+
+    Mirrors the trainer's recipe: synthetic data from the same class and seed, torchvision
+    ResNet-18 (random init), SGD with weight decay on weights only (trainer/optimizers.py's param
+    groups, torch's default implementation as with optim.fused=auto), a per-step cosine schedule with
+    no warm-up, gradients set to None, plain cross-entropy, shuffled batches with drop_last, no
+    workers, no validation, no checkpoints.
+    """
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+    from torch.utils.data import DataLoader
+
+    sys.path.insert(0, str(ROOT))
+    from trainer.data.synthetic import SyntheticImages
+
+    torch.manual_seed(SEED)
+    data = SyntheticImages(batches * BATCH_SIZE, IMAGE_SIZE, NUM_CLASSES, SEED, "train")
+    loader = DataLoader(data, batch_size=BATCH_SIZE, shuffle=True, drop_last=True, num_workers=0)
+    model = torchvision.models.resnet18(num_classes=NUM_CLASSES)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim > 1], "weight_decay": WEIGHT_DECAY},
+        {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},  # biases, norm weights
+    ]
+    optimizer = torch.optim.SGD(groups, lr=LR, momentum=MOMENTUM, nesterov=False)
+    total_steps = epochs * len(loader)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, total_steps))))
+    )
+
+    model.train()
+    for _ in range(epochs):
+        loss_sum = torch.zeros(())
+        for x, y in loader:
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            loss_sum += loss.detach()
+    return {"train_loss": round(float(loss_sum) / len(loader), 5)}
+
+
+# ---------------------------------------------------------------------------------------------
+# the two sides as subprocesses, timed from outside
+
+
+def plain_command(epochs: int, batches: int) -> list:
+    return [sys.executable, str(Path(__file__).resolve()), "--plain", "--epochs", str(epochs), "--batches", str(batches)]
+
+
+def trainer_command(epochs: int, batches: int, run_dir: str) -> list:
+    """``train.py`` with the same settings; everything not listed stays at its default."""
+    return [
+        sys.executable, str(ROOT / "train.py"),
+        f"hydra.run.dir={run_dir}",
+        "model._target_=torchvision.models.resnet18", "~model.width",  # num_classes follows data.num_classes
+        f"seed={SEED}",
+        "data=synthetic", f"data.num_samples={batches * BATCH_SIZE}", "data.val_samples=0",
+        f"data.image_size={IMAGE_SIZE}", f"data.batch_size={BATCH_SIZE}", f"data.num_classes={NUM_CLASSES}",
+        "data.num_workers=0", "data.drop_last=true",
+        f"trainer.max_epochs={epochs}", "trainer.limit_train_batches=1.0", "trainer.limit_val_batches=0",
+        "checkpoint.enabled=false",
+        "optim.name=sgd", f"optim.lr={LR}", f"optim.momentum={MOMENTUM}", f"optim.weight_decay={WEIGHT_DECAY}",
+        "optim.nesterov=false", "sched.name=cosine", "sched.warmup_epochs=0", "loss.label_smoothing=0.0",
+    ]
+
+
+def trainer_mismatches(metrics: dict, epochs: int, batches: int) -> list:
+    """What the trainer's metrics.json says it ran, where that differs from the plain loop's settings."""
+    problems = []
+    steps = [e.get("steps") for e in metrics.get("epochs", [])]
+    if steps != [batches] * epochs:
+        problems.append(f"steps per epoch {steps}, expected {epochs} epoch(s) of {batches}")
+    if metrics.get("batch_size", BATCH_SIZE) != BATCH_SIZE:
+        problems.append(f"batch size {metrics['batch_size']}, expected {BATCH_SIZE}")
+    if not math.isclose(metrics.get("lr", LR), LR):  # e.g. an lr scaling rule switched on by default
+        problems.append(f"lr {metrics['lr']}, expected {LR}")
+    return problems
+
+
+def timed_run(side: str, epochs: int, batches: int, work_dir: str) -> dict:
+    """Run one side as a subprocess (output captured: not a terminal); return its wall time."""
+    run_dir = tempfile.mkdtemp(prefix="trainer-", dir=work_dir)  # the trainer's hydra.run.dir
+    cmd = plain_command(epochs, batches) if side == "plain" else trainer_command(epochs, batches, run_dir)
+    cpu_start = _children_cpu_s()
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    cpu = _children_cpu_s() - cpu_start
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+        sys.exit(f"error: the {side} run failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
+    if side == "plain":
+        loss = json.loads(proc.stdout.strip().splitlines()[-1])["train_loss"]
+    else:
+        metrics = json.loads((Path(run_dir) / "metrics.json").read_text())
+        problems = trainer_mismatches(metrics, epochs, batches)
+        if problems:
+            sys.exit(f"error: the trainer run did not train what the plain loop trains: {'; '.join(problems)}\n{' '.join(cmd)}")
+        loss = metrics.get("train_loss")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    # cpu_s / wall_s near the core count means the run had the machine to itself while training
+    return {"side": side, "epochs": epochs, "wall_s": round(wall, 4), "cpu_s": round(cpu, 2), "train_loss": loss, "command": cmd}
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+# ---------------------------------------------------------------------------------------------
+# the benchmark
+
+
+def machine_info() -> dict:
+    import torch
+    import torchvision
+
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+
+
+def load_average() -> list | None:
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
+def benchmark(args) -> dict:
+    span = args.long_epochs - args.short_epochs
+    work_dir = tempfile.mkdtemp(prefix="bench_overhead-")
+    load_before = load_average()
+    print(
+        f"ResNet-18, {IMAGE_SIZE} px, batch {BATCH_SIZE}, {args.batches} batches/epoch: "
+        f"{args.repeats} repeat(s) of plain and trainer at {args.short_epochs} and {args.long_epochs} epochs "
+        f"(load average {load_before})",
+        flush=True,
+    )
+    runs, repeats = [], []
+    try:
+        for side in ("plain", "trainer"):  # untimed: warms the file cache and anything else first-run-only
+            timed_run(side, args.short_epochs, args.batches, work_dir)
+        for r in range(1, args.repeats + 1):
+            order = ("plain", "trainer") if r % 2 else ("trainer", "plain")
+            wall = {}
+            for epochs in (args.short_epochs, args.long_epochs):
+                for side in order:
+                    run = timed_run(side, epochs, args.batches, work_dir)
+                    runs.append({"repeat": r, **run})
+                    wall[side, epochs] = run["wall_s"]
+                    print(f"  repeat {r}: {side:7s} {epochs:2d} epoch(s) {run['wall_s']:8.2f} s", flush=True)
+            slope = {s: (wall[s, args.long_epochs] - wall[s, args.short_epochs]) / span for s in order}
+            repeats.append(
+                {
+                    "repeat": r,
+                    "plain_slope_s": round(slope["plain"], 4),
+                    "trainer_slope_s": round(slope["trainer"], 4),
+                    "ratio": round(slope["trainer"] / slope["plain"], 4),
+                }
+            )
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+    warnings = []
+    if load_before and load_before[0] > BUSY_LOAD:
+        warnings.append(
+            f"the machine was busy before the start (1-minute load average {load_before[0]}): "
+            "other processes share the cores, so the slopes and ratios are unreliable; rerun on a quiet machine"
+        )
+    if any(min(r["plain_slope_s"], r["trainer_slope_s"]) <= 0 for r in repeats):
+        warnings.append(
+            "a long run was not measurably slower than its short run (slope <= 0): the epochs are too short "
+            "against start-up jitter, so the ratios mean nothing; use more --batches or --long-epochs"
+        )
+    ratios = [r["ratio"] for r in repeats]
+    median = statistics.median(ratios)
+    last = {side: next(run["train_loss"] for run in reversed(runs) if run["side"] == side) for side in ("plain", "trainer")}
+    return {
+        "what": "per-epoch wall-time slope of train.py vs a plain PyTorch loop (scripts/bench_overhead.py)",
+        "settings": {
+            "model": "torchvision.models.resnet18 (random init)",
+            "data": "synthetic",
+            "seed": SEED,
+            "image_size": IMAGE_SIZE,
+            "batch_size": BATCH_SIZE,
+            "num_classes": NUM_CLASSES,
+            "optimizer": {"name": "sgd", "lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY, "schedule": "cosine, per step"},
+            "batches_per_epoch": args.batches,
+            "short_epochs": args.short_epochs,
+            "long_epochs": args.long_epochs,
+            "repeats": args.repeats,
+        },
+        "machine": {**machine_info(), "load_average_before": load_before, "load_average_after": load_average()},
+        "runs": runs,
+        "repeats": repeats,
+        "median_ratio": round(median, 4),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "median_plain_slope_s": round(statistics.median(r["plain_slope_s"] for r in repeats), 4),
+        "median_trainer_slope_s": round(statistics.median(r["trainer_slope_s"] for r in repeats), 4),
+        "overhead_pct": round(100 * (median - 1), 2),
+        "target_ratio": TARGET_RATIO,
+        "within_target": median <= TARGET_RATIO,
+        "last_train_loss": last,
+        "warnings": warnings,
+    }
+
+
+def print_table(result: dict) -> None:
+    print(f"\n{'repeat':>6}  {'plain s/epoch':>13}  {'trainer s/epoch':>15}  {'ratio':>6}")
+    for r in result["repeats"]:
+        print(f"{r['repeat']:>6}  {r['plain_slope_s']:>13.3f}  {r['trainer_slope_s']:>15.3f}  {r['ratio']:>6.3f}")
+    verdict = "within" if result["within_target"] else "OVER"
+    print(
+        f"\nmedian ratio {result['median_ratio']:.3f} (spread {result['ratio_min']:.3f}-{result['ratio_max']:.3f}): "
+        f"the trainer costs {result['overhead_pct']:+.1f}% per epoch, {verdict} the {TARGET_RATIO:.2f} target"
+    )
+    print(
+        f"median per-epoch cost: plain {result['median_plain_slope_s']:.3f} s, trainer {result['median_trainer_slope_s']:.3f} s; "
+        f"last-epoch train loss: plain {result['last_train_loss']['plain']}, trainer {result['last_train_loss']['trainer']}"
+    )
+    for warning in result["warnings"]:
+        print(f"WARNING: {warning}")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeats", type=int, default=5, help="plain/trainer pairs of slopes to measure (default 5)")
+    p.add_argument("--batches", type=int, default=80, help="training batches per epoch (default 80)")
+    p.add_argument("--short-epochs", type=int, default=1, help="epochs of the short run (default 1)")
+    p.add_argument("--long-epochs", type=int, default=4, help="epochs of the long run (default 4)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results JSON (default {DEFAULT_OUT.relative_to(ROOT)})")
+    p.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)  # internal: run the plain loop once
+    p.add_argument("--epochs", type=int, default=1, help=argparse.SUPPRESS)  # internal: with --plain
+    args = p.parse_args(argv)
+    if min(args.repeats, args.batches, args.short_epochs, args.epochs) < 1:
+        p.error("--repeats, --batches and --short-epochs must be >= 1")
+    if args.long_epochs <= args.short_epochs:
+        p.error("--long-epochs must be larger than --short-epochs")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    if args.plain:
+        print(json.dumps(plain_loop(args.epochs, args.batches)))
+        return
+    result = benchmark(args)
+    print_table(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""NaNGuard (``on_nan=stop``): stop at the first non-finite training loss instead of training on garbage.
+
+Reading the loss on the host every step would force a device sync per step on a GPU. So the check
+is kept on the device (the first bad step is recorded there without a sync) and read on the host
+only every ``log_every_n_steps`` steps, at epoch end and before every checkpoint save, so a NaN
+never reaches a checkpoint. On CPU the read is free and happens every step. The message names the
+first bad step and the last good checkpoint. ``on_nan=off`` removes the check.
+
+With ``on_nan=skip`` the built-in classifier skips the step instead (its training_step returns
+None, so Lightning does no backward and no optimizer step; deciding that needs the value on the
+host, one sync per step on a GPU), and this callback counts the skipped steps. fp16 AMP's loss
+scaler already skips steps whose gradients overflow.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytorch_lightning as pl
+import torch
+
+from ..errors import TrainingStopped
+
+log = logging.getLogger(__name__)
+
+
+class NaNGuard(pl.Callback):
+    def __init__(self, mode: str, checkpoint_dir: str | None) -> None:
+        self.mode = mode
+        self.checkpoint_dir = checkpoint_dir
+        self.skipped = 0
+        self._first_bad: torch.Tensor | None = None  # on the device: -1, or the first non-finite step
+        self._bad_value: torch.Tensor | None = None
+
+    def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
+        if self.mode != "stop":
+            return
+        loss = loss.detach()
+        if self._first_bad is None:
+            self._first_bad = torch.full((), -1, dtype=torch.long, device=loss.device)
+            self._bad_value = torch.zeros((), dtype=loss.dtype, device=loss.device)
+        newly_bad = (~torch.isfinite(loss)) & (self._first_bad < 0)
+        self._first_bad = torch.where(newly_bad, torch.full_like(self._first_bad, trainer.global_step), self._first_bad)
+        self._bad_value = torch.where(newly_bad, loss, self._bad_value)
+        if loss.device.type == "cpu" or (trainer.global_step + 1) % max(1, trainer.log_every_n_steps) == 0:
+            self._raise_if_bad(trainer)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.mode == "skip" and not outputs:  # training_step returned None: no backward, no step
+            self.skipped += 1
+            log.warning("on_nan=skip: skipped step at global step %d (non-finite loss)", trainer.global_step)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._raise_if_bad(trainer)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self._raise_if_bad(trainer)
+
+    def _raise_if_bad(self, trainer) -> None:
+        if self._first_bad is None:
+            return
+        step = int(self._first_bad)
+        if step >= 0:
+            raise TrainingStopped(
+                f"non-finite training loss ({float(self._bad_value)}) at step {step}; stopped instead of training on "
+                f"garbage (on_nan=stop). Last good checkpoint: {self._last_good()}. Try a lower optim.lr, gradient "
+                "clipping (trainer.gradient_clip_val=1.0), amp_dtype=bf16, or on_nan=skip."
+            )
+
+    def _last_good(self) -> str:
+        if self.checkpoint_dir and os.path.isdir(self.checkpoint_dir):
+            from ..checkpointing import checkpoint_candidates
+
+            found = checkpoint_candidates(os.path.dirname(self.checkpoint_dir))
+            if found:
+                return str(found[0])
+        return "none saved yet"

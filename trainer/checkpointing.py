@@ -1,0 +1,291 @@
+"""Checkpoints that survive crashes, kills and bad files; resume that continues where it stopped.
+
+- ``AtomicCheckpointIO``: every checkpoint is written to a temp file in the same dir, fsynced, then
+  renamed over the target (and the dir fsynced). Lightning's own save goes through an fsspec
+  transaction that renames but never fsyncs, so after a power loss or a full disk the renamed
+  file can be empty; here a failed save leaves the previous file untouched and says so.
+- ``safe_load`` loads with ``weights_only=True`` (only tensors and plain containers, plus the few
+  types our checkpoints carry), so a checkpoint with a pickled payload is refused before any of its
+  code can run; a truncated or corrupt file gives a clear error naming it.
+- ``resolve_ckpt_path``: ``ckpt_path=last`` finds the newest checkpoint of the run dir that loads,
+  falling back past corrupt ones.
+- ``ResumableState``: saves and restores the RNG states (torch, CUDA, numpy, python) with the
+  checkpoint, so augmentation and dropout continue as if never interrupted.
+- ``PreemptionCallback``: SIGTERM/SIGUSR1 (what SLURM and cloud schedulers send) saves last.ckpt at
+  the next step boundary and stops cleanly; ``trainer.cli`` then exits with ``PREEMPTED_EXIT_CODE``.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import pickle
+import random
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytorch_lightning as pl
+import torch
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from .errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later" (resume with ckpt_path=last)
+
+
+class CheckpointSaveError(RuntimeError):
+    pass
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options: Optional[Any] = None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_dir(path.parent)
+        except BaseException as e:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            if isinstance(e, OSError):
+                what = "the disk is full" if e.errno == errno.ENOSPC else str(e)
+                raise CheckpointSaveError(
+                    f"could not save checkpoint {path}: {what}. The previous checkpoint there (if any) is intact."
+                ) from e
+            raise
+
+    def load_checkpoint(self, path, map_location: Optional[Any] = None, weights_only: Optional[bool] = None) -> Dict[str, Any]:
+        return safe_load(path, map_location=map_location)
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _allow_our_types() -> None:
+    """Types our checkpoints carry besides tensors and containers, allow-listed for weights_only."""
+    import pathlib
+
+    from omegaconf import DictConfig, ListConfig
+    from omegaconf.base import ContainerMetadata, Metadata
+    from omegaconf.nodes import AnyNode
+
+    allowed = [DictConfig, ListConfig, ContainerMetadata, Metadata, AnyNode, pathlib.PosixPath]
+    try:
+        import numpy as np
+
+        allowed += [np.core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype("uint32"))]
+    except Exception:
+        pass
+    torch.serialization.add_safe_globals(allowed)
+
+
+def safe_load(path, map_location: Optional[Any] = "cpu") -> Dict[str, Any]:
+    """Load a checkpoint with weights_only semantics; ConfigError with a clear message if refused."""
+    _allow_our_types()
+    path = str(path)
+    if not os.path.isfile(path):
+        raise ConfigError(f"'ckpt_path' points at {path}, which does not exist. Use ckpt_path=last to resume the run dir's newest checkpoint.")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ConfigError(
+            f"Refused to load checkpoint {path}: it contains objects that are not plain tensors or containers "
+            f"({str(e).splitlines()[0][:200]}). Loading it would run code stored in the file; nothing was loaded or run. "
+            "Only load checkpoints you trust; this trainer's own checkpoints load without this error."
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise ConfigError(f"Checkpoint {path} is truncated or corrupt and cannot be loaded ({str(e).splitlines()[0][:200]}).") from None
+
+
+def checkpoint_candidates(run_dir: str) -> List[Path]:
+    """The run dir's checkpoints, newest first (last.ckpt before others written at the same time)."""
+    directory = Path(run_dir) / "checkpoints"
+    if not directory.is_dir():
+        return []
+    files = [p for p in directory.glob("*.ckpt") if not p.name.startswith(".")]
+    return sorted(files, key=lambda p: (p.stat().st_mtime, p.name == "last.ckpt"), reverse=True)
+
+
+def resolve_ckpt_path(ckpt_path: Optional[str], run_dir: str) -> Optional[str]:
+    """``last`` -> the newest checkpoint of ``run_dir`` that loads; a path -> checked; None -> None."""
+    if not ckpt_path:
+        return None
+    if ckpt_path != "last":
+        safe_load(ckpt_path)
+        return ckpt_path
+    candidates = checkpoint_candidates(run_dir)
+    if not candidates:
+        raise ConfigError(
+            f"'ckpt_path=last' found no checkpoint in {Path(run_dir) / 'checkpoints'}. Point hydra.run.dir at the run "
+            "to resume (the dir that holds checkpoints/), or pass ckpt_path=/path/to/file.ckpt."
+        )
+    problems = []
+    for path in candidates:
+        try:
+            safe_load(path)
+        except ConfigError as e:
+            problems.append(str(e))
+            log.warning("skipping %s: %s", path, e)
+            continue
+        if problems:
+            log.warning("ckpt_path=last: fell back to %s (newer checkpoints could not be loaded)", path)
+        return str(path)
+    raise ConfigError("'ckpt_path=last': no checkpoint in the run dir could be loaded. " + " ".join(problems))
+
+
+class ResumableState(pl.Callback):
+    """What Lightning does not save: RNG states and the position inside the epoch.
+
+    Lightning saves weights, optimizer, scheduler, AMP scaler and loop counters. This adds the RNG
+    states (torch, CUDA, numpy, python) and how many batches of the current epoch were trained, so
+    that a mid-epoch resume skips exactly those (``EpochShuffleSampler``) instead of replaying the
+    epoch from its start.
+    """
+
+    def __init__(self) -> None:
+        self._trainer = None
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        self._trainer = trainer
+
+    def state_dict(self) -> Dict[str, Any]:
+        import numpy as np
+
+        position = [0, 0]
+        if self._trainer is not None:
+            loop = self._trainer.fit_loop
+            batches = loop.epoch_loop.batch_progress.current.processed
+            if batches < self._trainer.num_training_batches:  # saved inside an epoch, not at its end
+                position = [loop.epoch_progress.current.processed, batches]
+        state = {
+            "position": position,
+            "torch": torch.get_rng_state(),
+            "python": _plain(random.getstate()),
+            "numpy": _plain(np.random.get_state()),
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        import numpy as np
+
+        epoch, batches = state.get("position", (0, 0))
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer else None
+        if batches and datamodule is not None and hasattr(datamodule, "resume_position"):
+            datamodule.resume_position = (int(epoch), int(batches))
+        torch.set_rng_state(state["torch"])
+        random.setstate(_tuples(state["python"]))
+        np.random.set_state(_tuples(state["numpy"]))
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _plain(value):
+    """RNG states as tensors/lists/ints only, so they load under weights_only."""
+    import numpy as np
+
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _tuples(value):
+    import numpy as np
+
+    if isinstance(value, torch.Tensor):
+        return value.numpy().astype(np.uint32) if value.dtype == torch.int64 or value.dtype == torch.int32 else value.numpy()
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+class PreemptionCallback(pl.Callback):
+    """Checkpoint at the next step boundary after SIGTERM/SIGUSR1, then stop cleanly."""
+
+    SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGUSR1", None)) if s is not None)
+
+    def __init__(self, last_path: str) -> None:
+        self.last_path = last_path
+        self.received: Optional[str] = None
+        self.saved_at_step: Optional[int] = None
+        self._previous: Dict[int, Any] = {}
+
+    def _handler(self, signum, frame) -> None:
+        self.received = signal.Signals(signum).name
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        for s in self.SIGNALS:
+            try:
+                self._previous[s] = signal.signal(s, self._handler)
+            except ValueError:  # not the main thread
+                pass
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.received and self.saved_at_step is None:
+            trainer.save_checkpoint(self.last_path)
+            self.saved_at_step = trainer.global_step
+            log.warning("%s received: saved %s at step %d; stopping. Resume with ckpt_path=last.", self.received, self.last_path, trainer.global_step)
+            trainer.should_stop = True
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self._restore()
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        for s, previous in self._previous.items():
+            signal.signal(s, previous)
+        self._previous.clear()
+
+
+def checkpoint_callbacks(cfg, dirpath: str) -> List[pl.Callback]:
+    """ModelCheckpoint callbacks for the ``checkpoint.*`` keys (Lightning allows one trigger per callback).
+
+    Periodic checkpoints are ranked by step, so ``keep_last_k`` keeps the newest k; every one of
+    them also refreshes last.ckpt.
+    """
+    from datetime import timedelta
+
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    # every callback refreshes the one last.ckpt (no "last-v1.ckpt" versions): it is always the newest state
+    common = dict(dirpath=dirpath, save_weights_only=cfg.save_weights_only, save_last=True, enable_version_counter=False)
+    periodic = dict(common, monitor="step", mode="max", save_top_k=cfg.keep_last_k)
+    callbacks: List[pl.Callback] = []
+    if cfg.every_n_epochs:
+        callbacks.append(ModelCheckpoint(filename="epoch{epoch:03d}-step{step:07d}", every_n_epochs=cfg.every_n_epochs, auto_insert_metric_name=False, **periodic))
+    if cfg.every_n_steps:
+        callbacks.append(ModelCheckpoint(filename="step{step:07d}", every_n_train_steps=cfg.every_n_steps, auto_insert_metric_name=False, **periodic))
+    if cfg.every_n_minutes:
+        callbacks.append(ModelCheckpoint(filename="time-step{step:07d}", train_time_interval=timedelta(minutes=cfg.every_n_minutes), auto_insert_metric_name=False, **periodic))
+    if cfg.monitor:
+        callbacks.append(
+            ModelCheckpoint(filename="best-epoch{epoch:03d}-step{step:07d}", monitor=cfg.monitor, mode=cfg.mode, save_top_k=1, auto_insert_metric_name=False, **common)
+        )
+    if not callbacks:  # last.ckpt is always kept
+        callbacks.append(ModelCheckpoint(save_top_k=0, **common))
+    return callbacks
