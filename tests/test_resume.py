@@ -155,7 +155,7 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypa
 def test_nan_loss_stops_with_the_step_and_last_checkpoint(train):
     from trainer.errors import TrainingStopped
 
-    with pytest.raises(TrainingStopped, match=r"non-finite training loss \(nan\) at step 1 .*Last good checkpoint"):
+    with pytest.raises(TrainingStopped, match=r"non-finite training loss \(nan\) at step 1;.*Last good checkpoint: none saved yet"):
         train("on_nan=stop", "model._target_=probe.ProbeNet", "~model.width", "+model.nan_after=1")
 
 
