@@ -75,3 +75,20 @@ class ProbeLightningModule(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class SlowDataset(torch.utils.data.Dataset):
+    """A planted input bottleneck: every sample sleeps (like slow storage or heavy decode)."""
+
+    def __init__(self, n: int = 64, image_size: int = 16, num_classes: int = 10, sleep_ms: float = 5.0):
+        self.n, self.size, self.classes, self.sleep = n, image_size, num_classes, sleep_ms / 1000
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(self.sleep)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(3, self.size, self.size, generator=g), i % self.classes

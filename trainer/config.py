@@ -22,7 +22,7 @@ CHOICES: Dict[str, tuple] = {
     "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     "strategy": ("auto", "ddp", "fsdp", "fsdp2"),
     "accelerator": ("auto", "cpu", "gpu", "cuda"),
-    "data.name": ("synthetic", "imagefolder", "builtin"),
+    "data.name": ("synthetic", "imagefolder", "builtin", "custom"),
     "optim.name": ("sgd", "adamw"),
     "sched.name": ("cosine", "constant"),
     "lr_scaling": ("none", "linear", "sqrt"),
@@ -83,6 +83,9 @@ class DataConfig:
     augment: bool = True
     # an image file that cannot be decoded: skip it (and count it) or stop with its path
     on_bad_sample: str = "skip"
+    # data=custom: any map-style Dataset of (image tensor, label) by _target_ (val_dataset optional)
+    dataset: Any = None
+    val_dataset: Any = None
 
 
 @dataclass
@@ -164,6 +167,14 @@ class ProfilerConfig:
 
 
 @dataclass
+class MonitorConfig:
+    """System monitor: CPU, RSS, disk and NVML GPU readings every interval_s seconds."""
+
+    enabled: bool = True
+    interval_s: float = 5.0
+
+
+@dataclass
 class BatchFinderConfig:
     """data.batch_size=auto: power-of-two search with a real training step."""
 
@@ -212,6 +223,7 @@ class TrainSchema:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     batch_finder: BatchFinderConfig = field(default_factory=BatchFinderConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
 
 def register_schema() -> None:
@@ -240,7 +252,7 @@ def _schema_keys(cls=TrainSchema, prefix: str = "") -> Dict[str, Any]:
 
 SCHEMA_KEYS = _schema_keys()
 # Open nodes: any key below them is allowed (model kwargs, scale overrides).
-OPEN_PREFIXES = ("model.", "scale.overrides.", "scales.")
+OPEN_PREFIXES = ("model.", "scale.overrides.", "scales.", "data.dataset.", "data.val_dataset.")
 SECTIONS = sorted({k.split(".")[0] for k in SCHEMA_KEYS if "." in k} | {"model", "scales"})
 TOP_LEVEL_FLAGS = [k for k in SCHEMA_KEYS if "." not in k and k not in SECTIONS and k not in GROUPS]
 

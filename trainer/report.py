@@ -179,7 +179,7 @@ def build_rows(jobs: List[Job], acc_drop: float = ACC_DROP_THRESHOLD) -> tuple:
     base_spread = _spread(base) if base else None
     base_acc = base.metrics.get("val_acc") if base else None
     columns = ["job"] + varied + [
-        "epoch_time_s", "spread_s", "speedup", "samples_per_s", "data_wait_fraction", "peak_memory_mb", "val_acc", "status", "notes",
+        "epoch_time_s", "spread_s", "speedup", "samples_per_s", "data_wait_fraction", "peak_memory_mb", "val_acc", "bottleneck", "status", "notes",
     ]
     rows = []
     for job in jobs:
@@ -214,6 +214,7 @@ def build_rows(jobs: List[Job], acc_drop: float = ACC_DROP_THRESHOLD) -> tuple:
             data_wait_fraction=m.get("data_wait_fraction") if job.ok else None,
             peak_memory_mb=m.get("peak_memory_mb"),
             val_acc=acc,
+            bottleneck=(m.get("diagnosis") or {}).get("bottleneck"),
             status=m.get("status", "failed"),
             notes="; ".join(notes),
         )

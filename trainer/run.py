@@ -83,6 +83,30 @@ def _check_input_size(module, dataset, cfg) -> None:
         module.train(was_training)
 
 
+def _diagnose(result: Dict[str, Any], cfg, hw, trainer, monitor, module) -> Dict[str, Any]:
+    import torch
+
+    from . import doctor
+    from .callbacks import ProfilerCallback
+
+    if monitor is not None and not monitor.samples:
+        monitor.sample()
+    profiler = next((c for c in (trainer.callbacks if trainer else []) if isinstance(c, ProfilerCallback)), None)
+    device_memory = None
+    if hw.accelerator == "cuda":
+        device_memory = torch.cuda.get_device_properties(0).total_memory / 2**20
+    return doctor.diagnose(
+        metrics=result,
+        system=monitor.averages() if monitor else {},
+        hardware=hw.as_dict(),
+        flags=result["flags"],
+        data=OmegaConf.to_container(cfg.data, resolve=True),
+        is_convnet=module is not None and any(isinstance(m, torch.nn.Conv2d) for m in module.modules()),
+        h2d_share=profiler.h2d_share if profiler else None,
+        device_memory_mb=device_memory,
+    )
+
+
 def _previous_epochs(out_dir: str) -> List[Dict[str, Any]]:
     """Epochs a resumed run already recorded in its metrics.json."""
     try:
@@ -109,7 +133,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
     started = time.time()
     requested = flags_of(cfg)  # as asked for (data.batch_size=auto stays "auto"; the chosen size is batch_size)
     timer = EpochTimer()
-    hw = plan = trainer = peak = preemption = bad_samples = nan_guard = None
+    hw = plan = trainer = peak = preemption = bad_samples = nan_guard = monitor = profiler = module = None
     status, error = "ok", None
     notes: Dict[str, Any] = {}
     try:
@@ -168,7 +192,10 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
         preemption = PreemptionCallback(os.path.join(checkpoint_dir, "last.ckpt"))
         bad_samples = BadSampleCounter()
         nan_guard = NaNGuard(cfg.on_nan, checkpoint_dir if cfg.checkpoint.enabled else None)
-        extra_callbacks = [ResumableState(), preemption]
+        from .callbacks import SystemMonitor
+
+        monitor = SystemMonitor(cfg.monitor.interval_s) if cfg.monitor.enabled else None
+        extra_callbacks = [ResumableState(), preemption] + ([monitor] if monitor else [])
         extra_callbacks += [bad_samples] if cfg.data.name != "synthetic" else []
         extra_callbacks += [nan_guard] if cfg.on_nan != "off" else []
         # sharded strategies save with their own checkpoint IO
@@ -202,6 +229,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
         status, error = "failed", (str(e) if isinstance(e, UserFacingError) else metrics_mod.one_line(e))
         raise
     finally:
+        summary = timer.summary(compiled=bool(cfg.compile))
         result = metrics_mod.build(
             status=status,
             error=error,
@@ -211,7 +239,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
             if hw
             else None,
             epochs=timer.epochs,
-            summary=timer.summary(compiled=bool(cfg.compile)),
+            summary=summary,
             peak_memory=peak.peak_mb() if peak else None,
             train_loss=_metric(trainer, "train/loss_epoch"),
             val_acc=_metric(trainer, "val/acc"),
@@ -228,6 +256,11 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
                 "wall_time_s": round(time.time() - started, 2),
             },
         )
+        if status == "ok" and hw is not None:
+            result["diagnosis"] = _diagnose(result, cfg, hw, trainer, monitor, module)
+            log.info("doctor: %s", result["diagnosis"]["verdict"])
+            for note in result["diagnosis"]["hardware"]:
+                log.warning("doctor: %s", note)
         if trainer is None or trainer.is_global_zero:
             metrics_mod.write(os.path.join(out_dir, "metrics.json"), result)
     return result

@@ -24,6 +24,7 @@ class ProfilerCallback(pl.Callback):
         self.cfg = cfg
         self.prof: torch.profiler.profile | None = None
         self.traces: list = []
+        self.h2d_share: float | None = None  # host-to-device copies / all device time in the trace (CUDA)
 
     def on_train_start(self, trainer, pl_module) -> None:
         from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
@@ -71,6 +72,8 @@ class ProfilerCallback(pl.Callback):
                 self.cfg.skip_first + self.cfg.wait + self.cfg.warmup + self.cfg.active,
             )
             return
+        if trainer.strategy.root_device.type == "cuda":
+            self.h2d_share = _h2d_share(prof)
         if trainer.is_global_zero:
             sort = "self_cuda_time_total" if trainer.strategy.root_device.type == "cuda" else "self_cpu_time_total"
             try:
@@ -79,3 +82,14 @@ class ProfilerCallback(pl.Callback):
             except Exception as e:  # the summary is a convenience; the trace files are the product
                 log.warning("could not summarize the profile: %s", e)
             log.info("profiler traces in %s: tensorboard --logdir %s", self.out_dir, os.path.dirname(self.out_dir))
+
+
+def _h2d_share(prof) -> float | None:
+    """Share of device time spent in host-to-device memcpy kernels, from the recorded steps."""
+    try:
+        events = prof.key_averages()
+        total = sum(getattr(e, "self_device_time_total", 0) for e in events)
+        h2d = sum(getattr(e, "self_device_time_total", 0) for e in events if "HtoD" in e.key)
+        return round(h2d / total, 4) if total else None
+    except Exception:
+        return None

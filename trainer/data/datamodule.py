@@ -36,6 +36,14 @@ class ImageDataModule(pl.LightningDataModule):
             self.train_set = SyntheticImages(c.num_samples, c.image_size, c.num_classes, self.seed, "train")
             self.val_set = SyntheticImages(c.val_samples, c.image_size, c.num_classes, self.seed, "val") if c.val_samples else None
             return c.num_classes
+        if c.name == "custom":
+            from hydra.utils import instantiate
+
+            if not c.dataset or not c.dataset.get("_target_"):
+                raise ConfigError("data=custom needs data.dataset._target_=pkg.module.MyDataset (a map-style Dataset of (image, label)); its other data.dataset.* keys are passed as arguments.")
+            self.train_set = instantiate(c.dataset, _convert_="all")
+            self.val_set = instantiate(c.val_dataset, _convert_="all") if c.val_dataset else None
+            return c.num_classes
         if c.name == "builtin":
             from .builtin import ensure_builtin
 

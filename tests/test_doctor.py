@@ -1,0 +1,115 @@
+"""Where the time goes: the bottleneck doctor on planted bottlenecks, the system monitor, and
+profiler traces served by a real TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from trainer import doctor
+
+CPU = {"accelerator": "cpu", "cpu_cores": 2, "bf16_native": False, "capability": ""}
+H100 = {"accelerator": "cuda", "cpu_cores": 16, "bf16_native": True, "capability": "9.0"}
+
+
+def test_planted_slow_dataset_is_input_bound(train):
+    m, _ = train("data=custom", "data.dataset._target_=probe.SlowDataset", "+data.dataset.n=64", "+data.dataset.sleep_ms=10", "data.val_samples=0", "trainer.limit_val_batches=0")
+    d = m["diagnosis"]
+    assert d["bottleneck"] == "input pipeline", d
+    assert "data.num_workers=1" in d["try"] and "waiting for the next batch" in d["verdict"]
+
+
+def test_planted_heavy_compute_is_compute_bound(train):
+    m, _ = train("data.batch_size=256", "data.num_samples=1024", "data.image_size=32", "model.width=48")
+    d = m["diagnosis"]
+    assert d["bottleneck"] == "compute", d
+    from trainer.hardware import detect
+
+    native = detect().bf16_native  # AMX/AVX512-BF16 CPUs run bf16 at full speed; AVX2-only ones emulate it
+    assert "compile=true" in d["try"]
+    assert ("amp=true" in d["try"]) == native  # amp is only suggested where it can pay off
+    assert any("no native bf16" in n for n in d["hardware"]) != native
+
+
+def test_input_bound_with_a_saturated_cpu_does_not_ask_for_more_workers():
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.6}, system={"cpu_busy_cores": 15.8}, hardware=H100, flags={}, data={"num_workers": 15, "pin_memory": True}, is_convnet=True)
+    assert d["bottleneck"] == "input pipeline" and not any(s.startswith("data.num_workers") for s in d["try"])
+    assert "saturated" in d["verdict"]
+
+
+def test_input_bound_on_a_big_machine_names_workers_and_cores():
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.62}, system={"cpu_busy_cores": 2.0}, hardware=H100, flags={}, data={"num_workers": 2}, is_convnet=True)
+    assert d["try"][:2] == ["data.num_workers=15", "data.persistent_workers=true"] and "data.pin_memory=true" in d["try"]
+    assert "62% of training time waiting" in d["verdict"] and "2.0 of 16 cores busy" in d["verdict"]
+
+
+def test_gpu_transfer_overhead_and_memory_verdicts():
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05}, system={"gpu0/util": 90.0}, hardware=H100, flags={}, data={}, is_convnet=True, h2d_share=0.3)
+    assert d["bottleneck"] == "host-device transfer" and d["try"] == ["data.pin_memory=true"]
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05}, system={"gpu0/util": 35.0}, hardware=H100, flags={}, data={}, is_convnet=False)
+    assert d["bottleneck"] == "CPU-side overhead" and "compile=true" in d["try"]
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05, "peak_memory_mb": 76000}, system={"gpu0/util": 97.0}, hardware=H100, flags={}, data={}, is_convnet=True, device_memory_mb=80000)
+    assert d["bottleneck"] == "memory" and "activation_checkpointing=true" in d["try"]
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05, "peak_memory_mb": 9000}, system={"gpu0/util": 97.0}, hardware=H100, flags={"amp": True}, data={}, is_convnet=True, device_memory_mb=80000)
+    assert d["bottleneck"] == "compute" and "data.batch_size=auto" in d["try"] and "amp=true" not in d["try"] and "tf32=true" not in d["try"]
+
+
+def test_hardware_checks():
+    v100 = {"accelerator": "cuda", "cpu_cores": 8, "bf16_native": False, "capability": "7.0"}
+    notes = doctor.hardware_notes(v100, {"amp": True})
+    assert any("no native bf16 or TF32" in n for n in notes)
+    assert "tf32=true" not in doctor.compute_suggestions({}, v100, True)
+    p100 = {"accelerator": "cuda", "cpu_cores": 8, "bf16_native": False, "capability": "6.0"}
+    assert any("Triton" in n for n in doctor.hardware_notes(p100, {"compile": True}))
+
+
+def test_system_monitor_samples_every_interval_not_every_step(train):
+    m, out = train("monitor.interval_s=0.05", "data.num_samples=256", "trainer.max_epochs=2")
+    evidence = m["diagnosis"]["evidence"]
+    assert evidence["cpu_busy_cores"] is not None and 0 <= evidence["cpu_busy_cores"] <= 2.5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read().decode())
+
+
+@pytest.mark.slow
+def test_tensorboard_serves_the_profile_and_the_scalars(train):
+    m, out = train("profile=true", "data.num_samples=96", "monitor.interval_s=0.01", "trainer.max_epochs=2")
+    assert list((out / "profiler").glob("rank0*.pt.trace.json"))
+    port = _free_port()
+    tb = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(out), "--host", "127.0.0.1", "--port", str(port), "--load_fast=false"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline, runs, tags = time.time() + 90, [], {}
+        while time.time() < deadline:
+            try:
+                runs = _get(f"http://127.0.0.1:{port}/data/plugin/pytorch_profiler/runs")
+                tags = _get(f"http://127.0.0.1:{port}/data/plugin/scalars/tags")
+                if (runs.get("runs") if isinstance(runs, dict) else runs) and tags:
+                    break
+            except Exception:
+                pass
+            time.sleep(1)
+        run_names = runs.get("runs") if isinstance(runs, dict) else runs
+        assert run_names and any("profiler" in r for r in run_names), runs
+        all_tags = {t for run in tags.values() for t in run}
+        assert {"perf/epoch_time_s", "perf/samples_per_s", "system/cpu_busy_cores", "system/rss_mb"} <= all_tags, all_tags
+    finally:
+        tb.terminate()
+        tb.wait(timeout=30)

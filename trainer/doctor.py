@@ -1,0 +1,154 @@
+"""The bottleneck doctor: from what a run measured, name where the time went and which flags to try.
+
+It follows the tuning literature's decision tree, with the numbers this run measured:
+
+1. input pipeline: a large share of training time waiting for the next batch (data wait) means
+   the model is starved; more loader workers help until the CPU is saturated, then decode work must
+   shrink.
+2. host-device transfer: on a GPU, a profile whose device time is dominated by host-to-device copies.
+3. CPU-side overhead / sync points: on a GPU, low utilization while data is ready means the host
+   cannot launch work fast enough (small batches, Python overhead, syncs).
+4. memory: device memory nearly full (trade compute for memory), or mostly empty (grow the batch).
+5. compute: none of the above: the model's own math is the limit; the flags that make the math
+   cheaper (amp, channels_last, compile, tf32) are what is left, where this hardware benefits.
+
+It also checks the hardware against the flags (emulated bf16, TF32 or compile on GPUs that cannot
+benefit) and warns when other processes competed for the CPU during the run. Only flags that exist
+are suggested. The verdict goes into metrics.json under ``diagnosis`` and the report's
+``bottleneck`` column.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+INPUT_BOUND = 0.25  # data wait share of training time above which the input pipeline is the bottleneck
+TRANSFER_BOUND = 0.15  # host-to-device copy share of device time
+LOW_GPU_UTIL = 60.0  # percent
+MEMORY_FULL = 0.90
+MEMORY_ROOMY = 0.50
+
+
+def _flag_on(flags: Dict[str, Any], key: str) -> bool:
+    return bool(flags.get(key)) and flags.get(key) not in ("auto", "none", 1)
+
+
+def diagnose(
+    *,
+    metrics: Dict[str, Any],
+    system: Dict[str, float],
+    hardware: Dict[str, Any],
+    flags: Dict[str, Any],
+    data: Dict[str, Any],
+    is_convnet: bool,
+    h2d_share: Optional[float] = None,
+    device_memory_mb: Optional[float] = None,
+) -> Dict[str, Any]:
+    wait = metrics.get("data_wait_fraction") or 0.0
+    cores = int(hardware.get("cpu_cores") or 1)
+    cuda = hardware.get("accelerator") == "cuda"
+    busy = system.get("cpu_busy_cores")
+    gpu_util = system.get("gpu0/util")
+    peak = metrics.get("peak_memory_mb")
+    workers = int(data.get("num_workers") or 0)
+    evidence = {
+        "data_wait_fraction": round(wait, 3),
+        "cpu_busy_cores": busy,
+        "cpu_cores": cores,
+        "process_cpu_cores": system.get("process_cpu_cores"),
+        "gpu_util": gpu_util,
+        "h2d_share": h2d_share,
+        "memory_used_fraction": round(peak / device_memory_mb, 3) if (peak and device_memory_mb) else None,
+    }
+    busy_text = f"{busy:.1f} of {cores} cores busy" if busy is not None else f"{cores} cores"
+    hw_notes = hardware_notes(hardware, flags)
+    if busy is not None and system.get("process_cpu_cores") is not None and workers == 0:
+        others = busy - system["process_cpu_cores"]
+        if others > max(0.75, 0.4 * cores):
+            hw_notes.append(
+                f"other processes kept about {others:.1f} of {cores} cores busy during this run: its epoch times are "
+                "inflated and not comparable; measure on a quiet machine."
+            )
+
+    if wait >= INPUT_BOUND:
+        suggestions: List[str] = []
+        saturated = busy is not None and busy >= 0.85 * cores
+        if workers < max(1, cores - 1) and not saturated:
+            suggestions += [f"data.num_workers={max(1, min(cores - 1, 16))}", "data.persistent_workers=true"]
+        if cuda and not data.get("pin_memory"):
+            suggestions.append("data.pin_memory=true")
+        if saturated:
+            why = "the CPU is saturated, so more workers will not help: make each sample cheaper to load (smaller stored images, less augmentation) or use more cores; data=synthetic shows the model's own ceiling"
+        else:
+            why = "the model waits for data"
+        text = f"{wait:.0%} of training time waiting for the next batch with {busy_text} and {workers} loader workers: {why}."
+        return _verdict("input pipeline", text, suggestions, hw_notes, evidence)
+
+    if cuda and h2d_share is not None and h2d_share >= TRANSFER_BOUND:
+        suggestions = [] if data.get("pin_memory") else ["data.pin_memory=true"]
+        text = f"host-to-device copies take {h2d_share:.0%} of device time: the bus is the limit. Send fewer bytes per sample (smaller or uint8 images) and copy from pinned memory."
+        return _verdict("host-device transfer", text, suggestions, hw_notes, evidence)
+
+    if cuda and gpu_util is not None and gpu_util < LOW_GPU_UTIL:
+        suggestions = [s for s, on in (("compile=true", flags.get("compile")), ("compile_mode=reduce-overhead", flags.get("compile_mode") == "reduce-overhead")) if not on]
+        suggestions.append("data.batch_size=auto")
+        text = f"the GPU is busy only {gpu_util:.0f}% of the time while data is ready ({wait:.0%} data wait): the host cannot launch work fast enough (Python overhead, small kernels, sync points)."
+        return _verdict("CPU-side overhead", text, suggestions, hw_notes, evidence)
+
+    used = evidence["memory_used_fraction"]
+    if cuda and used is not None and used >= MEMORY_FULL:
+        suggestions = [s for s, key in (("activation_checkpointing=true", "activation_checkpointing"), ("amp=true", "amp")) if not flags.get(key)]
+        text = f"the run peaked at {used:.0%} of device memory: memory limits the batch size; trade compute for memory."
+        return _verdict("memory", text, suggestions, hw_notes, evidence)
+
+    suggestions = compute_suggestions(flags, hardware, is_convnet)
+    if cuda and used is not None and used < MEMORY_ROOMY and flags.get("data.batch_size") != "auto":
+        suggestions.append("data.batch_size=auto")
+    where = f"the GPU ({gpu_util:.0f}% busy)" if (cuda and gpu_util is not None) else ("the GPU" if cuda else f"the CPU ({busy_text})")
+    text = f"only {wait:.0%} of training time waits for data: {where} spends the time on the model's own math."
+    if not suggestions:
+        text += " The math-cheapening flags that pay off on this hardware are already on."
+    return _verdict("compute", text, suggestions, hw_notes, evidence)
+
+
+def compute_suggestions(flags: Dict[str, Any], hardware: Dict[str, Any], is_convnet: bool) -> List[str]:
+    cuda = hardware.get("accelerator") == "cuda"
+    cap = float(hardware.get("capability") or 0)
+    out = []
+    if not flags.get("amp") and (cuda or hardware.get("bf16_native")):
+        out.append("amp=true")
+    if is_convnet and not flags.get("channels_last") and (cuda or hardware.get("bf16_native") or flags.get("amp")):
+        out.append("channels_last=true")
+    if not flags.get("compile") and (not cuda or cap >= 7.0):
+        out.append("compile=true")
+    if cuda and cap >= 8.0 and not flags.get("tf32") and not flags.get("amp"):
+        out.append("tf32=true")
+    if cuda and is_convnet and not flags.get("cudnn_benchmark"):
+        out.append("cudnn_benchmark=true")
+    return out
+
+
+def hardware_notes(hardware: Dict[str, Any], flags: Dict[str, Any]) -> List[str]:
+    notes = []
+    cuda = hardware.get("accelerator") == "cuda"
+    cap = float(hardware.get("capability") or 0)
+    if not cuda and not hardware.get("bf16_native"):
+        notes.append("this CPU has no native bf16 (no AVX512-BF16/AMX): amp=true runs emulated bf16, usually slower than fp32.")
+    if cuda and cap and cap < 8.0:
+        notes.append(f"this GPU (sm{hardware.get('capability')}) has no native bf16 or TF32: amp uses fp16 with loss scaling, and tf32=true changes nothing.")
+    if cuda and cap and cap < 7.0 and flags.get("compile"):
+        notes.append(f"torch.compile's GPU backend (Triton) needs sm70 or newer; this GPU is sm{hardware.get('capability')}.")
+    if not cuda and flags.get("tf32"):
+        notes.append("tf32=true has no effect on a CPU.")
+    return notes
+
+
+def _verdict(bottleneck: str, text: str, suggestions: List[str], notes: List[str], evidence: Dict[str, Any]) -> Dict[str, Any]:
+    advice = f" Try: {' '.join(suggestions)}" if suggestions else ""
+    return {
+        "bottleneck": bottleneck,
+        "verdict": f"{bottleneck}: {text}{advice}",
+        "try": suggestions,
+        "hardware": notes,
+        "evidence": evidence,
+    }
