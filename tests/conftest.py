@@ -37,10 +37,14 @@ def compose():
     from hydra import initialize_config_dir
 
     from trainer.cli import CONFIG_DIR
+    from omegaconf import OmegaConf
+
     from trainer.config import register_schema
     from trainer.scale import apply_scale
 
     register_schema()
+    OmegaConf.register_new_resolver("trainer_rank_suffix", lambda: "", replace=True)
+    OmegaConf.register_new_resolver("trainer_rank0_only", lambda value: value, replace=True)
 
     def _compose(*overrides: str):
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
@@ -66,9 +70,30 @@ def train(tmp_path, compose):
     return _train
 
 
+# set by Lightning when a test runs DDP in-process; a child must not think it is already a rank
+DISTRIBUTED_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+def clean_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
+    env.update(PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]), **extra)
+    return env
+
+
+@pytest.fixture(autouse=True)
+def _restore_distributed_env():
+    saved = {k: os.environ.get(k) for k in DISTRIBUTED_ENV}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def run_cli(*args: str, cwd=None, timeout: int = 600, env_extra=None) -> subprocess.CompletedProcess:
     """Run train.py as a user would, in a subprocess."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]), **(env_extra or {}))
+    env = clean_env(**(env_extra or {}))
     return subprocess.run(
         [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
@@ -76,3 +101,19 @@ def run_cli(*args: str, cwd=None, timeout: int = 600, env_extra=None) -> subproc
 
 def read_metrics(run_dir) -> dict:
     return json.loads((Path(run_dir) / "metrics.json").read_text())
+
+
+def final_loss(ckpt, width: int = 8, image_size: int = 16, batchnorm: bool = True) -> float:
+    """The loss of a TinyCNN checkpoint's weights on one fixed batch: equal weights, equal losses."""
+    import torch
+
+    from trainer.models.tiny import TinyCNN
+
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
+    net = TinyCNN(num_classes=10, width=width, batchnorm=batchnorm)
+    net.load_state_dict({k.removeprefix("net."): v for k, v in state.items()})
+    net.eval()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 3, image_size, image_size, generator=g), torch.randint(0, 10, (64,), generator=g)
+    with torch.no_grad():
+        return float(torch.nn.functional.cross_entropy(net(x), y))

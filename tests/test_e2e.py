@@ -29,7 +29,7 @@ def test_sweep_runs_jobs_one_after_another_each_with_metrics(tmp_path):
     for name in ("ab_report.md", "ab_report.csv", "ab_report.png"):
         assert (sweep / name).stat().st_size > 0
     table = (sweep / "ab_report.md").read_text()
-    assert "| job | amp | channels_last | epoch_time_s |" in table and table.count("| ok |") == 4
+    assert "| job | amp | channels_last | world_size | epoch_time_s |" in table and table.count("| ok |") == 4
     assert "| job | amp | channels_last |" in r.stdout
 
 

@@ -13,27 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TESTS, read_metrics, run_cli
+from conftest import ROOT, clean_env, final_loss, read_metrics, run_cli
 
 LONG = ["data.num_samples=1024", "data.batch_size=8", "data.image_size=16", "data.val_samples=16", "trainer.max_epochs=3", "trainer.log_every_n_steps=8", "model.width=8"]
 
 
-def _final_loss(ckpt: Path) -> float:
-    """The loss of a checkpoint's weights on one fixed batch: equal weights give equal losses."""
-    from trainer.models.tiny import TinyCNN
-
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
-    net = TinyCNN(num_classes=10, width=8)
-    net.load_state_dict({k.removeprefix("net."): v for k, v in state.items()})
-    net.eval()
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(64, 3, 16, 16, generator=g), torch.randint(0, 10, (64,), generator=g)
-    with torch.no_grad():
-        return float(torch.nn.functional.cross_entropy(net(x), y))
-
-
 def _popen(*args: str) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]))
+    env = clean_env()
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -63,7 +49,7 @@ def test_kill_9_then_resume_matches_an_uninterrupted_run(tmp_path):
     resumed = read_metrics(killed)
     assert resumed["status"] == "ok" and resumed["resumed_from"].endswith(".ckpt")
     assert [e["epoch"] for e in resumed["epochs"]][-1] == 2
-    a, b = _final_loss(straight / "checkpoints" / "last.ckpt"), _final_loss(killed / "checkpoints" / "last.ckpt")
+    a, b = final_loss(straight / "checkpoints" / "last.ckpt"), final_loss(killed / "checkpoints" / "last.ckpt")
     assert a == pytest.approx(b, rel=1e-4, abs=1e-5), (a, b)
 
 

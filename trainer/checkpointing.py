@@ -103,6 +103,8 @@ def safe_load(path, map_location: Optional[Any] = "cpu") -> Dict[str, Any]:
     """Load a checkpoint with weights_only semantics; ConfigError with a clear message if refused."""
     _allow_our_types()
     path = str(path)
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, ".metadata")):
+        return {}  # a distributed (sharded) checkpoint folder: the strategy loads it shard by shard
     if not os.path.isfile(path):
         raise ConfigError(f"'ckpt_path' points at {path}, which does not exist. Use ckpt_path=last to resume the run dir's newest checkpoint.")
     try:
@@ -175,7 +177,9 @@ class ResumableState(pl.Callback):
         if self._trainer is not None:
             loop = self._trainer.fit_loop
             batches = loop.epoch_loop.batch_progress.current.processed
-            if batches < self._trainer.num_training_batches:  # saved inside an epoch, not at its end
+            # saved inside an epoch, not at its end; exact skipping is single-process (a distributed
+            # sampler pads and shards the full epoch, so it cannot start mid-way)
+            if batches < self._trainer.num_training_batches and self._trainer.world_size == 1:
                 position = [loop.epoch_progress.current.processed, batches]
         state = {
             "position": position,

@@ -90,9 +90,20 @@ def task(cfg) -> None:
     overrides = list(hc.overrides.task)
     try:
         cfg = apply_scale(cfg, overrides)
-        if hc.output_subdir is not None:
+        if hc.output_subdir is not None and os.environ.get("RANK", "0") == "0":
             # Hydra saved the config before scale= was applied; keep the one that actually runs.
             OmegaConf.save(cfg, os.path.join(out_dir, hc.output_subdir, "config.yaml"), resolve=True)
+        from .launch import launch, needs_launch
+
+        if needs_launch(cfg):
+            # the ranks run this job in this job's dir; rank 0 writes metrics.json
+            code = launch(cfg, out_dir, overrides)
+            if code != 0:
+                if not multirun:
+                    sys.exit(code)
+                log.error("job %s: its ranks exited with status %d; see %s", hc.job.num, code, out_dir)
+                _failed_jobs.append(out_dir)
+            return
         result = run(cfg, out_dir, overrides)
         if result.get("preempted"):
             from .checkpointing import PREEMPTED_EXIT_CODE
@@ -126,10 +137,14 @@ def main() -> None:
             fail(str(e))
 
     import hydra
+    from omegaconf import OmegaConf
 
     from .config import register_schema
 
     register_schema()
+    rank = os.environ.get("RANK", "0")
+    OmegaConf.register_new_resolver("trainer_rank_suffix", lambda: "" if rank == "0" else f"_rank{rank}", replace=True)
+    OmegaConf.register_new_resolver("trainer_rank0_only", lambda value: value if rank == "0" else None, replace=True)
     hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(task)()
     if _failed_jobs:
         print(f"\n{len(_failed_jobs)} job(s) failed; see metrics.json in: {', '.join(_failed_jobs)}", file=sys.stderr)

@@ -29,6 +29,7 @@ CHOICES: Dict[str, tuple] = {
     "on_nan": ("stop", "skip", "off"),
     "data.on_bad_sample": ("skip", "stop"),
     "checkpoint.mode": ("max", "min"),
+    "fsdp.sharding_strategy": ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"),
     "optim.fused": ("auto", True, False, "foreach"),
 }
 
@@ -50,6 +51,7 @@ FLAG_KEYS = (
     "tf32",
     "cudnn_benchmark",
     "activation_checkpointing",
+    "sync_batchnorm",
     "lr_scaling",
     "cuda_alloc_conf",
     "optim.fused",
@@ -167,6 +169,23 @@ class ProfilerConfig:
 
 
 @dataclass
+class DDPConfig:
+    """Speed knobs of DistributedDataParallel (strategy=ddp)."""
+
+    static_graph: bool = False
+    gradient_as_bucket_view: bool = False
+    bucket_cap_mb: Optional[float] = None  # null: torch's default (25 MB)
+    find_unused_parameters: bool = False
+
+
+@dataclass
+class FSDPConfig:
+    """strategy=fsdp (GPU, Lightning FSDPStrategy); the wrap unit is the recipe's repeated block."""
+
+    sharding_strategy: str = "FULL_SHARD"
+
+
+@dataclass
 class MonitorConfig:
     """System monitor: CPU, RSS, disk and NVML GPU readings every interval_s seconds."""
 
@@ -205,6 +224,7 @@ class TrainSchema:
     tf32: bool = False
     cudnn_benchmark: bool = False
     activation_checkpointing: bool = False
+    sync_batchnorm: bool = False  # BatchNorm statistics across ranks (ResNet under ddp)
     # learning rate vs effective batch size (batch x accumulate x world size) relative to optim.ref_batch_size
     lr_scaling: str = "none"
     # PYTORCH_CUDA_ALLOC_CONF for this run (e.g. expandable_segments:True), set before CUDA initializes
@@ -223,6 +243,8 @@ class TrainSchema:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     batch_finder: BatchFinderConfig = field(default_factory=BatchFinderConfig)
+    ddp: DDPConfig = field(default_factory=DDPConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
 

@@ -13,6 +13,8 @@ import resource
 import sys
 from typing import Optional
 
+import pytorch_lightning as pl
+
 
 def _status_kb(field: str) -> Optional[int]:
     try:
@@ -48,13 +50,30 @@ def cpu_peak_mb() -> float:
     return rss / (2**20 if sys.platform == "darwin" else 2**10)
 
 
-class PeakMemory:
-    """Measure the peak memory of a stretch of work: ``start()`` then ``peak_mb()``."""
+class PeakMemory(pl.Callback):
+    """Measure the peak memory of a stretch of work: ``start()`` then ``peak_mb()``.
+
+    As a Lightning callback it measures the fit (start at fit start) and, under DDP/FSDP, takes the
+    maximum over ranks at the end of training (``result_mb``).
+    """
 
     def __init__(self, accelerator: str) -> None:
         self.accelerator = accelerator
         self.baseline_mb = 0.0
         self.method = ""
+        self.result_mb: Optional[float] = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.start()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        import torch
+
+        peak = self.peak_mb()
+        if trainer.world_size > 1:
+            peak = float(trainer.strategy.reduce(torch.tensor(peak, device=trainer.strategy.root_device), reduce_op="max"))
+            self.method += "; max over ranks"
+        self.result_mb = round(peak, 1)
 
     def start(self) -> None:
         if self.accelerator == "cuda":

@@ -95,9 +95,13 @@ def _diagnose(result: Dict[str, Any], cfg, hw, trainer, monitor, module) -> Dict
     device_memory = None
     if hw.accelerator == "cuda":
         device_memory = torch.cuda.get_device_properties(0).total_memory / 2**20
+    system = monitor.averages() if monitor else {}
+    if hw.accelerator == "cpu" and "process_cpu_cores" in system:
+        # this node's ranks are separate processes with about the same load: not "other processes"
+        system["process_cpu_cores"] *= max(1, trainer.world_size // max(1, trainer.num_nodes))
     return doctor.diagnose(
         metrics=result,
-        system=monitor.averages() if monitor else {},
+        system=system,
         hardware=hw.as_dict(),
         flags=result["flags"],
         data=OmegaConf.to_container(cfg.data, resolve=True),
@@ -183,6 +187,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
             notes["lr_note"] = switchboard.scale_lr(cfg, plan.world_size(hw))
         log.info(notes["lr_note"])
         module = switchboard.compile_model(module, cfg)
+        plan.strategy = switchboard.build_strategy(cfg, plan, hw, module)
 
         from pytorch_lightning.loggers import TensorBoardLogger
 
@@ -195,7 +200,8 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
         from .callbacks import SystemMonitor
 
         monitor = SystemMonitor(cfg.monitor.interval_s) if cfg.monitor.enabled else None
-        extra_callbacks = [ResumableState(), preemption] + ([monitor] if monitor else [])
+        peak = PeakMemory(plan.accelerator)
+        extra_callbacks = [peak, ResumableState(), preemption] + ([monitor] if monitor else [])
         extra_callbacks += [bad_samples] if cfg.data.name != "synthetic" else []
         extra_callbacks += [nan_guard] if cfg.on_nan != "off" else []
         # sharded strategies save with their own checkpoint IO
@@ -210,8 +216,6 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
             enable_checkpointing=cfg.checkpoint.enabled,
             enable_progress_bar=_show_progress_bar(cfg),
         )
-        peak = PeakMemory(plan.accelerator)
-        peak.start()
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True if ckpt_path else None)
         except SystemExit:
@@ -235,12 +239,12 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
             error=error,
             recipe=cfg.get("recipe"),
             flags=requested,
-            device={"accelerator": hw.accelerator, "name": hw.name, "count": trainer.world_size if trainer else hw.count}
+            device={"accelerator": hw.accelerator, "name": hw.name, "count": trainer.world_size if trainer else 1}
             if hw
             else None,
             epochs=timer.epochs,
             summary=summary,
-            peak_memory=peak.peak_mb() if peak else None,
+            peak_memory=peak.result_mb if peak else None,
             train_loss=_metric(trainer, "train/loss_epoch"),
             val_acc=_metric(trainer, "val/acc"),
             extra={
@@ -256,7 +260,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
                 "wall_time_s": round(time.time() - started, 2),
             },
         )
-        if status == "ok" and hw is not None:
+        if status == "ok" and hw is not None and trainer is not None and trainer.is_global_zero:
             result["diagnosis"] = _diagnose(result, cfg, hw, trainer, monitor, module)
             log.info("doctor: %s", result["diagnosis"]["verdict"])
             for note in result["diagnosis"]["hardware"]:

@@ -77,23 +77,18 @@ def resolve(cfg, hw: Hardware) -> Plan:
     if accelerator == "cuda" and isinstance(devices, int) and devices > available:
         raise ConfigError(f"'devices={devices}' but this machine has {available} CUDA device(s). Allowed: 1..{available}, -1 or auto.")
 
-    strategy: Any = cfg.strategy
-    if cfg.strategy == "fsdp":
-        if accelerator != "cuda":
-            raise ConfigError(
-                "'strategy=fsdp' needs CUDA GPUs (Lightning's FSDPStrategy refuses CPU). On this machine use "
-                "strategy=fsdp2 (FSDP2 via fully_shard, also runs on CPU with gloo), or strategy=ddp / auto."
-            )
-    elif cfg.strategy == "fsdp2":
-        from pytorch_lightning.strategies import ModelParallelStrategy
-
-        n = devices if isinstance(devices, int) and devices > 0 else (hw.count if accelerator == "cuda" else 1)
-        strategy = ModelParallelStrategy(data_parallel_size=n * cfg.num_nodes, tensor_parallel_size=1)
-    elif cfg.strategy == "ddp":
-        from pytorch_lightning.strategies import DDPStrategy
-
-        strategy = DDPStrategy(process_group_backend="nccl" if accelerator == "cuda" else "gloo")
-
+    if accelerator == "cpu" and isinstance(devices, int) and devices > hw.cpu_cores:
+        warnings.append(f"devices={devices} CPU processes on {hw.cpu_cores} cores: they will compete for the cores.")
+    strategy: Any = cfg.strategy  # the strategy object is built later, when the model exists
+    if cfg.strategy == "fsdp" and accelerator != "cuda":
+        raise ConfigError(
+            "'strategy=fsdp' needs CUDA GPUs (Lightning's FSDPStrategy refuses CPU). On this machine use "
+            "strategy=fsdp2 (FSDP2 via fully_shard, also runs on CPU with gloo), or strategy=ddp / auto."
+        )
+    if cfg.sync_batchnorm and accelerator != "cuda":
+        raise ConfigError("'sync_batchnorm=true' needs CUDA GPUs (torch's SyncBatchNorm does not run on CPU). Allowed here: sync_batchnorm=false.")
+    if cfg.sync_batchnorm and cfg.strategy == "auto":
+        warnings.append("sync_batchnorm=true only matters with more than one process (strategy=ddp/fsdp/fsdp2).")
     if cfg.data.batch_size == "auto" and cfg.strategy != "auto":
         raise ConfigError(
             f"'data.batch_size=auto' is single-device only (each rank of strategy={cfg.strategy} would search on its own). "
@@ -106,6 +101,41 @@ def resolve(cfg, hw: Hardware) -> Plan:
     if cfg.cudnn_benchmark and accelerator == "cpu":
         warnings.append("cudnn_benchmark=true only affects cuDNN on CUDA; on CPU it has no effect.")
     return Plan(accelerator, devices, cfg.num_nodes, precision, amp_dtype, strategy, warnings)
+
+
+def build_strategy(cfg, plan: Plan, hw: Hardware, module: torch.nn.Module) -> Any:
+    """The Lightning strategy object for ``strategy=`` (needs the model: FSDP wraps its repeated blocks)."""
+    if cfg.strategy == "ddp":
+        from pytorch_lightning.strategies import DDPStrategy
+
+        kwargs = {
+            "static_graph": cfg.ddp.static_graph,
+            "gradient_as_bucket_view": cfg.ddp.gradient_as_bucket_view,
+            "find_unused_parameters": cfg.ddp.find_unused_parameters,
+        }
+        if cfg.ddp.bucket_cap_mb is not None:
+            kwargs["bucket_cap_mb"] = cfg.ddp.bucket_cap_mb
+        return DDPStrategy(process_group_backend="nccl" if plan.accelerator == "cuda" else "gloo", **kwargs)
+    if cfg.strategy == "fsdp":
+        from pytorch_lightning.strategies import FSDPStrategy
+
+        from .models.blocks import repeated_blocks
+
+        block_types = {type(b) for b in repeated_blocks(module)}
+        return FSDPStrategy(
+            sharding_strategy=cfg.fsdp.sharding_strategy,
+            auto_wrap_policy=block_types or None,
+            # FSDP checkpoints its own wrapped blocks (prepare_model skips its own wrapping then)
+            activation_checkpointing_policy=block_types if (cfg.activation_checkpointing and block_types) else None,
+            use_orig_params=True,  # needed by torch.compile and by per-parameter optimizer groups
+        )
+    if cfg.strategy == "fsdp2":
+        from pytorch_lightning.strategies import ModelParallelStrategy
+
+        n = plan.world_size(hw)
+        # one consolidated checkpoint file (loads with any strategy) rather than a folder of shards
+        return ModelParallelStrategy(data_parallel_size=n, tensor_parallel_size=1, save_distributed_checkpoint=False)
+    return "auto"
 
 
 def apply_global_settings(cfg) -> None:
@@ -147,7 +177,7 @@ def apply_activation_checkpointing(module: torch.nn.Module) -> int:
 
 def prepare_model(module: torch.nn.Module, cfg) -> torch.nn.Module:
     """Transforms that come before the batch-size search and compile: checkpointing, memory format."""
-    if cfg.activation_checkpointing:
+    if cfg.activation_checkpointing and cfg.strategy != "fsdp":  # under fsdp, FSDPStrategy checkpoints its blocks
         n = apply_activation_checkpointing(module)
         if not n:
             raise ConfigError(
@@ -188,8 +218,12 @@ def set_cuda_alloc_conf(conf: str | None) -> None:
 
 
 def compile_model(module: torch.nn.Module, cfg) -> torch.nn.Module:
-    """``compile=true``: the last transform, after the batch-size search (which runs eagerly)."""
-    if cfg.compile:
+    """``compile=true``: the last transform, after the batch-size search (which runs eagerly).
+
+    Under strategy=fsdp2 the blocks are compiled inside ``configure_model`` after ``fully_shard``
+    (the documented order for FSDP2), so nothing happens here.
+    """
+    if cfg.compile and cfg.strategy != "fsdp2":
         # Compiling the LightningModule itself (not a submodule) keeps state-dict keys free of
         # "_orig_mod." (checked on torch 2.14.1 + Lightning 2.6.6); Lightning unwraps it in fit().
         mode = None if cfg.compile_mode == "default" else cfg.compile_mode
@@ -205,6 +239,7 @@ def trainer_kwargs(cfg, plan: Plan) -> dict:
         "num_nodes": plan.num_nodes,
         "precision": plan.precision,
         "strategy": plan.strategy,
+        "sync_batchnorm": bool(cfg.sync_batchnorm),
         "accumulate_grad_batches": cfg.accumulate,
         "benchmark": bool(cfg.cudnn_benchmark),
     }

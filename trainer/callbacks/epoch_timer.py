@@ -89,12 +89,18 @@ class EpochTimer(pl.Callback):
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         _sync(trainer)
+        samples = self._samples
+        if trainer.world_size > 1:
+            # the epoch ends when the slowest rank ends (rank 0 reads the clock after the barrier);
+            # samples are summed over ranks, once per epoch
+            trainer.strategy.barrier("epoch_timer")
+            samples = int(trainer.strategy.reduce(torch.tensor(float(samples), device=trainer.strategy.root_device), reduce_op="sum"))
         elapsed = time.perf_counter() - self._t0 - self._val
         epoch = {
             "epoch": trainer.current_epoch,
             "time_s": round(elapsed, 4),
-            "samples": self._samples,
-            "samples_per_s": round(self._samples / elapsed, 2) if elapsed > 0 else 0.0,
+            "samples": samples,
+            "samples_per_s": round(samples / elapsed, 2) if elapsed > 0 else 0.0,
             "data_wait_s": round(self._wait, 4),
             "steps": self._steps,
             "val_time_s": round(self._val, 4),

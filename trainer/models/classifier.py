@@ -14,8 +14,11 @@ from ..optimizers import build_optimizer, build_scheduler
 
 
 class ImageClassifier(pl.LightningModule):
-    def __init__(self, net: torch.nn.Module, optim_cfg, sched_cfg, label_smoothing: float = 0.0, on_nan: str = "stop"):
+    def __init__(
+        self, net: torch.nn.Module, optim_cfg, sched_cfg, label_smoothing: float = 0.0, on_nan: str = "stop", compile_mode: str | None = None
+    ):
         super().__init__()
+        self.compile_after_shard = compile_mode  # strategy=fsdp2 + compile: compile blocks after fully_shard
         self.net = net
         self.on_nan = on_nan
         self.optim_cfg = optim_cfg
@@ -58,6 +61,9 @@ class ImageClassifier(pl.LightningModule):
         for block in repeated_blocks(self.net):
             fully_shard(block, mesh=mesh)
         fully_shard(self.net, mesh=mesh)
+        if self.compile_after_shard:
+            # nn.Module.compile() compiles in place: state-dict keys keep no "_orig_mod."
+            self.net.compile(mode=None if self.compile_after_shard == "default" else self.compile_after_shard)
         self._sharded = True
 
     def optimizer_zero_grad(self, epoch, batch_idx, optimizer):

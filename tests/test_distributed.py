@@ -1,0 +1,148 @@
+"""Scale out on CPU with gloo: DDP, FSDP2, accumulation without sync, sweeps of distributed jobs, two nodes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT, clean_env, final_loss, read_metrics, run_cli
+
+SMALL = ["data.num_samples=256", "data.image_size=16", "data.val_samples=32", "trainer.max_epochs=2", "model.width=8", "monitor.enabled=false"]
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_match_one_process_at_the_same_global_batch(tmp_path):
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    # no BatchNorm: per-rank batch statistics would differ from one process's (SyncBatchNorm is GPU-only)
+    r = run_cli(f"hydra.run.dir={single}", *SMALL, "data.batch_size=16", "+model.batchnorm=false")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_cli(f"hydra.run.dir={ddp}", *SMALL, "strategy=ddp", "devices=2", "data.batch_size=8", "+model.batchnorm=false")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    m = read_metrics(ddp)
+    assert m["status"] == "ok" and m["device"]["count"] == 2
+    assert m["epochs"][0]["samples"] == 256 and m["epochs"][0]["steps"] == 16  # samples summed over ranks
+    assert "max over ranks" in m["peak_memory_method"]
+    a, b = (final_loss(d / "checkpoints" / "last.ckpt", batchnorm=False) for d in (single, ddp))
+    assert a == pytest.approx(b, rel=2e-3), (a, b)
+    assert (ddp / "train.log").exists() and (ddp / "train_rank1.log").exists()
+
+
+@pytest.mark.slow
+def test_fsdp2_two_processes_train_save_and_resume(tmp_path):
+    run_dir = tmp_path / "fsdp2"
+    r = run_cli(f"hydra.run.dir={run_dir}", *SMALL, "strategy=fsdp2", "devices=2", "data.batch_size=8")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert read_metrics(run_dir)["status"] == "ok"
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file()
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+    assert state["net.fc.weight"].shape == (10, 32)  # consolidated, unsharded
+    r = run_cli(f"hydra.run.dir={run_dir}", *SMALL, "strategy=fsdp2", "devices=2", "data.batch_size=8", "ckpt_path=last", "trainer.max_epochs=3")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    m = read_metrics(run_dir)
+    assert m["status"] == "ok" and [e["epoch"] for e in m["epochs"]] == [0, 1, 2]
+
+
+def test_accumulate_under_ddp_syncs_gradients_only_on_stepping_batches(train):
+    import pytorch_lightning as pl
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    counts = {}
+
+    class CountAllReduce(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            counts["n"] = 0
+
+            def hook(state, bucket):
+                counts["n"] += 1
+                return allreduce_hook(state, bucket)
+
+            trainer.strategy.model.register_comm_hook(None, hook)
+
+    original = pl.Trainer.__init__
+
+    def init(self, *a, callbacks=None, **kw):
+        original(self, *a, callbacks=list(callbacks or []) + [CountAllReduce()], **kw)
+
+    per_accumulate = {}
+    for n in (1, 4):
+        pl.Trainer.__init__ = init
+        try:
+            m, _ = train("strategy=ddp", "devices=1", f"accumulate={n}", "data.num_samples=128", "model.width=4")
+        finally:
+            pl.Trainer.__init__ = original
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+        per_accumulate[n] = counts["n"]
+    assert per_accumulate[1] > 0
+    assert per_accumulate[1] == 4 * per_accumulate[4]  # 16 batches: 16 syncs vs 4 (one per optimizer step)
+
+
+@pytest.mark.slow
+def test_a_sweep_of_ddp_jobs_makes_one_sweep_dir(tmp_path):
+    sweep = tmp_path / "multirun" / "sweep"
+    r = run_cli("-m", f"hydra.sweep.dir={sweep}", *SMALL, "strategy=ddp", "devices=2", "data.batch_size=8", "amp=false,true", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "multirun").iterdir()) == ["sweep"]  # no duplicate sweeps
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
+    assert jobs == ["0", "1"]
+    for job in jobs:
+        m = read_metrics(sweep / job)
+        assert m["status"] == "ok" and m["device"]["count"] == 2
+        assert (sweep / job / "checkpoints" / "last.ckpt").exists()
+    assert "| world_size |" in (sweep / "ab_report.md").read_text().replace("| amp | world_size |", "| world_size |")
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.slow
+def test_two_nodes_with_torchrun_on_localhost(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_dir = tmp_path / "two_nodes"
+    env = clean_env()
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={rank}",
+             "--master-addr=127.0.0.1", f"--master-port={port}", str(ROOT / "train.py"), f"hydra.run.dir={run_dir}",
+             *SMALL, "strategy=ddp", "devices=1", "num_nodes=2", "data.batch_size=8"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outs = [n.communicate(timeout=300)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    m = read_metrics(run_dir)
+    assert m["status"] == "ok" and m["device"]["count"] == 2 and m["flags"]["num_nodes"] == 2
+
+
+def test_too_many_cpu_processes_warns(compose):
+    from trainer import switchboard
+    from trainer.hardware import Hardware
+
+    plan = switchboard.resolve(compose("strategy=ddp", "devices=8"), Hardware("cpu", "cpu", 1, 2, False, False))
+    assert any("devices=8 CPU processes on 2 cores" in w for w in plan.warnings)
+
+
+def test_ddp_knobs_reach_the_strategy(compose):
+    from trainer import switchboard
+    from trainer.hardware import Hardware
+
+    cfg = compose("strategy=ddp", "devices=2", "ddp.static_graph=true", "ddp.gradient_as_bucket_view=true", "ddp.bucket_cap_mb=5")
+    hw = Hardware("cpu", "cpu", 1, 2, False, False)
+    plan = switchboard.resolve(cfg, hw)
+    strategy = switchboard.build_strategy(cfg, plan, hw, torch.nn.Linear(2, 2))
+    assert strategy._ddp_kwargs == {"static_graph": True, "gradient_as_bucket_view": True, "find_unused_parameters": False, "bucket_cap_mb": 5}
+    assert switchboard.trainer_kwargs(cfg, plan)["sync_batchnorm"] is False
+    from trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="sync_batchnorm=true' needs CUDA"):
+        switchboard.resolve(compose("strategy=ddp", "devices=2", "sync_batchnorm=true"), hw)
+    gpu = Hardware("cuda", "H100", 8, 16, True, True, "9.0")
+    plan = switchboard.resolve(compose("strategy=ddp", "devices=2", "sync_batchnorm=true"), gpu)
+    assert switchboard.trainer_kwargs(compose("sync_batchnorm=true"), plan)["sync_batchnorm"] is True
