@@ -25,3 +25,5 @@ sweep resnet50_smoke_repeat_b +recipe=resnet50 scale=smoke checkpoint.enabled=fa
 sweep vit_smoke_ac_batch +recipe=vit scale=smoke activation_checkpointing=false,true data.batch_size=32,auto batch_finder.memory_budget_mb=400 batch_finder.max_batch_size=256 checkpoint.enabled=false
 # 4. measurement overhead: profiler (outside its active window) and system monitor
 sweep resnet50_smoke_profile_monitor +recipe=resnet50 scale=smoke profile=false,true monitor.enabled=false,true monitor.interval_s=1 trainer.max_epochs=5 trainer.limit_train_batches=16 checkpoint.enabled=false
+# 5. scaling harness: 1 vs 2 processes (DDP, gloo)
+"$py" scripts/bench_scaling.py --out "$out/bench_scaling.json"
