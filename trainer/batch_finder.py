@@ -46,6 +46,10 @@ def _batch(dataset, size: int, device: torch.device):
     n = len(dataset)
     samples = [dataset[i % n] for i in range(size)]
     x = torch.stack([s[0] for s in samples]).to(device)
+    if x.dtype == torch.uint8:  # data.gpu_normalize
+        from .data.gpu_transforms import normalize_uint8
+
+        x = normalize_uint8(x)
     y = torch.tensor([int(s[1]) for s in samples], device=device)
     return x, y
 

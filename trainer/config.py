@@ -22,7 +22,8 @@ CHOICES: Dict[str, tuple] = {
     "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     "strategy": ("auto", "ddp", "fsdp", "fsdp2"),
     "accelerator": ("auto", "cpu", "gpu", "cuda"),
-    "data.name": ("synthetic", "imagefolder", "builtin", "custom"),
+    "data.name": ("synthetic", "imagefolder", "builtin", "custom", "packed"),
+    "data.decoder": ("pil", "torchvision", "turbo", "nvjpeg"),
     "optim.name": ("sgd", "adamw"),
     "sched.name": ("cosine", "constant"),
     "lr_scaling": ("none", "linear", "sqrt"),
@@ -57,6 +58,11 @@ FLAG_KEYS = (
     "optim.fused",
     "optim.zero_grad_to_none",
     "data.batch_size",
+    "data.num_workers",
+    "data.auto_workers",
+    "data.gpu_normalize",
+    "data.decoder",
+    "data.cache_in_memory",
 )
 
 
@@ -85,6 +91,11 @@ class DataConfig:
     augment: bool = True
     # an image file that cannot be decoded: skip it (and count it) or stop with its path
     on_bad_sample: str = "skip"
+    # input pipeline switches
+    auto_workers: bool = False  # pick num_workers from the cores (and ranks) of this machine
+    gpu_normalize: bool = False  # ship uint8 batches; convert and normalize on the device
+    decoder: str = "pil"  # pil | torchvision | turbo (libjpeg-turbo via simplejpeg) | nvjpeg (CUDA)
+    cache_in_memory: bool = False  # keep the encoded image files in RAM after the first read
     # data=custom: any map-style Dataset of (image tensor, label) by _target_ (val_dataset optional)
     dataset: Any = None
     val_dataset: Any = None

@@ -32,8 +32,26 @@ def rss_mb() -> Optional[float]:
     return kb / 1024 if kb is not None else None
 
 
+def _release_free_memory() -> None:
+    """Hand memory that is free but still held by the allocator back to the OS (glibc malloc_trim).
+
+    Without it, a sweep's second job in the same process reuses the first job's freed memory,
+    its RSS does not grow, and its peak would read as near zero.
+    """
+    import gc
+
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def reset_cpu_peak() -> bool:
     """Reset the RSS high-water mark; False where the kernel does not allow it."""
+    _release_free_memory()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")

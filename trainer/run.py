@@ -69,6 +69,10 @@ def _check_input_size(module, dataset, cfg) -> None:
     import torch
 
     x = dataset[0][0].unsqueeze(0).repeat(2, 1, 1, 1)
+    if x.dtype == torch.uint8:  # data.gpu_normalize: the batch is normalized after transfer
+        from .data.gpu_transforms import normalize_uint8
+
+        x = normalize_uint8(x)
     was_training = module.training
     module.eval()
     try:
@@ -137,7 +141,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
     started = time.time()
     requested = flags_of(cfg)  # as asked for (data.batch_size=auto stays "auto"; the chosen size is batch_size)
     timer = EpochTimer()
-    hw = plan = trainer = peak = preemption = bad_samples = nan_guard = monitor = profiler = module = None
+    datamodule = hw = plan = trainer = peak = preemption = bad_samples = nan_guard = monitor = profiler = module = None
     status, error = "ok", None
     notes: Dict[str, Any] = {}
     try:
@@ -168,7 +172,9 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         switchboard.apply_global_settings(cfg)
 
-        datamodule = ImageDataModule(cfg.data, cfg.seed)
+        from .launch import processes_per_node
+
+        datamodule = ImageDataModule(cfg.data, cfg.seed, plan.accelerator, processes_per_node(cfg) if cfg.strategy != "auto" else 1)
         num_classes = datamodule.build()
         if num_classes != cfg.data.num_classes:
             log.info("data.num_classes set to %d: the dataset has %d classes", num_classes, num_classes)
@@ -257,6 +263,8 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
                 **notes,
                 "overrides": list(overrides or []),
                 "data": {k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers")},
+                "num_workers": datamodule.num_workers if datamodule else None,
+                "decoder": datamodule.decoder if datamodule else None,
                 "wall_time_s": round(time.time() - started, 2),
             },
         )

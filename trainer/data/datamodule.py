@@ -13,15 +13,31 @@ log = logging.getLogger(__name__)
 
 
 class ImageDataModule(pl.LightningDataModule):
-    def __init__(self, data_cfg, seed: int = 42):
+    def __init__(self, data_cfg, seed: int = 42, accelerator: str = "cpu", processes_per_node: int = 1):
         super().__init__()
         self.cfg = data_cfg
         self.seed = seed
+        self.accelerator = accelerator
+        self.processes_per_node = processes_per_node
+        self.decoder = data_cfg.get("decoder", "pil")
+        self.num_workers = self._workers()
         self.train_set = None
         self.val_set = None
         self.classes = None
         # (epoch, batches already trained in it): set by ResumableState for a mid-epoch resume
         self.resume_position: tuple | None = None
+
+    def _workers(self) -> int:
+        """data.auto_workers: the cores this node's ranks can spare, one main process each kept free."""
+        c = self.cfg
+        if not c.get("auto_workers"):
+            return c.num_workers
+        import os
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        workers = max(0, min(16, cores // max(1, self.processes_per_node) - 1))
+        log.info("data.auto_workers: %d loader workers per process (%d cores, %d process(es) on this node)", workers, cores, self.processes_per_node)
+        return workers
 
     def build(self) -> int:
         """Create the datasets (generating the built-in set if needed); return the number of classes.
@@ -33,9 +49,15 @@ class ImageDataModule(pl.LightningDataModule):
         if c.name == "synthetic":
             from .synthetic import SyntheticImages
 
-            self.train_set = SyntheticImages(c.num_samples, c.image_size, c.num_classes, self.seed, "train")
-            self.val_set = SyntheticImages(c.val_samples, c.image_size, c.num_classes, self.seed, "val") if c.val_samples else None
+            u8 = bool(c.get("gpu_normalize"))
+            self.train_set = SyntheticImages(c.num_samples, c.image_size, c.num_classes, self.seed, "train", keep_uint8=u8)
+            self.val_set = SyntheticImages(c.val_samples, c.image_size, c.num_classes, self.seed, "val", keep_uint8=u8) if c.val_samples else None
             return c.num_classes
+        if c.name == "packed":
+            from .packed import build_packed
+
+            self.train_set, self.val_set, self.classes = build_packed(c.root, c.image_size, c.augment, c.val_split, self.seed, bool(c.get("gpu_normalize")))
+            return len(self.classes)
         if c.name == "custom":
             from hydra.utils import instantiate
 
@@ -52,8 +74,12 @@ class ImageDataModule(pl.LightningDataModule):
             root, key = c.root, "data.root"
         from .folder import build_image_folders
 
+        from .decoders import resolve_decoder
+
+        self.decoder = resolve_decoder(c.decoder, self.accelerator)
         self.train_set, self.val_set, self.classes = build_image_folders(
-            root, c.image_size, c.augment, c.val_split, self.seed, key, c.on_bad_sample
+            root, c.image_size, c.augment, c.val_split, self.seed, key, c.on_bad_sample,
+            decoder=self.decoder, cache_in_memory=c.cache_in_memory, keep_uint8=c.gpu_normalize,
         )
         if len(self.train_set) == 0:
             raise ConfigError(f"'{key}' ({root}) has no training images.")
@@ -66,7 +92,7 @@ class ImageDataModule(pl.LightningDataModule):
 
     def _loader(self, dataset, train: bool) -> DataLoader:
         c = self.cfg
-        workers = c.num_workers
+        workers = self.num_workers
         sampler = None
         if train:
             from .sampler import EpochShuffleSampler

@@ -13,18 +13,21 @@ from typing import Tuple
 
 from ..errors import ConfigError
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+def transforms_for(image_size: int, train: bool, augment: bool, keep_uint8: bool = False):
+    """torchvision v2 transforms: they take PIL images and uint8 tensors alike (any decoder)."""
+    import torch
+    from torchvision.transforms import v2
 
+    from .gpu_transforms import IMAGENET_MEAN, IMAGENET_STD
 
-def transforms_for(image_size: int, train: bool, augment: bool):
-    from torchvision import transforms as T
-
+    steps = [v2.ToImage()]
     if train and augment:
-        steps = [T.RandomResizedCrop(image_size, scale=(0.35, 1.0), antialias=True), T.RandomHorizontalFlip()]
+        steps += [v2.RandomResizedCrop(image_size, scale=(0.35, 1.0), antialias=True), v2.RandomHorizontalFlip()]
     else:
-        steps = [T.Resize(int(round(image_size * 1.14)), antialias=True), T.CenterCrop(image_size)]
-    return T.Compose(steps + [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+        steps += [v2.Resize(int(round(image_size * 1.14)), antialias=True), v2.CenterCrop(image_size)]
+    if keep_uint8:  # data.gpu_normalize: the device converts and normalizes
+        return v2.Compose(steps + [v2.ToPureTensor()])
+    return v2.Compose(steps + [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD), v2.ToPureTensor()])
 
 
 def _safe_image_folder_class():
@@ -42,7 +45,7 @@ def _safe_image_folder_class():
         def __getitem__(self, index):
             try:
                 return super().__getitem__(index)
-            except (OSError, ValueError, SyntaxError) as e:  # PIL raises these for truncated/corrupt files
+            except (OSError, ValueError, SyntaxError, RuntimeError) as e:  # what PIL / torchvision / simplejpeg raise for corrupt files
                 path = self.samples[index][0]
                 if self.on_bad_sample == "stop":
                     from ..errors import TrainingStopped
@@ -63,9 +66,9 @@ def skip_none_collate(batch):
     return default_collate([b for b in batch if b is not None])
 
 
-def _image_folder(path: str, transform, key: str, on_bad_sample: str = "skip"):
+def _image_folder(path: str, transform, key: str, on_bad_sample: str = "skip", loader=None):
     try:
-        dataset = _safe_image_folder_class()(path, transform=transform)
+        dataset = _safe_image_folder_class()(path, transform=transform, **({"loader": loader} if loader else {}))
         dataset.on_bad_sample = on_bad_sample
         return dataset
     except (FileNotFoundError, RuntimeError) as e:
@@ -77,9 +80,13 @@ def _image_folder(path: str, transform, key: str, on_bad_sample: str = "skip"):
 
 
 def build_image_folders(
-    root: str, image_size: int, augment: bool, val_split: float, seed: int, key: str = "data.root", on_bad_sample: str = "skip"
+    root: str, image_size: int, augment: bool, val_split: float, seed: int, key: str = "data.root", on_bad_sample: str = "skip",
+    decoder: str = "pil", cache_in_memory: bool = False, keep_uint8: bool = False,
 ) -> Tuple:
     """Return (train_dataset, val_dataset or None, class_names)."""
+    from .decoders import Loader
+
+    loader = Loader(decoder, cache_in_memory)
     import torch
     from torch.utils.data import Subset
 
@@ -90,15 +97,15 @@ def build_image_folders(
         raise ConfigError(f"'{key}' points at {root}, which does not exist or is not a folder. Set {key}=DIR to a folder of class subfolders of images.")
     train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
     if os.path.isdir(train_dir):
-        train = _image_folder(train_dir, transforms_for(image_size, True, augment), key, on_bad_sample)
-        val = _image_folder(val_dir, transforms_for(image_size, False, augment), key, on_bad_sample) if os.path.isdir(val_dir) else None
+        train = _image_folder(train_dir, transforms_for(image_size, True, augment, keep_uint8), key, on_bad_sample, loader)
+        val = _image_folder(val_dir, transforms_for(image_size, False, augment, keep_uint8), key, on_bad_sample, loader) if os.path.isdir(val_dir) else None
         if val is not None and val.classes != train.classes:
             raise ConfigError(f"'{key}': {train_dir} and {val_dir} have different class folders; they must match.")
         return train, val, train.classes
-    full_train = _image_folder(root, transforms_for(image_size, True, augment), key, on_bad_sample)
+    full_train = _image_folder(root, transforms_for(image_size, True, augment, keep_uint8), key, on_bad_sample, loader)
     if val_split <= 0:
         return full_train, None, full_train.classes
-    full_val = _image_folder(root, transforms_for(image_size, False, augment), key, on_bad_sample)
+    full_val = _image_folder(root, transforms_for(image_size, False, augment, keep_uint8), key, on_bad_sample, loader)
     # a per-class split keeps every class in both halves
     g = torch.Generator().manual_seed(seed)
     by_class: dict = {}

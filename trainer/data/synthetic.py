@@ -11,12 +11,15 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset
 
+from .gpu_transforms import normalize_uint8
+
 POOL_SIZE = 1024
 
 
 class SyntheticImages(Dataset):
-    def __init__(self, num_samples: int, image_size: int, num_classes: int, seed: int, split: str = "train"):
+    def __init__(self, num_samples: int, image_size: int, num_classes: int, seed: int, split: str = "train", keep_uint8: bool = False):
         self.num_samples = num_samples
+        self.keep_uint8 = keep_uint8  # data.gpu_normalize: uint8 out, normalized on the device
         g = torch.Generator().manual_seed(seed)
         # class prototypes: low-frequency patterns shared by train and val
         coarse = torch.rand(num_classes, 3, 4, 4, generator=g)
@@ -33,5 +36,7 @@ class SyntheticImages(Dataset):
 
     def __getitem__(self, index: int):
         i = index % len(self.images)
-        x = self.images[i].float().div_(255.0).sub_(0.5).div_(0.25)
+        if self.keep_uint8:
+            return self.images[i], int(self.labels[i])
+        x = normalize_uint8(self.images[i][None])[0]
         return x, int(self.labels[i])

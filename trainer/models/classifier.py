@@ -29,6 +29,15 @@ class ImageClassifier(pl.LightningModule):
     def forward(self, x):
         return self.net(x)
 
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        """data.gpu_normalize: uint8 batches arrive on the device and are converted here."""
+        x, y = batch
+        if x.dtype == torch.uint8:
+            from ..data.gpu_transforms import normalize_uint8
+
+            x = normalize_uint8(x)
+        return x, y
+
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = F.cross_entropy(self(x), y, label_smoothing=self.label_smoothing)

@@ -1,0 +1,132 @@
+"""The input pipeline switches: each one changes what the loader delivers or how it works."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from trainer.data import ImageDataModule
+
+
+def _jpeg_folder(root: Path, classes=("a", "b", "c"), per_class=6, size=40) -> Path:
+    for i, cls in enumerate(classes):
+        (root / cls).mkdir(parents=True)
+        for j in range(per_class):
+            Image.new("RGB", (size, size), (80 * i, 30 * j, 120)).save(root / cls / f"{j}.jpg", quality=90)
+    return root
+
+
+def _first_batch(compose, *overrides):
+    cfg = compose(*overrides)
+    dm = ImageDataModule(cfg.data, cfg.seed)
+    dm.build()
+    return dm, next(iter(dm.train_dataloader()))
+
+
+def test_gpu_normalize_ships_uint8_and_the_model_normalizes(compose, train, tmp_path):
+    _, (x, _) = _first_batch(compose, "data.gpu_normalize=true", "data.image_size=16", "data.batch_size=4")
+    assert x.dtype == torch.uint8
+    _, (x, _) = _first_batch(compose, "data.image_size=16", "data.batch_size=4")
+    assert x.dtype == torch.float32
+    root = _jpeg_folder(tmp_path / "imgs")
+    _, (x, _) = _first_batch(compose, "data=imagefolder", f"data.root={root}", "data.gpu_normalize=true", "data.image_size=16", "data.batch_size=4")
+    assert x.dtype == torch.uint8 and x.shape == (4, 3, 16, 16)
+    import probe
+
+    probe.SEEN.clear()
+    m, _ = train("data.gpu_normalize=true", "model._target_=probe.ProbeNet", "~model.width")
+    assert m["status"] == "ok" and all(s["input_dtype"] == torch.float32 for s in probe.SEEN)  # converted on the device
+    assert m["flags"]["data.gpu_normalize"] is True
+
+
+@pytest.mark.parametrize("decoder", ["pil", "torchvision", "turbo"])
+def test_decoders_deliver_the_same_images(compose, tmp_path, decoder):
+    root = _jpeg_folder(tmp_path / "imgs")
+    dm, (x, y) = _first_batch(compose, "data=imagefolder", f"data.root={root}", f"data.decoder={decoder}", "data.augment=false", "data.val_split=0", "data.image_size=32", "data.batch_size=4")
+    ref_dm, (ref, _) = _first_batch(compose, "data=imagefolder", f"data.root={root}", "data.decoder=pil", "data.augment=false", "data.val_split=0", "data.image_size=32", "data.batch_size=4")
+    assert x.shape == ref.shape and torch.allclose(x, ref, atol=0.15)  # JPEG decoders differ by a few levels
+    import importlib.util
+
+    expected = decoder if (decoder != "turbo" or importlib.util.find_spec("simplejpeg")) else "torchvision"
+    assert dm.decoder == expected
+
+
+def test_nvjpeg_without_cuda_falls_back_with_a_message(compose, tmp_path, caplog):
+    root = _jpeg_folder(tmp_path / "imgs")
+    dm, _ = _first_batch(compose, "data=imagefolder", f"data.root={root}", "data.decoder=nvjpeg", "data.image_size=16", "data.batch_size=2")
+    assert dm.decoder == "torchvision" and "needs a CUDA GPU" in caplog.text
+
+
+def test_cache_in_memory_reads_each_file_once(compose, tmp_path, monkeypatch):
+    import builtins
+
+    root = _jpeg_folder(tmp_path / "imgs")
+    cfg = compose("data=imagefolder", f"data.root={root}", "data.cache_in_memory=true", "data.val_split=0", "data.image_size=16", "data.batch_size=6")
+    dm = ImageDataModule(cfg.data, cfg.seed)
+    dm.build()
+    opened = []
+    real_open = builtins.open
+
+    def counting_open(path, *a, **k):
+        if str(path).endswith(".jpg"):
+            opened.append(str(path))
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    for _ in range(2):  # two epochs, main-process loading
+        for _batch in dm.train_dataloader():
+            pass
+    assert len(opened) == 18 and len(set(opened)) == 18  # 18 files, each opened once over two epochs
+
+
+def test_auto_workers_follow_the_cores(compose, caplog):
+    import logging
+    import os
+
+    caplog.set_level(logging.INFO)
+    cores = len(os.sched_getaffinity(0))
+    cfg = compose("data.auto_workers=true")
+    assert ImageDataModule(cfg.data, cfg.seed).num_workers == max(0, min(16, cores - 1))
+    assert ImageDataModule(cfg.data, cfg.seed, processes_per_node=cores).num_workers == 0
+    assert "data.auto_workers" in caplog.text
+
+
+def test_pack_and_train_from_packed(tmp_path, train):
+    src = _jpeg_folder(tmp_path / "imgs", per_class=10)
+    dst = tmp_path / "packed"
+    r = subprocess.run([sys.executable, "-m", "trainer.pack", str(src), str(dst), "--size", "24"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert {p.name for p in dst.iterdir()} == {"images.npy", "labels.npy", "meta.json"}
+    r = subprocess.run([sys.executable, "-m", "trainer.pack", str(src), str(dst)], capture_output=True, text=True)
+    assert r.returncode != 0 and "already holds a packed dataset" in (r.stderr + r.stdout)
+    m, _ = train("data=packed", f"data.root={dst}", "data.image_size=16", "data.batch_size=4", "data.val_split=0.2")
+    assert m["status"] == "ok" and m["epochs"][0]["samples"] == 24
+
+
+def test_packed_shards_exactly_across_ranks_and_workers(tmp_path):
+    """Every sample once per epoch across 2 ranks x 2 workers (what Lightning's DistributedSampler does)."""
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    from trainer.data.packed import PackedImages
+    from trainer.pack import pack
+
+    src = _jpeg_folder(tmp_path / "imgs", per_class=8)
+    pack(str(src), str(tmp_path / "p"), 16)
+
+    class Indexed(PackedImages):
+        def __getitem__(self, i):
+            return i
+
+    dataset = Indexed(str(tmp_path / "p"), 16, True, True, True)
+    seen = []
+    for rank in range(2):
+        sampler = DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=True, seed=3, drop_last=False)
+        sampler.set_epoch(1)
+        seen += [int(i) for batch in DataLoader(dataset, batch_size=3, sampler=sampler, num_workers=2) for i in batch]
+    assert sorted(seen) == list(range(len(dataset)))

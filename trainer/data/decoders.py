@@ -1,0 +1,70 @@
+"""Image file -> pixels, by ``data.decoder``: the CPU cost that dominates real-data input pipelines.
+
+- ``pil``: Pillow (the torchvision default; the baseline).
+- ``torchvision``: ``torchvision.io.decode_image`` (libjpeg-turbo inside torchvision), straight to a
+  uint8 tensor with no PIL image in between.
+- ``turbo``: libjpeg-turbo through simplejpeg (``pip install simplejpeg``), with its fast DCT
+  settings; PNG and other formats go through torchvision.
+- ``nvjpeg``: GPU decoding needs CUDA; elsewhere it falls back to ``torchvision`` with a message.
+
+With ``data.cache_in_memory`` the encoded bytes of each file are kept in RAM after the first read
+(per loader worker; persistent workers keep them across epochs), so later epochs skip the disk.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+log = logging.getLogger(__name__)
+
+
+def resolve_decoder(name: str, accelerator: str) -> str:
+    """The decoder that will really run here, with a message when it is not the one asked for."""
+    if name == "turbo" and importlib.util.find_spec("simplejpeg") is None:
+        log.warning("data.decoder=turbo needs simplejpeg (pip install simplejpeg): using data.decoder=torchvision instead")
+        return "torchvision"
+    if name == "nvjpeg" and accelerator != "cuda":
+        log.warning("data.decoder=nvjpeg needs a CUDA GPU: using data.decoder=torchvision (CPU) instead")
+        return "torchvision"
+    if name == "nvjpeg":
+        log.warning("data.decoder=nvjpeg: batched GPU decoding is not implemented yet; using data.decoder=torchvision")
+        return "torchvision"
+    return name
+
+
+class Loader:
+    """A picklable ImageFolder loader: path -> PIL image or uint8 CHW tensor."""
+
+    def __init__(self, decoder: str, cache_in_memory: bool = False) -> None:
+        self.decoder = decoder
+        self.cache = {} if cache_in_memory else None
+
+    def _bytes(self, path: str) -> bytes:
+        if self.cache is not None and path in self.cache:
+            return self.cache[path]
+        with open(path, "rb") as f:
+            data = f.read()
+        if self.cache is not None:
+            self.cache[path] = data
+        return data
+
+    def __call__(self, path: str):
+        import io
+
+        import torch
+
+        data = self._bytes(path)
+        if self.decoder == "pil":
+            from PIL import Image
+
+            with Image.open(io.BytesIO(data)) as im:
+                return im.convert("RGB")
+        if self.decoder == "turbo" and data[:2] == b"\xff\xd8":
+            import simplejpeg
+
+            array = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True)
+            return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+        from torchvision.io import ImageReadMode, decode_image
+
+        return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
