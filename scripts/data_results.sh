@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
 base=multirun/data-results-$(date +%Y%m%d-%H%M%S)
+mkdir -p "$base"
 common=(data=builtin data.image_size=64 data.batch_size=32 model.width=16 trainer.max_epochs=3 trainer.limit_val_batches=4 checkpoint.enabled=false)
 "$py" train.py -m hydra.sweep.dir=$base/workers_decoder "${common[@]}" data.num_workers=0,1 data.decoder=pil,torchvision,turbo > $base.workers.log 2>&1 || true
 "$py" train.py -m hydra.sweep.dir=$base/cache "${common[@]}" data.num_workers=1 data.persistent_workers=true data.decoder=turbo data.cache_in_memory=true > $base.cache.log 2>&1 || true

@@ -38,13 +38,13 @@ def test_planted_heavy_compute_is_compute_bound(train):
 
 
 def test_input_bound_with_a_saturated_cpu_does_not_ask_for_more_workers():
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.6}, system={"cpu_busy_cores": 15.8}, hardware=H100, flags={}, data={"num_workers": 15, "pin_memory": True}, is_convnet=True)
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.6}, system={"cpu_busy_cores": 15.8, "process_cpu_cores": 15.5}, hardware=H100, flags={}, data={"num_workers": 15, "pin_memory": True}, is_convnet=True)
     assert d["bottleneck"] == "input pipeline" and not any(s.startswith("data.num_workers") for s in d["try"])
     assert "saturated" in d["verdict"]
 
 
 def test_input_bound_on_a_big_machine_names_workers_and_cores():
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.62}, system={"cpu_busy_cores": 2.0}, hardware=H100, flags={}, data={"num_workers": 2}, is_convnet=True)
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.62}, system={"cpu_busy_cores": 2.0, "process_cpu_cores": 1.9}, hardware=H100, flags={}, data={"num_workers": 2}, is_convnet=True)
     assert d["try"][:2] == ["data.num_workers=15", "data.persistent_workers=true"] and "data.pin_memory=true" in d["try"]
     assert "62% of training time waiting" in d["verdict"] and "2.0 of 16 cores busy" in d["verdict"]
 
@@ -58,6 +58,11 @@ def test_gpu_transfer_overhead_and_memory_verdicts():
     assert d["bottleneck"] == "memory" and "activation_checkpointing=true" in d["try"]
     d = doctor.diagnose(metrics={"data_wait_fraction": 0.05, "peak_memory_mb": 9000}, system={"gpu0/util": 97.0}, hardware=H100, flags={"amp": True}, data={}, is_convnet=True, device_memory_mb=80000)
     assert d["bottleneck"] == "compute" and "data.batch_size=auto" in d["try"] and "amp=true" not in d["try"] and "tf32=true" not in d["try"]
+
+
+def test_competing_processes_are_called_out():
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05}, system={"cpu_busy_cores": 1.9, "process_cpu_cores": 0.9}, hardware=CPU, flags={}, data={}, is_convnet=True)
+    assert any("other processes kept about 1.0 of 2 cores busy" in n for n in d["hardware"])
 
 
 def test_hardware_checks():

@@ -31,17 +31,6 @@ from .optimizers import build_optimizer
 log = logging.getLogger(__name__)
 
 
-def _mem_available_mb() -> float:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 1024
-    except (OSError, ValueError):
-        pass
-    return 4096.0
-
-
 def _batch(dataset, size: int, device: torch.device):
     n = len(dataset)
     samples = [dataset[i % n] for i in range(size)]
@@ -63,7 +52,7 @@ def find_batch_size(module: torch.nn.Module, dataset, cfg, accelerator: str, amp
     if accelerator == "cuda":
         budget = torch.cuda.get_device_properties(device).total_memory / 2**20 * (1 - bf.headroom)
     else:
-        budget = bf.memory_budget_mb or _mem_available_mb() / 2
+        budget = bf.memory_budget_mb or memory.mem_available_mb() / 2
     saved = copy.deepcopy(module.state_dict())
     module.to(device).train()
     optimizer = build_optimizer(module, cfg.optim)

@@ -62,8 +62,9 @@ def diagnose(
     }
     busy_text = f"{busy:.1f} of {cores} cores busy" if busy is not None else f"{cores} cores"
     hw_notes = hardware_notes(hardware, flags)
-    if busy is not None and system.get("process_cpu_cores") is not None and workers == 0:
-        others = busy - system["process_cpu_cores"]
+    own = system.get("process_cpu_cores")  # this run's processes: main + loader workers (+ local ranks)
+    if busy is not None and own is not None:
+        others = busy - own
         if others > max(0.75, 0.4 * cores):
             hw_notes.append(
                 f"other processes kept about {others:.1f} of {cores} cores busy during this run: its epoch times are "
@@ -72,7 +73,8 @@ def diagnose(
 
     if wait >= INPUT_BOUND:
         suggestions: List[str] = []
-        saturated = busy is not None and busy >= 0.85 * cores
+        # more workers help until this run's own processes fill the cores
+        saturated = own is not None and own >= 0.85 * cores
         if workers < max(1, cores - 1) and not saturated:
             suggestions += [f"data.num_workers={max(1, min(cores - 1, 16))}", "data.persistent_workers=true"]
         if cuda and not data.get("pin_memory"):

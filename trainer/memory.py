@@ -27,6 +27,18 @@ def _status_kb(field: str) -> Optional[int]:
     return None
 
 
+def mem_available_mb() -> float:
+    """The machine's available memory (MemAvailable), 4 GiB where /proc/meminfo cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError):
+        pass
+    return 4096.0
+
+
 def rss_mb() -> Optional[float]:
     kb = _status_kb("VmRSS")
     return kb / 1024 if kb is not None else None

@@ -7,7 +7,7 @@ last one, so a step costs one ``time.monotonic()`` call. Readings come from /pro
 on NVIDIA GPUs, from NVML (nvidia-ml-py), silently absent where there is none.
 
 Logged tags (TensorBoard, x axis = global step): ``system/cpu_busy_cores``, ``system/cpu_util``,
-``system/process_cpu_cores``, ``system/rss_mb``, ``system/disk_read_mb_s``, ``system/load_avg``,
+``system/process_cpu_cores`` (this run: main process and loader workers), ``system/rss_mb``, ``system/disk_read_mb_s``, ``system/load_avg``,
 and per GPU ``gpu0/util``, ``gpu0/mem_used_mb``, ``gpu0/power_w``, ``gpu0/temp_c``. The averages
 over the run feed the bottleneck doctor.
 """
@@ -20,6 +20,8 @@ import time
 from typing import Dict, List, Optional
 
 import pytorch_lightning as pl
+
+from ..memory import rss_mb
 
 
 def _read_cpu_times() -> Optional[tuple]:
@@ -47,6 +49,29 @@ def _read_disk_read_bytes() -> Optional[int]:
         return total
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _process_tree_cpu_seconds() -> float:
+    """CPU seconds of this process plus its children (DataLoader workers), live and exited."""
+    total = time.process_time()
+    t = os.times()
+    total += t.children_user + t.children_system  # children already reaped
+    me = str(os.getpid())
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me:  # ppid
+                total += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    except OSError:
+        pass
+    return total
 
 
 def _nvml_handles():
@@ -77,7 +102,7 @@ class SystemMonitor(pl.Callback):
     def _baseline(self) -> None:
         self._last_t = time.monotonic()
         self._last_cpu = _read_cpu_times()
-        self._last_proc_cpu = time.process_time()
+        self._last_proc_cpu = _process_tree_cpu_seconds()
         self._last_disk = _read_disk_read_bytes()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -99,9 +124,9 @@ class SystemMonitor(pl.Callback):
             if total > 0:
                 reading["cpu_util"] = busy / total
                 reading["cpu_busy_cores"] = busy / total * cores
-        proc_cpu = time.process_time()
-        reading["process_cpu_cores"] = (proc_cpu - self._last_proc_cpu) / dt
-        reading["rss_mb"] = _rss_mb()
+        proc_cpu = _process_tree_cpu_seconds()
+        reading["process_cpu_cores"] = max(0.0, proc_cpu - self._last_proc_cpu) / dt  # this run: main process + loader workers
+        reading["rss_mb"] = rss_mb() or 0.0
         disk = _read_disk_read_bytes()
         if disk is not None and self._last_disk is not None:
             reading["disk_read_mb_s"] = (disk - self._last_disk) / dt / 2**20
@@ -126,13 +151,3 @@ class SystemMonitor(pl.Callback):
         keys = {k for s in self.samples for k in s}
         return {k: round(statistics.mean(s[k] for s in self.samples if k in s), 4) for k in sorted(keys)}
 
-
-def _rss_mb() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except (OSError, ValueError):
-        pass
-    return 0.0
