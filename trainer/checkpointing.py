@@ -110,13 +110,24 @@ def safe_load(path, map_location: Optional[Any] = "cpu") -> Dict[str, Any]:
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
+        if "GLOBAL" not in str(e):  # torch names the blocked global ("unsupported GLOBAL posix.system ...")
+            raise ConfigError(f"Checkpoint {path} is not a readable checkpoint: it is truncated, corrupt or another kind of file ({_weights_only_reason(e)}).") from None
         raise ConfigError(
             f"Refused to load checkpoint {path}: it contains objects that are not plain tensors or containers "
-            f"({str(e).splitlines()[0][:200]}). Loading it would run code stored in the file; nothing was loaded or run. "
+            f"({_weights_only_reason(e)}). Loading it would run code stored in the file; nothing was loaded or run. "
             "Only load checkpoints you trust; this trainer's own checkpoints load without this error."
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         raise ConfigError(f"Checkpoint {path} is truncated or corrupt and cannot be loaded ({str(e).splitlines()[0][:200]}).") from None
+
+
+def _weights_only_reason(e: Exception) -> str:
+    """The useful line of torch's long weights_only error (e.g. 'unsupported GLOBAL posix.system ...')."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    for line in lines:
+        if "GLOBAL" in line or line.startswith("Unsupported") or "invalid load key" in line:
+            return line[:200]
+    return lines[0][:200] if lines else type(e).__name__
 
 
 def checkpoint_candidates(run_dir: str) -> List[Path]:

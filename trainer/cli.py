@@ -96,6 +96,12 @@ def task(cfg) -> None:
         from .launch import launch, needs_launch
 
         if needs_launch(cfg):
+            # check the config once here, not once per rank
+            from . import hardware, switchboard
+            from .config import validate
+
+            validate(cfg)
+            switchboard.resolve(cfg, hardware.detect(cfg.accelerator))
             # the ranks run this job in this job's dir; rank 0 writes metrics.json
             code = launch(cfg, out_dir, overrides)
             if code != 0:
