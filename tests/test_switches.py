@@ -133,6 +133,12 @@ def test_profile_writes_a_clean_trace(train):
     assert metrics["flags"]["profile"] is True
 
 
+def test_memory_snapshot_needs_cuda_and_says_so(train, caplog):
+    metrics, out = train("profile=true", "profiler.memory_snapshot=true", "data.num_samples=96")
+    assert metrics["status"] == "ok" and "needs CUDA" in caplog.text
+    assert not list((out / "profiler").glob("memory_snapshot*"))
+
+
 def test_strategy_ddp_initializes_a_process_group(train):
     metrics, _ = train(*PROBE, "strategy=ddp", "devices=1")
     assert all(s["distributed"] for s in training_snapshots())

@@ -177,6 +177,9 @@ class ProfilerConfig:
     memory: bool = False
     with_stack: bool = False
     record_shapes: bool = False
+    # CUDA: record allocator history over the run; writes profiler/memory_snapshot.pickle for
+    # https://pytorch.org/memory_viz
+    memory_snapshot: bool = False
 
 
 @dataclass

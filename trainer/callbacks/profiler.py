@@ -5,6 +5,8 @@ torch-tb-profiler on GPU traces, and it also wraps every hook in record_function
 steps the profiler once per training batch, writes traces with a clean per-rank worker name into
 ``<run dir>/profiler/`` (so ``tensorboard --logdir <run dir>`` shows them in the PyTorch Profiler
 tab, and the ``.pt.trace.json`` files open in Perfetto), and prints the top operators at the end.
+With ``profiler.memory_snapshot=true`` on CUDA it also records the caching allocator's history and
+dumps ``memory_snapshot_rank<N>.pickle`` for PyTorch's memory_viz.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ class ProfilerCallback(pl.Callback):
             record_shapes=c.record_shapes,
         )
         self.prof.__enter__()
+        self._snapshot = c.memory_snapshot and trainer.strategy.root_device.type == "cuda"
+        if c.memory_snapshot and not self._snapshot:
+            log.warning("profiler.memory_snapshot=true needs CUDA (it records the CUDA caching allocator): skipped on %s", trainer.strategy.root_device.type)
+        if self._snapshot:
+            torch.cuda.memory._record_memory_history(max_entries=100_000)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.prof is not None:
@@ -65,6 +72,11 @@ class ProfilerCallback(pl.Callback):
             return
         prof, self.prof = self.prof, None
         prof.__exit__(None, None, None)
+        if getattr(self, "_snapshot", False):
+            path = os.path.join(self.out_dir, f"memory_snapshot_rank{trainer.global_rank}.pickle")
+            torch.cuda.memory._dump_snapshot(path)
+            torch.cuda.memory._record_memory_history(enabled=None)
+            log.info("CUDA memory snapshot: %s (drag it into https://pytorch.org/memory_viz)", path)
         if not self.traces:
             log.warning(
                 "profile=true recorded no trace: the run had fewer training steps than the schedule needs "
