@@ -130,3 +130,16 @@ def test_packed_shards_exactly_across_ranks_and_workers(tmp_path):
         sampler.set_epoch(1)
         seen += [int(i) for batch in DataLoader(dataset, batch_size=3, sampler=sampler, num_workers=2) for i in batch]
     assert sorted(seen) == list(range(len(dataset)))
+
+
+def test_data_only_benchmark_runs(tmp_path):
+    out = tmp_path / "bench.json"
+    r = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve().parent.parent / "scripts" / "bench_data.py"), "--config", "data.image_size=16 data.num_samples=64 data.batch_size=8", "--batches", "3", "--repeats", "1", "--out", str(out)],
+        capture_output=True, text=True,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    import json
+
+    (result,) = json.loads(out.read_text())
+    assert result["images_per_s"] > 0 and "images/s" in r.stdout
