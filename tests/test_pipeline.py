@@ -143,3 +143,75 @@ def test_data_only_benchmark_runs(tmp_path):
 
     (result,) = json.loads(out.read_text())
     assert result["images_per_s"] > 0 and "images/s" in r.stdout
+
+
+def _copy_in_child(args):
+    from trainer.data import cache
+
+    return cache.cached_copy(*args)
+
+
+def test_data_cache_copies_once_checksummed_resumable_and_locked(tmp_path, monkeypatch, compose):
+    import multiprocessing as mp
+
+    from trainer.data import cache
+
+    src = _jpeg_folder(tmp_path / "remote", per_class=4)
+    calls = tmp_path / "copy_calls"
+    original = cache._copy
+
+    def recording_copy(s, d):
+        with open(calls, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return original(s, d)
+
+    import os
+
+    monkeypatch.setattr(cache, "_copy", recording_copy)
+    with mp.get_context("fork").Pool(2) as pool:  # two "ranks" at once: one copies, the other waits
+        paths = pool.map(_copy_in_child, [(str(src), str(tmp_path / "local"))] * 2)
+    assert paths[0] == paths[1] and len(calls.read_text().split()) == 1
+    local = Path(paths[0])
+    assert sorted(p.name for p in (local / "a").iterdir()) == sorted(p.name for p in (src / "a").iterdir())
+    manifest = __import__("json").loads((local / "MANIFEST.json").read_text())
+    assert len(manifest) == 12 and all(len(v["sha256"]) == 64 for v in manifest.values())
+
+    # an interrupted copy resumes: drop the DONE marker and one file, corrupt another
+    (local / "DONE").unlink()
+    (local / "b" / "0.jpg").unlink()
+    (local / "c" / "1.jpg").write_bytes(b"torn")
+    before = (local / "a" / "0.jpg").stat().st_mtime_ns
+    cache.cached_copy(str(src), str(tmp_path / "local"))
+    assert (local / "b" / "0.jpg").read_bytes() == (src / "b" / "0.jpg").read_bytes()
+    assert (local / "c" / "1.jpg").read_bytes() == (src / "c" / "1.jpg").read_bytes()
+    assert (local / "a" / "0.jpg").stat().st_mtime_ns == before  # good files are not copied again
+
+    cfg = compose("data=imagefolder", f"data.root={src}", f"data.cache={tmp_path / 'local'}", "data.image_size=16", "data.batch_size=2")
+    dm = ImageDataModule(cfg.data, cfg.seed)
+    dm.build()
+    assert str(dm.train_set.dataset.root).startswith(str(local))
+
+
+@pytest.mark.parametrize("name", ["jemalloc", "tcmalloc"])
+def test_allocator_is_preloaded_and_recorded(tmp_path, name):
+    from conftest import read_metrics, run_cli
+
+    from trainer.launch import find_allocator
+
+    if find_allocator(name) is None:
+        pytest.skip(f"{name} is not installed (Debian: libjemalloc2 / libtcmalloc-minimal4; .ci/run installs them)")
+    run_dir = tmp_path / name
+    r = run_cli(f"hydra.run.dir={run_dir}", f"runtime.allocator={name}", "trainer.max_epochs=1", "data.num_samples=64", "checkpoint.enabled=false")
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = read_metrics(run_dir)
+    assert m["flags"]["runtime.allocator"] == name and m["allocator"] == name  # really mapped into the process
+
+
+def test_missing_allocator_is_a_clear_error(compose, monkeypatch):
+    from trainer import launch
+    from trainer.errors import ConfigError
+
+    monkeypatch.setattr(launch, "find_allocator", lambda name: None)
+    with pytest.raises(ConfigError, match="apt-get install libjemalloc2"):
+        launch.allocator_env(compose("runtime.allocator=jemalloc"))
+    assert launch.allocator_env(compose()) == {}

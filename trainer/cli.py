@@ -102,7 +102,7 @@ def task(cfg) -> None:
 
             validate(cfg)
             switchboard.resolve(cfg, hardware.detect(cfg.accelerator))
-            # the ranks run this job in this job's dir; rank 0 writes metrics.json
+            # the child processes run this job in this job's dir; (rank 0 of) them writes metrics.json
             code = launch(cfg, out_dir, overrides)
             if code != 0:
                 if not multirun:

@@ -24,6 +24,7 @@ CHOICES: Dict[str, tuple] = {
     "accelerator": ("auto", "cpu", "gpu", "cuda"),
     "data.name": ("synthetic", "imagefolder", "builtin", "custom", "packed"),
     "data.decoder": ("pil", "torchvision", "turbo", "nvjpeg"),
+    "runtime.allocator": ("default", "jemalloc", "tcmalloc"),
     "optim.name": ("sgd", "adamw"),
     "sched.name": ("cosine", "constant"),
     "lr_scaling": ("none", "linear", "sqrt"),
@@ -63,6 +64,8 @@ FLAG_KEYS = (
     "data.gpu_normalize",
     "data.decoder",
     "data.cache_in_memory",
+    "data.cache",
+    "runtime.allocator",
 )
 
 
@@ -96,6 +99,7 @@ class DataConfig:
     gpu_normalize: bool = False  # ship uint8 batches; convert and normalize on the device
     decoder: str = "pil"  # pil | torchvision | turbo (libjpeg-turbo via simplejpeg) | nvjpeg (CUDA)
     cache_in_memory: bool = False  # keep the encoded image files in RAM after the first read
+    cache: Optional[str] = None  # copy data.root to this local folder once (checksummed, resumable), read from there
     # data=custom: any map-style Dataset of (image tensor, label) by _target_ (val_dataset optional)
     dataset: Any = None
     val_dataset: Any = None
@@ -200,6 +204,13 @@ class FSDPConfig:
 
 
 @dataclass
+class RuntimeConfig:
+    """Process-level settings applied by re-launching the job (see trainer/launch.py)."""
+
+    allocator: str = "default"  # default | jemalloc | tcmalloc (LD_PRELOAD; Debian: libjemalloc2, libtcmalloc-minimal4)
+
+
+@dataclass
 class MonitorConfig:
     """System monitor: CPU, RSS, disk and NVML GPU readings every interval_s seconds."""
 
@@ -260,6 +271,7 @@ class TrainSchema:
     ddp: DDPConfig = field(default_factory=DDPConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
 
 def register_schema() -> None:

@@ -11,6 +11,11 @@ serves single runs and sweeps.
 
 Already inside torchrun (LOCAL_RANK set), under SLURM with one task per rank, or for one process,
 nothing is launched: the job runs in this process.
+
+``runtime.allocator=jemalloc|tcmalloc`` also needs a fresh process: the allocator must be preloaded
+(LD_PRELOAD) before Python starts. The job is then re-launched the same way (one plain child
+process, or torchrun's ranks) with the library preloaded; metrics.json records which allocator the
+process really has mapped.
 """
 
 from __future__ import annotations
@@ -49,8 +54,58 @@ def processes_per_node(cfg) -> int:
     return 1
 
 
+ALLOCATOR_LIBS = {
+    "jemalloc": ("libjemalloc.so.2", "libjemalloc.so"),
+    "tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4", "libtcmalloc_minimal.so"),
+}
+_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib", "/lib/x86_64-linux-gnu")
+
+
+def find_allocator(name: str) -> str | None:
+    for directory in _LIB_DIRS:
+        for lib in ALLOCATOR_LIBS.get(name, ()):
+            path = os.path.join(directory, lib)
+            if os.path.exists(path):
+                return path
+    return None
+
+
+def allocator_loaded() -> str:
+    """Which malloc this process really uses: jemalloc or tcmalloc if mapped, else the C library's."""
+    try:
+        with open("/proc/self/maps") as f:
+            maps = f.read()
+    except OSError:
+        return "unknown"
+    for name in ALLOCATOR_LIBS:
+        if f"lib{name}" in maps:
+            return name
+    return "default"
+
+
+def allocator_env(cfg) -> dict:
+    """Environment that preloads runtime.allocator (empty when it is already loaded or default)."""
+    from .errors import ConfigError
+
+    name = cfg.runtime.allocator
+    if name == "default" or allocator_loaded() == name:
+        return {}
+    if os.environ.get("TRAINER_ALLOCATOR_RELAUNCHED") == name:
+        raise ConfigError(f"'runtime.allocator={name}': preloading {find_allocator(name)} did not take effect (LD_PRELOAD ignored?).")
+    path = find_allocator(name)
+    if path is None:
+        package = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}[name]
+        raise ConfigError(
+            f"'runtime.allocator={name}': no {' or '.join(ALLOCATOR_LIBS[name])} found in {', '.join(_LIB_DIRS[:3])} .... "
+            f"Install it (Debian/Ubuntu: apt-get install {package}) or use runtime.allocator=default."
+        )
+    preload = " ".join(filter(None, [path, os.environ.get("LD_PRELOAD")]))
+    return {"LD_PRELOAD": preload, "TRAINER_ALLOCATOR_RELAUNCHED": name}
+
+
 def needs_launch(cfg) -> bool:
-    return cfg.strategy in DISTRIBUTED and processes_per_node(cfg) > 1 and cfg.num_nodes == 1 and not inside_launcher()
+    distributed = cfg.strategy in DISTRIBUTED and processes_per_node(cfg) > 1 and cfg.num_nodes == 1 and not inside_launcher()
+    return distributed or bool(allocator_env(cfg))
 
 
 def _free_port() -> int:
@@ -60,16 +115,18 @@ def _free_port() -> int:
 
 
 def launch(cfg, out_dir: str, overrides: List[str]) -> int:
-    """Run this job's ranks under torchrun on this node; return torchrun's exit code."""
+    """Run this job in fresh processes (torchrun's ranks, or one child for the allocator); return the exit code."""
     from .cli import ROOT
 
-    nproc = processes_per_node(cfg)
     kept = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir", "hydra.sweep.dir", "hydra.job.num"))]
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc-per-node={nproc}", "--nnodes=1", f"--master-addr=127.0.0.1", f"--master-port={_free_port()}",
-        str(ROOT / "train.py"), *kept, f"hydra.run.dir={out_dir}",
-    ]
-    log.info("launching %d ranks: %s", nproc, " ".join(cmd))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])))
+    job = [str(ROOT / "train.py"), *kept, f"hydra.run.dir={out_dir}"]
+    distributed = cfg.strategy in DISTRIBUTED and processes_per_node(cfg) > 1 and not inside_launcher()
+    if distributed:
+        nproc = processes_per_node(cfg)
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
+               "--master-addr=127.0.0.1", f"--master-port={_free_port()}", *job]
+    else:
+        cmd = [sys.executable, *job]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])), **allocator_env(cfg))
+    log.info("launching: %s%s", f"LD_PRELOAD={env['LD_PRELOAD']} " if "LD_PRELOAD" in env else "", " ".join(cmd))
     return subprocess.call(cmd, env=env)

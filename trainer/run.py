@@ -115,6 +115,12 @@ def _diagnose(result: Dict[str, Any], cfg, hw, trainer, monitor, module) -> Dict
     )
 
 
+def _allocator_loaded() -> str:
+    from .launch import allocator_loaded
+
+    return allocator_loaded()
+
+
 def _previous_epochs(out_dir: str) -> List[Dict[str, Any]]:
     """Epochs a resumed run already recorded in its metrics.json."""
     try:
@@ -264,6 +270,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
                 "overrides": list(overrides or []),
                 "data": {k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers")},
                 "num_workers": datamodule.num_workers if datamodule else None,
+                "allocator": _allocator_loaded(),
                 "decoder": datamodule.decoder if datamodule else None,
                 "wall_time_s": round(time.time() - started, 2),
             },

@@ -39,6 +39,14 @@ class ImageDataModule(pl.LightningDataModule):
         log.info("data.auto_workers: %d loader workers per process (%d cores, %d process(es) on this node)", workers, cores, self.processes_per_node)
         return workers
 
+    def _local_root(self, root):
+        """data.cache=DIR: read from a local, checksummed copy of data.root."""
+        if not self.cfg.get("cache") or not root:
+            return root
+        from .cache import cached_copy
+
+        return cached_copy(root, self.cfg.cache)
+
     def build(self) -> int:
         """Create the datasets (generating the built-in set if needed); return the number of classes.
 
@@ -56,7 +64,7 @@ class ImageDataModule(pl.LightningDataModule):
         if c.name == "packed":
             from .packed import build_packed
 
-            self.train_set, self.val_set, self.classes = build_packed(c.root, c.image_size, c.augment, c.val_split, self.seed, bool(c.get("gpu_normalize")))
+            self.train_set, self.val_set, self.classes = build_packed(self._local_root(c.root), c.image_size, c.augment, c.val_split, self.seed, bool(c.get("gpu_normalize")))
             return len(self.classes)
         if c.name == "custom":
             from hydra.utils import instantiate
@@ -71,7 +79,7 @@ class ImageDataModule(pl.LightningDataModule):
 
             root, key = ensure_builtin(c.cache_dir, c.images_per_class, c.stored_size), "data.cache_dir"
         else:
-            root, key = c.root, "data.root"
+            root, key = self._local_root(c.root), "data.root"
         from .folder import build_image_folders
 
         from .decoders import resolve_decoder
