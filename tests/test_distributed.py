@@ -146,3 +146,13 @@ def test_ddp_knobs_reach_the_strategy(compose):
     gpu = Hardware("cuda", "H100", 8, 16, True, True, "9.0")
     plan = switchboard.resolve(compose("strategy=ddp", "devices=2", "sync_batchnorm=true"), gpu)
     assert switchboard.trainer_kwargs(compose("sync_batchnorm=true"), plan)["sync_batchnorm"] is True
+
+
+def test_a_distributed_job_refused_before_launch_keeps_its_report_row(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = run_cli("-m", f"hydra.sweep.dir={sweep}", *SMALL, "strategy=ddp", "devices=2", "data.batch_size=auto,8", "trainer.max_epochs=1", cwd=tmp_path)
+    assert r.returncode == 1
+    failed = read_metrics(sweep / "0")
+    assert failed["status"] == "failed" and "single-device only" in failed["error"]
+    assert read_metrics(sweep / "1")["status"] == "ok"
+    assert ",failed," in (sweep / "ab_report.csv").read_text()

@@ -75,6 +75,21 @@ def fail(message: str, code: int = ConfigError.exit_code) -> None:
     sys.exit(code)
 
 
+def _record_failure(out_dir: str, cfg, overrides: List[str], error: str) -> None:
+    """A job that failed before (or outside) ``run`` still leaves a metrics.json, so its report row survives."""
+    from . import metrics
+    from .run import flags_of
+
+    path = os.path.join(out_dir, "metrics.json")
+    if os.path.exists(path) and metrics.read(path).get("status") == "failed":
+        return  # run() (or rank 0) already recorded this failure
+    record = metrics.build(
+        status="failed", error=error, recipe=cfg.get("recipe"), flags=flags_of(cfg), device=None, epochs=[], summary={},
+        peak_memory=None, train_loss=None, val_acc=None, extra={"overrides": list(overrides)},
+    )
+    metrics.write(path, record)
+
+
 def task(cfg) -> None:
     """One Hydra job: apply the scale, save the effective config, run, record the outcome."""
     from hydra.core.hydra_config import HydraConfig
@@ -105,9 +120,10 @@ def task(cfg) -> None:
             # the child processes run this job in this job's dir; (rank 0 of) them writes metrics.json
             code = launch(cfg, out_dir, overrides)
             if code != 0:
+                _record_failure(out_dir, cfg, overrides, f"its processes exited with status {code}; see the logs in {out_dir}")
                 if not multirun:
                     sys.exit(code)
-                log.error("job %s: its ranks exited with status %d; see %s", hc.job.num, code, out_dir)
+                log.error("job %s: its processes exited with status %d; see %s", hc.job.num, code, out_dir)
                 _failed_jobs.append(out_dir)
             return
         result = run(cfg, out_dir, overrides)
@@ -119,6 +135,7 @@ def task(cfg) -> None:
                 sys.exit(PREEMPTED_EXIT_CODE)
             _failed_jobs.append(out_dir)
     except UserFacingError as e:
+        _record_failure(out_dir, cfg, overrides, str(e))
         if not multirun:
             fail(str(e), e.exit_code)
         log.error("job %s stopped: %s", hc.job.num, e)
