@@ -270,8 +270,19 @@ def to_csv(columns: List[str], rows: List[dict]) -> str:
 
 
 def _label(row: dict, varied: List[str]) -> str:
-    parts = [f"{k}={_fmt(row.get(k))}" for k in varied]
-    return ", ".join(parts) if parts else row["job"]
+    """A readable bar label: the varied settings of this row (paths shortened), wrapped."""
+    import textwrap
+
+    parts = []
+    for k in varied:
+        value = row.get(k)
+        if value is None:
+            continue
+        text = _fmt(value, k)
+        if "/" in text:
+            text = "…/" + text.rstrip("/").rsplit("/", 1)[-1]
+        parts.append(f"{k}={text}")
+    return "\n".join(textwrap.wrap(", ".join(parts), 48)) if parts else row["job"]
 
 
 def to_png(path: Path, columns: List[str], rows: List[dict]) -> None:
@@ -284,7 +295,8 @@ def to_png(path: Path, columns: List[str], rows: List[dict]) -> None:
     varied = [c for c in columns[1 : columns.index("epoch_time_s")] if c != "world_size" or len({r.get(c) for r in rows}) > 1]
     labels = [_label(r, varied) for r in rows]
     times = [r["epoch_time_s"] or 0.0 for r in rows]
-    fig, ax = plt.subplots(figsize=(9, 0.55 * len(rows) + 1.6))
+    lines = sum(max(1, label.count("\n") + 1) for label in labels)
+    fig, ax = plt.subplots(figsize=(11, 0.32 * lines + 0.25 * len(rows) + 1.6))
     ypos = range(len(rows))
     colors = ["#9e9e9e" if "baseline" in r["notes"] else ("#d9534f" if r["status"] != "ok" else "#4c72b0") for r in rows]
     errors = [[0.0] * len(rows), [0.0] * len(rows)]
@@ -301,9 +313,9 @@ def to_png(path: Path, columns: List[str], rows: List[dict]) -> None:
             text = f"{t:.3g} s   {r['speedup']:.2f}x" + (" (noise)" if "within noise" in r["notes"] else "")
         else:
             text = f"{t:.3g} s"
-        ax.text(t + top * 0.01, y, text, va="center", fontsize=9)
+        ax.text(t + errors[1][y] + top * 0.015, y, text, va="center", fontsize=9)
     ax.set_yticks(list(ypos))
-    ax.set_yticklabels(labels, fontsize=9)
+    ax.set_yticklabels(labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlim(0, top * 1.35)
     ax.set_xlabel("epoch time (s), median of steady epochs; lower is better")
