@@ -45,7 +45,7 @@ def user_overrides(argv: List[str]) -> List[str] | None:
         if arg in _OPTS_WITH_VALUE:
             skip = True
             continue
-        if arg.startswith("-") and "=" not in arg.split("-", 1)[-1][:1]:
+        if arg.startswith("-"):  # Hydra's flags (-m, --multirun, ...); overrides never start with "-"
             continue
         out.append(arg)
     return out
