@@ -114,7 +114,8 @@ def test_tensorboard_serves_the_profile_and_the_scalars(train):
         run_names = runs.get("runs") if isinstance(runs, dict) else runs
         assert run_names and any("profiler" in r for r in run_names), runs
         all_tags = {t for run in tags.values() for t in run}
-        assert {"perf/epoch_time_s", "perf/samples_per_s", "system/cpu_busy_cores", "system/rss_mb"} <= all_tags, all_tags
+        missing = {"perf/epoch_time_s", "perf/samples_per_s", "system/cpu_busy_cores", "system/rss_mb"} - all_tags
+        assert not missing, all_tags
     finally:
         tb.terminate()
         tb.wait(timeout=30)
