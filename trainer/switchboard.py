@@ -220,7 +220,7 @@ def set_cuda_alloc_conf(conf: str | None) -> None:
 def compile_model(module: torch.nn.Module, cfg) -> torch.nn.Module:
     """``compile=true``: the last transform, after the batch-size search (which runs eagerly).
 
-    Under strategy=fsdp2 the blocks are compiled inside ``configure_model`` after ``fully_shard``
+    Under strategy=fsdp2 the model is compiled inside ``configure_model`` after ``fully_shard``
     (the documented order for FSDP2), so nothing happens here.
     """
     if cfg.compile and cfg.strategy != "fsdp2":

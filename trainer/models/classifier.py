@@ -18,7 +18,7 @@ class ImageClassifier(pl.LightningModule):
         self, net: torch.nn.Module, optim_cfg, sched_cfg, label_smoothing: float = 0.0, on_nan: str = "stop", compile_mode: str | None = None
     ):
         super().__init__()
-        self.compile_after_shard = compile_mode  # strategy=fsdp2 + compile: compile blocks after fully_shard
+        self.compile_after_shard = compile_mode  # strategy=fsdp2 + compile: compile the net in place after fully_shard
         self.net = net
         self.on_nan = on_nan
         self.optim_cfg = optim_cfg
