@@ -17,6 +17,7 @@ from omegaconf import OmegaConf, open_dict
 from . import config as config_mod
 from . import metrics as metrics_mod
 from .errors import ConfigError, UserFacingError
+from .launch import allocator_loaded
 from .memory import PeakMemory
 
 log = logging.getLogger(__name__)
@@ -115,12 +116,6 @@ def _diagnose(result: Dict[str, Any], cfg, hw, trainer, monitor, module) -> Dict
     )
 
 
-def _allocator_loaded() -> str:
-    from .launch import allocator_loaded
-
-    return allocator_loaded()
-
-
 def _previous_epochs(out_dir: str) -> List[Dict[str, Any]]:
     """Epochs a resumed run already recorded in its metrics.json."""
     try:
@@ -147,7 +142,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
     started = time.time()
     requested = flags_of(cfg)  # as asked for (data.batch_size=auto stays "auto"; the chosen size is batch_size)
     timer = EpochTimer()
-    datamodule = hw = plan = trainer = peak = preemption = bad_samples = nan_guard = monitor = profiler = module = None
+    datamodule = hw = plan = trainer = peak = preemption = bad_samples = nan_guard = monitor = module = None
     status, error = "ok", None
     notes: Dict[str, Any] = {}
     try:
@@ -155,11 +150,13 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
         import warnings
 
         import pytorch_lightning as pl
-
-        from .checkpointing import AtomicCheckpointIO, PreemptionCallback, ResumableState, resolve_ckpt_path
+        from pytorch_lightning.loggers import TensorBoardLogger
 
         from . import hardware, switchboard
+        from .callbacks import BadSampleCounter, NaNGuard, SystemMonitor
+        from .checkpointing import AtomicCheckpointIO, PreemptionCallback, ResumableState, resolve_ckpt_path
         from .data import ImageDataModule
+        from .launch import processes_per_node
         from .models import build_module
 
         switchboard.set_cuda_alloc_conf(cfg.cuda_alloc_conf)  # before the first CUDA call
@@ -177,8 +174,6 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
             warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended.*")
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         switchboard.apply_global_settings(cfg)
-
-        from .launch import processes_per_node
 
         datamodule = ImageDataModule(cfg.data, cfg.seed, plan.accelerator, processes_per_node(cfg) if cfg.strategy != "auto" else 1)
         num_classes = datamodule.build()
@@ -201,16 +196,10 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
         module = switchboard.compile_model(module, cfg)
         plan.strategy = switchboard.build_strategy(cfg, plan, hw, module)
 
-        from pytorch_lightning.loggers import TensorBoardLogger
-
-        from .callbacks import BadSampleCounter, NaNGuard
-
         checkpoint_dir = os.path.join(out_dir, "checkpoints")
         preemption = PreemptionCallback(os.path.join(checkpoint_dir, "last.ckpt"))
         bad_samples = BadSampleCounter()
         nan_guard = NaNGuard(cfg.on_nan, checkpoint_dir if cfg.checkpoint.enabled else None)
-        from .callbacks import SystemMonitor
-
         monitor = SystemMonitor(cfg.monitor.interval_s) if cfg.monitor.enabled else None
         peak = PeakMemory(plan.accelerator)
         extra_callbacks = [peak, ResumableState(), preemption] + ([monitor] if monitor else [])
@@ -270,7 +259,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
                 "overrides": list(overrides or []),
                 "data": {k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers")},
                 "num_workers": datamodule.num_workers if datamodule else None,
-                "allocator": _allocator_loaded(),
+                "allocator": allocator_loaded(),
                 "decoder": datamodule.decoder if datamodule else None,
                 "wall_time_s": round(time.time() - started, 2),
             },
