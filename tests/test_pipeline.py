@@ -57,9 +57,147 @@ def test_decoders_deliver_the_same_images(compose, tmp_path, decoder):
 
 
 def test_nvjpeg_without_cuda_falls_back_with_a_message(compose, tmp_path, caplog):
+    from trainer.data.decoders import resolve_decoder
+
     root = _jpeg_folder(tmp_path / "imgs")
     dm, _ = _first_batch(compose, "data=imagefolder", f"data.root={root}", "data.decoder=nvjpeg", "data.image_size=16", "data.batch_size=2")
     assert dm.decoder == "torchvision" and "needs a CUDA GPU" in caplog.text
+    assert resolve_decoder("nvjpeg", "cuda") == "nvjpeg"
+
+
+@pytest.fixture
+def device_decode_here(monkeypatch):
+    """Run the data.decoder=nvjpeg path on this machine: the same code, with torchvision's CPU decoder."""
+    from trainer.data import decoders
+
+    real = decoders.resolve_decoder
+    monkeypatch.setattr(decoders, "resolve_decoder", lambda name, accelerator: "nvjpeg" if name == "nvjpeg" else real(name, accelerator))
+
+
+def test_device_decode_ships_file_bytes_and_decodes_whole_batches(compose, tmp_path, device_decode_here, monkeypatch):
+    from torchvision import io as tvio
+
+    from trainer.data.device_decode import EncodedBatch
+
+    root = _jpeg_folder(tmp_path / "imgs")
+    Image.new("RGB", (40, 40), (10, 200, 30)).save(root / "a" / "extra.png")  # not a JPEG: decoded in the worker
+    args = ("data=imagefolder", f"data.root={root}", "data.augment=false", "data.val_split=0", "data.image_size=32", "data.batch_size=19", "data.drop_last=false")
+    dm, batch = _first_batch(compose, *args, "data.decoder=nvjpeg")
+    assert dm.decoder == "nvjpeg" and isinstance(batch, EncodedBatch)
+    assert sum(t.ndim == 1 for t in batch.items) == 18 and sum(t.ndim == 3 for t in batch.items) == 1  # bytes, not pixels
+    calls = []
+    real_decode = tvio.decode_jpeg
+    monkeypatch.setattr(tvio, "decode_jpeg", lambda data, **kw: calls.append(len(data) if isinstance(data, list) else 1) or real_decode(data, **kw))
+    x, y = dm.transfer_batch_to_device(batch, torch.device("cpu"), 0)
+    assert calls == [18]  # one batched call for all the JPEGs
+    assert x.dtype == torch.uint8 and x.shape == (19, 3, 32, 32) and y.tolist() == batch.labels.tolist()
+    # the same pixels as decoding in the workers (same decoder, same transforms, on a tensor)
+    ref_dm, (ref, ref_y) = _first_batch(compose, *args, "data.decoder=torchvision", "data.gpu_normalize=true")
+    assert ref_y.tolist() == y.tolist() and (x.int() - ref.int()).abs().max() <= 1
+
+
+def test_device_decode_skips_or_stops_on_a_corrupt_file(compose, tmp_path, device_decode_here):
+    from trainer.errors import TrainingStopped
+
+    root = _jpeg_folder(tmp_path / "imgs")
+    (root / "b" / "3.jpg").write_bytes(b"\xff\xd8" + b"garbage" * 20)
+    args = ("data=imagefolder", f"data.root={root}", "data.val_split=0", "data.image_size=16", "data.batch_size=18", "data.decoder=nvjpeg")
+    dm, batch = _first_batch(compose, *args)
+    x, y = dm.transfer_batch_to_device(batch, torch.device("cpu"), 0)
+    assert x.shape[0] == y.shape[0] == 17  # the bad file is dropped; BadSampleCounter counts the short batch
+    dm, batch = _first_batch(compose, *args, "data.on_bad_sample=stop")
+    with pytest.raises(TrainingStopped, match="3.jpg"):
+        dm.transfer_batch_to_device(batch, torch.device("cpu"), 0)
+
+
+def test_device_prefetch_on_cpu_is_a_no_op_with_a_warning(compose, train, caplog):
+    from trainer.data.prefetch import DevicePrefetchLoader
+
+    m, _ = train("data.device_prefetch=true")
+    assert m["status"] == "ok" and m["flags"]["data.device_prefetch"] is True
+    assert "data.device_prefetch=true needs a CUDA GPU" in caplog.text
+    cfg = compose("data.device_prefetch=true")
+    dm = ImageDataModule(cfg.data, cfg.seed)
+    assert not isinstance(dm.train_dataloader(), DevicePrefetchLoader)
+
+
+class _TransferLog:
+    def __init__(self, transfer):
+        self.transfer, self.calls, self.at_step = transfer, 0, []
+
+    def __call__(self, batch, device):
+        self.calls += 1
+        return self.transfer(batch, device)
+
+
+def test_device_prefetcher_copies_ahead_and_trains_the_same(train, monkeypatch, tmp_path):
+    """The prefetching loader, run stream-less on CPU inside a real fit: same batches, same result,
+    each copy made before the step that needs it."""
+    import pytorch_lightning as pl
+
+    from trainer.data import datamodule as dm_mod
+    from trainer.data.prefetch import DevicePrefetchLoader
+
+    args = ("data=builtin", "data.images_per_class=8", "data.stored_size=40", "data.batch_size=8", "trainer.max_epochs=2")
+    plain, _ = train(*args)
+    logs = []
+
+    def prefetch_device(self):
+        return torch.device("cpu")
+
+    real_loader = dm_mod.ImageDataModule._loader
+
+    def logged_loader(self, dataset, train):
+        loader = real_loader(self, dataset, train)
+        assert isinstance(loader, DevicePrefetchLoader)
+        logs.append(_TransferLog(loader.transfer))
+        loader.transfer = logs[-1]
+        return loader
+
+    class StepWatch(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            logs[0].at_step.append((batch_idx, logs[0].calls))
+
+    monkeypatch.setattr(dm_mod.ImageDataModule, "_prefetch_device", prefetch_device)
+    monkeypatch.setattr(dm_mod.ImageDataModule, "_loader", logged_loader)
+    from trainer import run as run_mod
+
+    real_callbacks = run_mod._callbacks
+    monkeypatch.setattr(run_mod, "_callbacks", lambda *a: real_callbacks(*a) + [StepWatch()])
+    prefetched, _ = train(*args, "data.device_prefetch=true")
+    assert prefetched["status"] == "ok"
+    assert prefetched["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-6)  # same batches, same order
+    assert prefetched["val_acc"] == plain["val_acc"]
+    steps = len(logs[0].at_step) // 2
+    for idx, copied in logs[0].at_step[:steps]:
+        assert copied == min(idx + 2, steps)  # batch idx+1 was already copied when step idx began
+
+
+def test_device_prefetch_loader_survives_lightnings_distributed_sampler():
+    """Under DDP Lightning re-creates the loader with a DistributedSampler: it must stay a prefetcher."""
+    from pytorch_lightning.trainer.states import RunningStage
+    from pytorch_lightning.utilities.data import _update_dataloader
+    from torch.utils.data.distributed import DistributedSampler
+
+    from trainer.data.prefetch import DevicePrefetchLoader
+
+    def transfer(batch, device):
+        return batch
+
+    data = list(range(10))
+    loader = DevicePrefetchLoader(data, batch_size=2, device=torch.device("cpu"), transfer=transfer)
+    sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=False)
+    new = _update_dataloader(loader, sampler, mode=RunningStage.TRAINING)
+    assert isinstance(new, DevicePrefetchLoader) and new.transfer is transfer and new.sampler is sampler
+    assert [b.tolist() for b in new] == [[1, 3], [5, 7], [9]]
+
+
+def test_train_with_device_decode_and_prefetch(train, monkeypatch, device_decode_here):
+    from trainer.data import datamodule as dm_mod
+
+    monkeypatch.setattr(dm_mod.ImageDataModule, "_prefetch_device", lambda self: torch.device("cpu"))
+    m, _ = train("data=builtin", "data.images_per_class=8", "data.stored_size=40", "data.batch_size=8", "data.decoder=nvjpeg", "data.device_prefetch=true", "data.num_workers=1")
+    assert m["status"] == "ok" and m["decoder"] == "nvjpeg" and m["val_acc"] is not None
 
 
 def test_cache_in_memory_reads_each_file_once(compose, tmp_path, monkeypatch):

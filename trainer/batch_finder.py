@@ -31,20 +31,18 @@ from .optimizers import build_optimizer
 log = logging.getLogger(__name__)
 
 
-def _batch(dataset, size: int, device: torch.device):
-    n = len(dataset)
-    samples = [dataset[i % n] for i in range(size)]
-    x = torch.stack([s[0] for s in samples]).to(device)
-    if x.dtype == torch.uint8:  # data.gpu_normalize
+def _batch(datamodule, size: int, device: torch.device):
+    x, y = datamodule.example_batch(size, device)
+    if x.dtype == torch.uint8:  # data.gpu_normalize, data.decoder=nvjpeg
         from .data.gpu_transforms import normalize_uint8
 
         x = normalize_uint8(x)
-    y = torch.tensor([int(s[1]) for s in samples], device=device)
     return x, y
 
 
-def find_batch_size(module: torch.nn.Module, dataset, cfg, accelerator: str, amp_dtype: str | None) -> Tuple[int, str]:
+def find_batch_size(module: torch.nn.Module, datamodule, cfg, accelerator: str, amp_dtype: str | None) -> Tuple[int, str]:
     """Return (batch size, why the search stopped)."""
+    dataset = datamodule.train_set
     bf = cfg.batch_finder
     device = torch.device("cuda" if accelerator == "cuda" else "cpu")
     cap = min(bf.max_batch_size, len(dataset))
@@ -59,7 +57,7 @@ def find_batch_size(module: torch.nn.Module, dataset, cfg, accelerator: str, amp
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp_dtype or "")
 
     def step(size: int) -> float:
-        x, y = _batch(dataset, size, device)
+        x, y = _batch(datamodule, size, device)
         probe = memory.PeakMemory(accelerator)
         probe.start()
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):

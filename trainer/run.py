@@ -65,11 +65,11 @@ def _callbacks(cfg, out_dir: str, timer, extra: List[Any]) -> List[Any]:
     return callbacks
 
 
-def _check_input_size(module, dataset, cfg) -> None:
+def _check_input_size(module, datamodule, cfg) -> None:
     """One sample through the model before training: a too-small image fails here, clearly."""
     import torch
 
-    x = dataset[0][0].unsqueeze(0).repeat(2, 1, 1, 1)
+    x = datamodule.example_batch(1)[0].repeat(2, 1, 1, 1)
     if x.dtype == torch.uint8:  # data.gpu_normalize: the batch is normalized after transfer
         from .data.gpu_transforms import normalize_uint8
 
@@ -182,13 +182,13 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
             with open_dict(cfg):
                 cfg.data.num_classes = num_classes
         module = switchboard.prepare_model(build_module(cfg), cfg)
-        _check_input_size(module, datamodule.train_set, cfg)
+        _check_input_size(module, datamodule, cfg)
         with open_dict(cfg):
             if cfg.data.batch_size == "auto":
                 from .batch_finder import find_batch_size
 
                 cfg.data.batch_size, notes["batch_size_reason"] = find_batch_size(
-                    module, datamodule.train_set, cfg, plan.accelerator, plan.amp_dtype
+                    module, datamodule, cfg, plan.accelerator, plan.amp_dtype
                 )
                 pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the search consumed random numbers
             notes["lr_note"] = switchboard.scale_lr(cfg, plan.world_size(hw))

@@ -1,13 +1,23 @@
-"""The LightningDataModule behind every ``data=`` choice, with the loader knobs from config."""
+"""The LightningDataModule behind every ``data=`` choice, with the loader knobs from config.
+
+It also owns how a batch reaches the device: ``data.device_prefetch`` (a side-stream copy one batch
+ahead, ``prefetch``) and ``data.decoder=nvjpeg`` (decode and transform on the device,
+``device_decode``) both go through ``to_device``.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import pytorch_lightning as pl
+import torch
 from torch.utils.data import DataLoader
 
 from ..errors import ConfigError
+# imported here, not lazily: Lightning records the arguments of DataLoader subclasses that exist
+# when it asks for a loader, so that it can re-create them with a distributed sampler
+from .prefetch import DevicePrefetchLoader, move_to_device
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +30,7 @@ class ImageDataModule(pl.LightningDataModule):
         self.accelerator = accelerator
         self.processes_per_node = processes_per_node
         self.decoder = data_cfg.get("decoder", "pil")
+        self.device_decoders = None  # data.decoder=nvjpeg: {train: DeviceDecoder, val: DeviceDecoder}
         self.num_workers = self._workers()
         self.train_set = None
         self.val_set = None
@@ -54,6 +65,8 @@ class ImageDataModule(pl.LightningDataModule):
         anything is built, and the model's output layer can follow the data's class count.
         """
         c = self.cfg
+        if c.get("device_prefetch") and self.accelerator != "cuda":
+            log.warning("data.device_prefetch=true needs a CUDA GPU (it overlaps host-to-device copies with compute); on %s it does nothing", self.accelerator)
         if c.name == "synthetic":
             from .synthetic import SyntheticImages
 
@@ -91,6 +104,13 @@ class ImageDataModule(pl.LightningDataModule):
         )
         if len(self.train_set) == 0:
             raise ConfigError(f"'{key}' ({root}) has no training images.")
+        if self.decoder == "nvjpeg":
+            from .device_decode import DeviceDecoder
+            from .folder import transforms_for
+
+            self.device_decoders = {
+                train: DeviceDecoder(transforms_for(c.image_size, train, c.augment, keep_uint8=True), c.on_bad_sample) for train in (True, False)
+            }
         if c.drop_last and isinstance(c.batch_size, int) and len(self.train_set) < c.batch_size:
             raise ConfigError(
                 f"data.batch_size={c.batch_size} is larger than the training set ({len(self.train_set)} images in {root}), "
@@ -112,17 +132,53 @@ class ImageDataModule(pl.LightningDataModule):
                 self.resume_position = None
         from .folder import skip_none_collate
 
-        return DataLoader(
-            dataset,
+        collate = None if c.name == "synthetic" else skip_none_collate
+        if self.device_decoders:
+            from .device_decode import encoded_collate
+
+            collate = functools.partial(encoded_collate, train=train)
+        kwargs = dict(
             batch_size=c.batch_size,
             sampler=sampler,
-            collate_fn=skip_none_collate if c.name != "synthetic" else None,
+            collate_fn=collate,
             drop_last=train and c.drop_last,
             num_workers=workers,
             pin_memory=c.pin_memory,
             persistent_workers=c.persistent_workers and workers > 0,
             prefetch_factor=c.prefetch_factor if workers > 0 else None,
         )
+        device = self._prefetch_device()
+        if device is None:
+            return DataLoader(dataset, **kwargs)
+        # an asynchronous copy needs page-locked host memory
+        kwargs["pin_memory"] = kwargs["pin_memory"] or device.type == "cuda"
+        return DevicePrefetchLoader(dataset, device=device, transfer=self.to_device, **kwargs)
+
+    def _prefetch_device(self):
+        """The device that data.device_prefetch copies to, or None when it is off (or not on CUDA)."""
+        if not self.cfg.get("device_prefetch") or self.accelerator != "cuda" or self.trainer is None:
+            return None
+        return self.trainer.strategy.root_device
+
+    def to_device(self, batch, device: torch.device):
+        """Host batch -> device batch: decoded there with data.decoder=nvjpeg, else copied (non_blocking)."""
+        if self.device_decoders is not None and hasattr(batch, "paths"):
+            return self.device_decoders[batch.train](batch, device)
+        return move_to_device(batch, device)
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        # Lightning's hook; a prefetched batch is already there, and moving it again does nothing
+        return self.to_device(batch, device)
+
+    def example_batch(self, size: int, device: torch.device = torch.device("cpu")):
+        """``size`` training samples as one batch on ``device``, as the model gets them before normalization."""
+        n = len(self.train_set)
+        samples = [self.train_set[i % n] for i in range(size)]
+        if self.device_decoders is not None:
+            from .device_decode import encoded_collate
+
+            return self.to_device(encoded_collate(samples), device)
+        return torch.stack([s[0] for s in samples]).to(device), torch.tensor([int(s[1]) for s in samples], device=device)
 
     def expected_batch_size(self, batch_idx: int) -> int:
         """How many samples training batch ``batch_idx`` holds when no sample is skipped."""

@@ -5,7 +5,8 @@
   uint8 tensor with no PIL image in between.
 - ``turbo``: libjpeg-turbo through simplejpeg (``pip install simplejpeg``), with its fast DCT
   settings; PNG and other formats go through torchvision.
-- ``nvjpeg``: GPU decoding needs CUDA; elsewhere it falls back to ``torchvision`` with a message.
+- ``nvjpeg``: batched GPU decoding with ``torchvision.io.decode_jpeg(device="cuda")``, see
+  ``device_decode``; without CUDA it falls back to ``torchvision`` with a message.
 
 With ``data.cache_in_memory`` the encoded bytes of each file are kept in RAM after the first read
 (per loader worker; persistent workers keep them across epochs), so later epochs skip the disk.
@@ -26,9 +27,6 @@ def resolve_decoder(name: str, accelerator: str) -> str:
         return "torchvision"
     if name == "nvjpeg" and accelerator != "cuda":
         log.warning("data.decoder=nvjpeg needs a CUDA GPU: using data.decoder=torchvision (CPU) instead")
-        return "torchvision"
-    if name == "nvjpeg":
-        log.warning("data.decoder=nvjpeg: batched GPU decoding is not implemented yet; using data.decoder=torchvision")
         return "torchvision"
     return name
 

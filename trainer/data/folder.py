@@ -30,6 +30,10 @@ def transforms_for(image_size: int, train: bool, augment: bool, keep_uint8: bool
     return v2.Compose(steps + [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD), v2.ToPureTensor()])
 
 
+def _no_transform(*args, **kwargs):
+    return None
+
+
 def _safe_image_folder_class():
     from torchvision.datasets import ImageFolder
 
@@ -83,10 +87,21 @@ def build_image_folders(
     root: str, image_size: int, augment: bool, val_split: float, seed: int, key: str = "data.root", on_bad_sample: str = "skip",
     decoder: str = "pil", cache_in_memory: bool = False, keep_uint8: bool = False,
 ) -> Tuple:
-    """Return (train_dataset, val_dataset or None, class_names)."""
+    """Return (train_dataset, val_dataset or None, class_names).
+
+    With ``decoder="nvjpeg"`` the datasets deliver encoded files and no transform runs in the
+    loader: ``device_decode`` decodes and transforms each batch on the device.
+    """
     from .decoders import Loader
 
-    loader = Loader(decoder, cache_in_memory)
+    if decoder == "nvjpeg":
+        from .device_decode import BytesLoader
+
+        loader = BytesLoader(cache_in_memory)
+        make_transform = _no_transform
+    else:
+        loader = Loader(decoder, cache_in_memory)
+        make_transform = transforms_for
     import torch
     from torch.utils.data import Subset
 
@@ -97,15 +112,15 @@ def build_image_folders(
         raise ConfigError(f"'{key}' points at {root}, which does not exist or is not a folder. Set {key}=DIR to a folder of class subfolders of images.")
     train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
     if os.path.isdir(train_dir):
-        train = _image_folder(train_dir, transforms_for(image_size, True, augment, keep_uint8), key, on_bad_sample, loader)
-        val = _image_folder(val_dir, transforms_for(image_size, False, augment, keep_uint8), key, on_bad_sample, loader) if os.path.isdir(val_dir) else None
+        train = _image_folder(train_dir, make_transform(image_size, True, augment, keep_uint8), key, on_bad_sample, loader)
+        val = _image_folder(val_dir, make_transform(image_size, False, augment, keep_uint8), key, on_bad_sample, loader) if os.path.isdir(val_dir) else None
         if val is not None and val.classes != train.classes:
             raise ConfigError(f"'{key}': {train_dir} and {val_dir} have different class folders; they must match.")
         return train, val, train.classes
-    full_train = _image_folder(root, transforms_for(image_size, True, augment, keep_uint8), key, on_bad_sample, loader)
+    full_train = _image_folder(root, make_transform(image_size, True, augment, keep_uint8), key, on_bad_sample, loader)
     if val_split <= 0:
         return full_train, None, full_train.classes
-    full_val = _image_folder(root, transforms_for(image_size, False, augment, keep_uint8), key, on_bad_sample, loader)
+    full_val = _image_folder(root, make_transform(image_size, False, augment, keep_uint8), key, on_bad_sample, loader)
     # a per-class split keeps every class in both halves
     g = torch.Generator().manual_seed(seed)
     by_class: dict = {}

@@ -1,0 +1,102 @@
+"""``data.decoder=nvjpeg``: JPEG files are decoded on the GPU, a whole batch per call, then cropped,
+flipped and resized there.
+
+Loader workers only read each file's bytes (no decode, no resize): the CPU cost per image is a
+file read. The batch's encoded files go to the device through torchvision's batched
+``decode_jpeg(list, device="cuda")`` (nvJPEG); the same torchvision v2 transforms as the CPU path
+then run on each decoded image on the device, and the stacked uint8 batch is normalized by the
+model's ``on_after_batch_transfer``, as with ``data.gpu_normalize``. Files that are not JPEG (PNG,
+...) are decoded in the workers and join the batch already decoded.
+
+Everything here also runs with ``device="cpu"`` (torchvision's CPU decoder): that is how it is
+tested on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import List, Optional
+
+import torch
+
+from .decoders import Loader
+
+log = logging.getLogger(__name__)
+
+JPEG_MAGIC = b"\xff\xd8"
+
+
+class BytesLoader(Loader):
+    """path -> (uint8 tensor, path): the file's bytes for a JPEG, else the decoded CHW image."""
+
+    def __init__(self, cache_in_memory: bool = False) -> None:
+        super().__init__("torchvision", cache_in_memory)
+
+    def __call__(self, path: str):
+        data = self._bytes(path)
+        if data[:2] == JPEG_MAGIC:
+            return torch.frombuffer(bytearray(data), dtype=torch.uint8), path
+        return super().__call__(path), path  # decoded here, on the CPU
+
+
+class EncodedBatch:
+    """One batch of encoded (or CPU-decoded) images, their labels and paths, before decoding."""
+
+    __slots__ = ("items", "labels", "paths", "train")
+
+    def __init__(self, items: List[torch.Tensor], labels: torch.Tensor, paths: List[str], train: bool) -> None:
+        self.items, self.labels, self.paths, self.train = items, labels, paths, train
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def encoded_collate(samples, train: bool = True) -> EncodedBatch:
+    """The loader's collate_fn (with ``functools.partial`` for ``train``, which picks the transforms)."""
+    samples = [s for s in samples if s is not None]
+    return EncodedBatch([s[0][0] for s in samples], torch.tensor([int(s[1]) for s in samples]), [s[0][1] for s in samples], train)
+
+
+class DeviceDecoder:
+    """EncodedBatch -> (uint8 N x 3 x S x S on ``device``, labels on ``device``)."""
+
+    def __init__(self, transform, on_bad_sample: str = "skip") -> None:
+        self.transform = transform  # folder.transforms_for(..., keep_uint8=True): tensors on any device
+        self.on_bad_sample = on_bad_sample
+
+    def _decode_one(self, item: torch.Tensor, path: str, device: torch.device) -> Optional[torch.Tensor]:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        try:
+            return decode_jpeg(item, mode=ImageReadMode.RGB, device=device)
+        except RuntimeError as e:
+            if self.on_bad_sample == "stop":
+                from ..errors import TrainingStopped
+
+                raise TrainingStopped(
+                    f"cannot decode {path} (nvJPEG: {str(e).splitlines()[0]}); stopped (data.on_bad_sample=stop). "
+                    "Remove or replace the file, or set data.on_bad_sample=skip to skip such files and count them."
+                ) from None
+            log.warning("skipping undecodable image %s (%s)", path, str(e).splitlines()[0])
+            return None
+
+    def decode(self, batch: EncodedBatch, device: torch.device) -> List[Optional[torch.Tensor]]:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        jpeg = [i for i, t in enumerate(batch.items) if t.ndim == 1]
+        images: List[Optional[torch.Tensor]] = [t.to(device, non_blocking=True) if t.ndim == 3 else None for t in batch.items]
+        if jpeg:
+            try:  # one batched call: nvJPEG decodes the whole batch on the device
+                decoded = decode_jpeg([batch.items[i] for i in jpeg], mode=ImageReadMode.RGB, device=device)
+            except RuntimeError:  # a bad file fails the whole call: find it, one file at a time
+                decoded = [self._decode_one(batch.items[i], batch.paths[i], device) for i in jpeg]
+            for i, image in zip(jpeg, decoded):
+                images[i] = image
+        return images
+
+    def __call__(self, batch: EncodedBatch, device: torch.device):
+        images = self.decode(batch, device)
+        keep = [i for i, im in enumerate(images) if im is not None]
+        x = torch.stack([self.transform(images[i]) for i in keep])
+        y = batch.labels[keep] if len(keep) < len(images) else batch.labels
+        return x, y.to(device, non_blocking=True)
