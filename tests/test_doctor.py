@@ -41,6 +41,12 @@ def test_input_bound_with_a_saturated_cpu_does_not_ask_for_more_workers():
     d = doctor.diagnose(metrics={"data_wait_fraction": 0.6}, system={"cpu_busy_cores": 15.8, "process_cpu_cores": 15.5}, hardware=H100, flags={}, data={"num_workers": 15, "pin_memory": True}, is_convnet=True)
     assert d["bottleneck"] == "input pipeline" and not any(s.startswith("data.num_workers") for s in d["try"])
     assert "saturated" in d["verdict"]
+    assert "data.decoder=nvjpeg" not in d["try"]  # synthetic data: nothing to decode
+    jpeg = {"name": "builtin", "decoder": "pil", "num_workers": 15, "pin_memory": True}
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.6}, system={"cpu_busy_cores": 15.8, "process_cpu_cores": 15.5}, hardware=H100, flags={}, data=jpeg, is_convnet=True)
+    assert "data.decoder=nvjpeg" in d["try"] and "data=packed" in d["try"]
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.6}, system={"cpu_busy_cores": 1.9, "process_cpu_cores": 1.9}, hardware=CPU, flags={}, data=dict(jpeg, num_workers=1), is_convnet=True)
+    assert "data.decoder=turbo" in d["try"] and "data.decoder=nvjpeg" not in d["try"]
 
 
 def test_input_bound_on_a_big_machine_names_workers_and_cores():
@@ -51,7 +57,7 @@ def test_input_bound_on_a_big_machine_names_workers_and_cores():
 
 def test_gpu_transfer_overhead_and_memory_verdicts():
     d = doctor.diagnose(metrics={"data_wait_fraction": 0.05}, system={"gpu0/util": 90.0}, hardware=H100, flags={}, data={}, is_convnet=True, h2d_share=0.3)
-    assert d["bottleneck"] == "host-device transfer" and d["try"] == ["data.pin_memory=true"]
+    assert d["bottleneck"] == "host-device transfer" and d["try"] == ["data.pin_memory=true", "data.gpu_normalize=true", "data.device_prefetch=true"]
     d = doctor.diagnose(metrics={"data_wait_fraction": 0.05}, system={"gpu0/util": 35.0}, hardware=H100, flags={}, data={}, is_convnet=False)
     assert d["bottleneck"] == "CPU-side overhead" and "compile=true" in d["try"]
     d = doctor.diagnose(metrics={"data_wait_fraction": 0.05, "peak_memory_mb": 76000}, system={"gpu0/util": 97.0}, hardware=H100, flags={}, data={}, is_convnet=True, device_memory_mb=80000)

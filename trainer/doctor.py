@@ -79,6 +79,7 @@ def diagnose(
             suggestions += [f"data.num_workers={max(1, min(cores - 1, 16))}", "data.persistent_workers=true"]
         if cuda and not data.get("pin_memory"):
             suggestions.append("data.pin_memory=true")
+        suggestions += decode_suggestions(data, cuda)
         if saturated:
             why = "the CPU is saturated, so more workers will not help: make each sample cheaper to load (smaller stored images, less augmentation) or use more cores; data=synthetic shows the model's own ceiling"
         else:
@@ -88,6 +89,7 @@ def diagnose(
 
     if cuda and h2d_share is not None and h2d_share >= TRANSFER_BOUND:
         suggestions = [] if data.get("pin_memory") else ["data.pin_memory=true"]
+        suggestions += [f"data.{k}=true" for k in ("gpu_normalize", "device_prefetch") if not data.get(k)]
         text = f"host-to-device copies take {h2d_share:.0%} of device time: the bus is the limit. Send fewer bytes per sample (smaller or uint8 images) and copy from pinned memory."
         return _verdict("host-device transfer", text, suggestions, hw_notes, evidence)
 
@@ -111,6 +113,19 @@ def diagnose(
     if not suggestions:
         text += " The math-cheapening flags that pay off on this hardware are already on."
     return _verdict("compute", text, suggestions, hw_notes, evidence)
+
+
+def decode_suggestions(data: Dict[str, Any], cuda: bool) -> List[str]:
+    """Cheaper per-sample loading for image files: a faster decoder, GPU decode, or no decode at all."""
+    if data.get("name") not in ("imagefolder", "builtin"):
+        return []
+    out = []
+    if cuda and data.get("decoder") != "nvjpeg":
+        out.append("data.decoder=nvjpeg")
+    elif not cuda and data.get("decoder") in ("pil", None):
+        out.append("data.decoder=turbo")
+    out.append("data=packed")  # after python -m trainer.pack SRC DST
+    return out
 
 
 def compute_suggestions(flags: Dict[str, Any], hardware: Dict[str, Any], is_convnet: bool) -> List[str]:
