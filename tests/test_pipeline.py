@@ -353,3 +353,34 @@ def test_missing_allocator_is_a_clear_error(compose, monkeypatch):
     with pytest.raises(ConfigError, match="apt-get install libjemalloc2"):
         launch.allocator_env(compose("runtime.allocator=jemalloc"))
     assert launch.allocator_env(compose()) == {}
+
+
+def test_device_resident_synthetic_gathers_whole_batches_on_the_device(compose, train, monkeypatch):
+    from trainer.data.synthetic import DeviceResidentImages
+
+    args = ("data.image_size=16", "data.batch_size=8", "data.num_samples=32", "data.num_workers=2")
+    cfg = compose(*args, "data.device_resident=true")
+    dm = ImageDataModule(cfg.data, cfg.seed)
+    dm.build()
+    loader = dm.train_dataloader()
+    assert isinstance(loader.dataset, DeviceResidentImages) and loader.num_workers == 0
+    calls = []
+    real = DeviceResidentImages.__getitems__
+    monkeypatch.setattr(DeviceResidentImages, "__getitems__", lambda self, idx: calls.append(len(idx)) or real(self, idx))
+    batches = list(loader)
+    assert calls == [8, 8, 8, 8]  # one gather per batch, no per-sample collate
+    ref = ImageDataModule(compose(*args).data, cfg.seed)
+    ref.build()
+    for (x, y), (rx, ry) in zip(batches, ref.train_dataloader()):  # the same samples, in the same order
+        assert torch.equal(y, ry) and torch.allclose(x, rx)
+    monkeypatch.undo()
+    m, _ = train("data.device_resident=true")
+    assert m["status"] == "ok" and m["flags"]["data.device_resident"] is True
+
+
+def test_device_resident_needs_synthetic_data(compose, tmp_path):
+    from trainer.errors import ConfigError
+
+    cfg = compose("data=imagefolder", f"data.root={_jpeg_folder(tmp_path / 'imgs')}", "data.device_resident=true")
+    with pytest.raises(ConfigError, match="data.device_resident"):
+        ImageDataModule(cfg.data, cfg.seed).build()

@@ -63,6 +63,7 @@ FLAG_KEYS = (
     "data.auto_workers",
     "data.gpu_normalize",
     "data.device_prefetch",
+    "data.device_resident",
     "data.decoder",
     "data.cache_in_memory",
     "data.cache",
@@ -99,6 +100,7 @@ class DataConfig:
     auto_workers: bool = False  # pick num_workers from the cores (and ranks) of this machine
     gpu_normalize: bool = False  # ship uint8 batches; convert and normalize on the device
     device_prefetch: bool = False  # CUDA: copy the next batch to the GPU on a side stream during the step
+    device_resident: bool = False  # synthetic: keep the images on the device; batches are gathered there
     decoder: str = "pil"  # pil | torchvision | turbo (libjpeg-turbo via simplejpeg) | nvjpeg (CUDA)
     cache_in_memory: bool = False  # keep the encoded image files in RAM after the first read
     cache: Optional[str] = None  # copy data.root to this local folder once (checksummed, resumable), read from there

@@ -67,6 +67,15 @@ class ImageDataModule(pl.LightningDataModule):
         c = self.cfg
         if c.get("device_prefetch") and self.accelerator != "cuda":
             log.warning("data.device_prefetch=true needs a CUDA GPU (it overlaps host-to-device copies with compute); on %s it does nothing", self.accelerator)
+        if c.get("device_resident"):
+            if c.name != "synthetic":
+                raise ConfigError(
+                    f"data.device_resident=true keeps synthetic images on the device; data={c.name} reads real files. "
+                    "Use it with data=synthetic, or use data.device_prefetch / data.gpu_normalize / data.decoder=nvjpeg for real images."
+                )
+            if self.num_workers or c.pin_memory:
+                log.info("data.device_resident: batches are gathered on the device, so loader workers and pinned memory are not used")
+                self.num_workers = 0
         if c.name == "synthetic":
             from .synthetic import SyntheticImages
 
@@ -121,15 +130,9 @@ class ImageDataModule(pl.LightningDataModule):
     def _loader(self, dataset, train: bool) -> DataLoader:
         c = self.cfg
         workers = self.num_workers
-        sampler = None
-        if train:
-            from .sampler import EpochShuffleSampler
-
-            sampler = EpochShuffleSampler(len(dataset), self.seed)
-            if self.resume_position:
-                epoch, batches = self.resume_position
-                sampler.skip[epoch] = batches * c.batch_size
-                self.resume_position = None
+        sampler = self._train_sampler(len(dataset)) if train else None
+        if c.get("device_resident") and c.name == "synthetic":
+            return self._device_resident_loader(dataset, sampler, train)
         from .folder import skip_none_collate
 
         collate = None if c.name == "synthetic" else skip_none_collate
@@ -153,6 +156,26 @@ class ImageDataModule(pl.LightningDataModule):
         # an asynchronous copy needs page-locked host memory
         kwargs["pin_memory"] = kwargs["pin_memory"] or device.type == "cuda"
         return DevicePrefetchLoader(dataset, device=device, transfer=self.to_device, **kwargs)
+
+    def _train_sampler(self, length: int):
+        from .sampler import EpochShuffleSampler
+
+        sampler = EpochShuffleSampler(length, self.seed)
+        if self.resume_position:
+            epoch, batches = self.resume_position
+            sampler.skip[epoch] = batches * self.cfg.batch_size
+            self.resume_position = None
+        return sampler
+
+    def _device_resident_loader(self, dataset, sampler, train: bool) -> DataLoader:
+        """data.device_resident: batches gathered on the device; no workers, pinning or copies."""
+        from .synthetic import DeviceResidentImages, batch_as_is
+
+        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        return DataLoader(
+            DeviceResidentImages(dataset, device), batch_size=self.cfg.batch_size, sampler=sampler,
+            collate_fn=batch_as_is, drop_last=train and self.cfg.drop_last, num_workers=0,
+        )
 
     def _prefetch_device(self):
         """The device that data.device_prefetch copies to, or None when it is off (or not on CUDA)."""

@@ -4,6 +4,10 @@ Each class has a smooth random prototype; a sample is its class prototype plus p
 so a model can reach well above chance and accuracy columns mean something even on synthetic data.
 A fixed pool of distinct uint8 images is cycled through, so a full-size epoch does not need
 gigabytes of RAM.
+
+``data.device_resident=true`` keeps that pool on the training device and builds each batch there
+with one gather (``DeviceResidentImages``): no per-sample collate, no host-to-device copy. That is
+the model's ceiling, what the GPU does when the input pipeline costs nothing.
 """
 
 from __future__ import annotations
@@ -40,3 +44,38 @@ class SyntheticImages(Dataset):
             return self.images[i], int(self.labels[i])
         x = normalize_uint8(self.images[i][None])[0]
         return x, int(self.labels[i])
+
+
+class DeviceResidentImages(Dataset):
+    """A SyntheticImages pool moved to ``device``; the DataLoader fetches whole batches by index.
+
+    ``__getitems__`` (the DataLoader's batched fetch) gathers one batch on the device; use it with
+    ``collate_fn=batch_as_is`` and no workers. The indices cross to the device from pinned memory,
+    without blocking the host, so the host can queue steps ahead of the GPU.
+    """
+
+    def __init__(self, source: SyntheticImages, device) -> None:
+        self.num_samples = source.num_samples
+        self.keep_uint8 = source.keep_uint8
+        self.device = torch.device(device)
+        self.images = source.images.to(self.device)
+        self.labels = source.labels.to(self.device)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int):
+        x, y = self.__getitems__([index])
+        return x[0], y[0]
+
+    def __getitems__(self, indices):
+        idx = torch.tensor(indices, dtype=torch.long) % len(self.images)
+        if self.device.type == "cuda":
+            idx = idx.pin_memory().to(self.device, non_blocking=True)
+        x = self.images[idx]
+        return (x if self.keep_uint8 else normalize_uint8(x)), self.labels[idx]
+
+
+def batch_as_is(batch):
+    """collate_fn for DeviceResidentImages: ``__getitems__`` already returned the batch."""
+    return batch
