@@ -13,6 +13,7 @@ SEEN: list = []
 def _snapshot(x: torch.Tensor, conv: nn.Conv2d, out: torch.Tensor) -> dict:
     return {
         "input_dtype": x.dtype,
+        "device": x.device.type,
         "conv_out_dtype": out.dtype,
         "autocast": torch.is_autocast_enabled(x.device.type),
         "input_channels_last": x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(),

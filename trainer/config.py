@@ -36,7 +36,7 @@ CHOICES: Dict[str, tuple] = {
 }
 
 # Config groups: selecting one of these is not a value override.
-GROUPS = ("data", "model", "scale", "recipe")
+GROUPS = ("data", "model", "scale", "recipe", "bench")
 
 # The flags recorded under ``flags`` in metrics.json and compared by the A/B report.
 FLAG_KEYS = (

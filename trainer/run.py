@@ -131,6 +131,12 @@ def _metric(trainer, name: str) -> Optional[float]:
     return round(float(value), 5) if value is not None else None
 
 
+def _grad_scale(trainer) -> Optional[float]:
+    """amp_dtype=fp16: the loss scale the GradScaler ended at (it halves on every skipped step)."""
+    scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None) if trainer else None
+    return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None
+
+
 def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, Any]:
     """Train one job into ``out_dir``; return its metrics (also written to ``out_dir/metrics.json``).
 
@@ -255,6 +261,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
                 "peak_memory_method": peak.method if peak else None,
                 "skipped_samples": bad_samples.skipped if bad_samples else 0,
                 "nan_skipped_steps": nan_guard.skipped if nan_guard else 0,
+                "grad_scale": _grad_scale(trainer),
                 **notes,
                 "overrides": list(overrides or []),
                 "data": {k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers")},

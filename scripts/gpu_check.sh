@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# GPU verification suite: one command for a maintainer on any CUDA machine.
+#
+#   scripts/gpu_check.sh                  # GPU tests, then both recipes' A/B benchmarks -> recipes/<recipe>/RESULTS.md
+#   scripts/gpu_check.sh --dry-run        # the same steps on CPU, tiny model, few steps, into a temp dir (CI runs this)
+#
+# Options (all optional):
+#   --recipes "resnet50 vit"   which recipes to benchmark
+#   --tables "synthetic jpeg"  synthetic: images kept on the GPU (the model's ceiling);
+#                              jpeg: the built-in real JPEGs at 224 px (end to end)
+#   --skip-tests / --skip-bench
+#   --out DIR                  where sweeps go (default runs/gpu_check/<date>); RESULTS.md goes to
+#                              recipes/<recipe>/ (under DIR with --dry-run)
+#   --steps N / --jpeg-steps N training steps per epoch on synthetic / JPEG data (default 50 / 10)
+#
+# Each table is one Hydra sweep, `python train.py -m +recipe=R +bench=ROW,ROW,...`, run job after
+# job in one process (the basic launcher: never parallel, so timings do not compete); the bench
+# rows are configs/bench/*.yaml. Three epochs per row: the first is warm-up.
+# Environment: PYTHON (default .venv/bin/python if present, else python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DRY_RUN=0 RUN_TESTS=1 RUN_BENCH=1
+RECIPES="resnet50 vit" TABLES="synthetic jpeg" STEPS=50 JPEG_STEPS=10 OUT=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) DRY_RUN=1 ;;
+    --skip-tests) RUN_TESTS=0 ;;
+    --skip-bench) RUN_BENCH=0 ;;
+    --recipes) RECIPES="$2"; shift ;;
+    --tables) TABLES="$2"; shift ;;
+    --steps) STEPS="$2"; shift ;;
+    --jpeg-steps) JPEG_STEPS="$2"; shift ;;
+    --out) OUT="$2"; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+
+if [ "$DRY_RUN" = 0 ] && ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  echo "gpu_check.sh: no CUDA GPU visible to torch here. Run it on a CUDA machine, or use --dry-run to check the suite on CPU." >&2
+  exit 2
+fi
+if [ -z "$OUT" ]; then
+  if [ "$DRY_RUN" = 1 ]; then OUT=$(mktemp -d -t gpu_check_dry.XXXXXX); else OUT="runs/gpu_check/$(date +%Y-%m-%d_%H-%M-%S)"; fi
+fi
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+
+if [ "$RUN_TESTS" = 1 ]; then
+  echo "== GPU-marked tests"
+  # without CUDA (dry run) every test is skipped: this checks that they are collected and import
+  "$PYTHON" -m pytest -m gpu -q -rs tests/gpu
+fi
+[ "$RUN_BENCH" = 1 ] || exit 0
+
+# rows per table: one flag at a time against baseline, then everything
+SYNTHETIC_ROWS="baseline,amp,channels_last,compile,tf32,big_batch,all"
+JPEG_ROWS="baseline,workers,prefetch,gpu_normalize,nvjpeg,amp,channels_last,compile,tf32,big_batch,all"
+EPOCHS=3 SIZE=224 STORED=256 PER_CLASS=500 MAX_BATCH=1024 DRY=()
+if [ "$DRY_RUN" = 1 ]; then
+  # the same sweeps, shrunk to a CPU: a tiny CNN on 32 px images, at most 3 steps per epoch, 2
+  # epochs. The recipe's batch size stays (a command-line batch size would beat the bench rows'
+  # data.batch_size=auto), so the data sets are made just large enough for it.
+  EPOCHS=2 SIZE=32 STORED=40 PER_CLASS=40 MAX_BATCH=16 STEPS=3 JPEG_STEPS=3
+  DRY=(accelerator=cpu model=tiny data.num_samples=768 data.val_samples=256)
+fi
+COMMON=("trainer.max_epochs=$EPOCHS" trainer.limit_val_batches=2 checkpoint.enabled=false)
+SYNTHETIC=(data.device_resident=true "data.image_size=$SIZE" "trainer.limit_train_batches=$STEPS")
+JPEG=(data=builtin "data.image_size=$SIZE" "data.stored_size=$STORED" "data.images_per_class=$PER_CLASS"
+      "batch_finder.max_batch_size=$MAX_BATCH" "trainer.limit_train_batches=$JPEG_STEPS")
+
+for recipe in $RECIPES; do
+  sweeps=()
+  for table in $TABLES; do
+    case "$table" in
+      synthetic) rows=$SYNTHETIC_ROWS; extra=("${SYNTHETIC[@]}") ;;
+      jpeg) rows=$JPEG_ROWS; extra=("${JPEG[@]}") ;;
+      *) echo "gpu_check.sh: unknown table '$table' (synthetic, jpeg)" >&2; exit 2 ;;
+    esac
+    dir="$OUT/$recipe/$table"
+    cmd=("$PYTHON" train.py -m "+recipe=$recipe" "+bench=$rows" "${COMMON[@]}" "${extra[@]}" "${DRY[@]}" "hydra.sweep.dir=$dir")
+    echo "== $recipe / $table: ${cmd[*]}"
+    mkdir -p "$dir"
+    printf '%q ' "${cmd[@]}" | sed 's/ $//' > "$dir/command.txt"
+    # a failed row keeps its place in the report (status failed); the sweep's exit status says so
+    "${cmd[@]}" || echo "note: a row of $recipe/$table failed; see its row in $dir/ab_report.md"
+    sweeps+=("$dir")
+  done
+  results="recipes/$recipe"
+  flag=()
+  if [ "$DRY_RUN" = 1 ]; then results="$OUT/$recipe"; flag=(--dry-run); fi
+  "$PYTHON" scripts/gpu_results.py --recipe "$recipe" --sweeps "${sweeps[@]}" --out "$results" "${flag[@]}"
+done
+echo "== done: sweeps in $OUT"

@@ -1,0 +1,185 @@
+"""What only a CUDA GPU can show: each GPU path really runs, proven from inside the run.
+
+Marked ``gpu`` and skipped without CUDA; ``scripts/gpu_check.sh`` runs them on a GPU machine
+(``pytest -m gpu``). Tiny models and images, like the CPU suite: these check behaviour, the
+benchmark in the same script measures speed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import probe
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run scripts/gpu_check.sh on one"),
+]
+
+GPU = ["accelerator=gpu"]
+PROBE = GPU + ["model._target_=probe.ProbeNet", "~model.width"]
+
+
+@pytest.fixture(autouse=True)
+def _clear_probe():
+    probe.SEEN.clear()
+    yield
+    probe.SEEN.clear()
+
+
+def training_snapshots():
+    return [s for s in probe.SEEN if s["grad_enabled"]]
+
+
+def _jpeg_folder(root, classes=("a", "b", "c"), per_class=8, size=48):
+    from PIL import Image
+
+    for i, cls in enumerate(classes):
+        (root / cls).mkdir(parents=True)
+        for j in range(per_class):
+            Image.new("RGB", (size + 4 * j, size), (80 * i, 25 * j, 120)).save(root / cls / f"{j}.jpg", quality=90)
+    return root
+
+
+def test_bf16_autocast_runs_on_the_gpu(train):
+    m, _ = train(*PROBE, "amp=true")
+    seen = training_snapshots()
+    assert seen and all(s["device"] == "cuda" and s["autocast"] and s["conv_out_dtype"] == torch.bfloat16 for s in seen)
+    assert m["precision"] == "bf16-mixed" and m["device"]["accelerator"] == "cuda"
+
+
+def test_fp16_loss_scaling_skips_non_finite_steps(train):
+    """fp16 autocast with Lightning's GradScaler: a NaN loss skips the step and halves the scale."""
+    m, out = train(*PROBE, "amp=true", "amp_dtype=fp16", "+model.nan_after=3", "on_nan=off", "checkpoint.enabled=true")
+    assert all(s["conv_out_dtype"] == torch.float16 for s in training_snapshots())
+    assert m["precision"] == "16-mixed" and m["grad_scale"] is not None
+    assert m["grad_scale"] < 65536.0  # GradScaler's initial scale: it backed off on the NaN steps
+    state = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())  # no NaN reached the weights
+
+
+def test_compile_runs_on_the_gpu(train):
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    m, _ = train(*GPU, "compile=true", "model.width=4")
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+    assert m["status"] == "ok" and m["compile_time_s"] and m["compile_time_s"] > 0
+
+
+def test_channels_last_on_the_gpu(train):
+    train(*PROBE, "channels_last=true")
+    seen = training_snapshots()
+    assert seen and all(s["device"] == "cuda" and s["weight_channels_last"] and s["input_channels_last"] for s in seen)
+
+
+def test_tf32_and_cudnn_benchmark_on_the_gpu(train):
+    train(*PROBE, "tf32=true", "cudnn_benchmark=true")
+    seen = training_snapshots()
+    assert seen and all(s["matmul_precision"] == "high" and s["cudnn_benchmark"] for s in seen)
+    assert torch.backends.cudnn.allow_tf32
+
+
+def test_device_prefetch_copies_on_a_side_stream(train, monkeypatch):
+    from trainer.data import datamodule as dm_mod
+
+    streams, arrived = [], []
+    real_to_device = dm_mod.ImageDataModule.to_device
+    real_transfer = dm_mod.ImageDataModule.transfer_batch_to_device
+
+    def to_device(self, batch, device):
+        streams.append(torch.cuda.current_stream(device) == torch.cuda.default_stream(device))
+        return real_to_device(self, batch, device)
+
+    def transfer(self, batch, device, idx):
+        arrived.append(batch[0].device.type)  # what Lightning is about to move
+        return real_transfer(self, batch, device, idx)
+
+    monkeypatch.setattr(dm_mod.ImageDataModule, "to_device", to_device)
+    monkeypatch.setattr(dm_mod.ImageDataModule, "transfer_batch_to_device", transfer)
+    m, _ = train(*GPU, "data.device_prefetch=true", "data.num_workers=1")
+    assert m["status"] == "ok" and streams and not any(streams)  # every copy on the side stream
+    assert arrived and all(d == "cuda" for d in arrived)  # already on the GPU when Lightning gets it
+    monkeypatch.undo()
+    plain, _ = train(*GPU, "data.num_workers=1")
+    assert m["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-3)  # same batches, same training
+
+
+def test_gpu_normalize_ships_uint8_to_the_gpu(train, monkeypatch):
+    from trainer.data import datamodule as dm_mod
+
+    shipped = []
+    real = dm_mod.ImageDataModule.transfer_batch_to_device
+    monkeypatch.setattr(dm_mod.ImageDataModule, "transfer_batch_to_device", lambda self, b, d, i: shipped.append(b[0].dtype) or real(self, b, d, i))
+    train(*PROBE, "data.gpu_normalize=true")
+    assert shipped and all(dt == torch.uint8 for dt in shipped)
+    assert all(s["input_dtype"] == torch.float32 and s["device"] == "cuda" for s in training_snapshots())
+
+
+def test_nvjpeg_decodes_batches_on_the_gpu(compose, train, tmp_path):
+    from trainer.data import ImageDataModule
+    from trainer.data.device_decode import EncodedBatch
+
+    root = _jpeg_folder(tmp_path / "imgs")
+    args = ("data=imagefolder", f"data.root={root}", "data.augment=false", "data.val_split=0", "data.image_size=32", "data.batch_size=12")
+    cfg = compose(*args, "data.decoder=nvjpeg")
+    dm = ImageDataModule(cfg.data, cfg.seed, accelerator="cuda")
+    dm.build()
+    assert dm.decoder == "nvjpeg"
+    batch = next(iter(dm.train_dataloader()))
+    assert isinstance(batch, EncodedBatch) and all(t.ndim == 1 for t in batch.items)
+    x, y = dm.transfer_batch_to_device(batch, torch.device("cuda"), 0)
+    assert x.is_cuda and x.dtype == torch.uint8 and x.shape == (12, 3, 32, 32)
+    ref_cfg = compose(*args, "data.decoder=torchvision", "data.gpu_normalize=true")
+    ref_dm = ImageDataModule(ref_cfg.data, ref_cfg.seed)
+    ref_dm.build()
+    ref_x, ref_y = next(iter(ref_dm.train_dataloader()))
+    assert torch.equal(ref_y, y.cpu())
+    assert (x.cpu().float() - ref_x.float()).abs().mean() < 3  # nvJPEG and libjpeg-turbo differ by rounding
+    m, _ = train(*GPU, "data=imagefolder", f"data.root={root}", "data.image_size=32", "data.batch_size=4", "data.decoder=nvjpeg", "data.device_prefetch=true", "data.num_workers=1")
+    assert m["status"] == "ok" and m["decoder"] == "nvjpeg"
+
+
+def test_device_resident_synthetic_lives_on_the_gpu(compose, train):
+    from trainer.data.synthetic import DeviceResidentImages
+
+    m, _ = train(*PROBE, "data.device_resident=true")
+    assert m["status"] == "ok" and all(s["device"] == "cuda" for s in training_snapshots())
+    cfg = compose("data.device_resident=true")
+    dataset = DeviceResidentImages(__import__("trainer.data.synthetic", fromlist=["x"]).SyntheticImages(32, 16, 4, 0), "cuda")
+    x, y = dataset.__getitems__([0, 5, 40])
+    assert x.is_cuda and y.is_cuda and x.shape == (3, 3, 16, 16) and cfg.data.device_resident
+
+
+def test_fsdp1_wraps_the_blocks_trains_saves_and_resumes(compose, tmp_path):
+    """strategy=fsdp (Lightning's FSDPStrategy, GPU only) on the ViT recipe's blocks, then ckpt_path=last."""
+    from trainer.run import run
+
+    out = str(tmp_path / "fsdp")
+    args = GPU + ["+recipe=vit", "scale=smoke", "strategy=fsdp", "checkpoint.enabled=true", "data.batch_size=16",
+                  "trainer.limit_train_batches=4", "trainer.limit_val_batches=2", "trainer.max_epochs=1"]
+    m = run(compose(*args), out, args)
+    assert m["status"] == "ok" and (tmp_path / "fsdp" / "checkpoints" / "last.ckpt").exists()
+    resumed = args[:-1] + ["trainer.max_epochs=2", "ckpt_path=last"]
+    m2 = run(compose(*resumed), out, resumed)
+    assert m2["status"] == "ok" and m2.get("resumed_from") and len(m2["epochs"]) == 2
+
+
+def test_memory_snapshot_is_written_on_cuda(train):
+    m, out = train(*GPU, "profile=true", "profiler.memory_snapshot=true", "data.num_samples=96", "profiler.skip_first=1", "profiler.wait=1", "profiler.warmup=1", "profiler.active=2")
+    snapshot = out / "profiler" / "memory_snapshot_rank0.pickle"
+    assert m["status"] == "ok" and snapshot.exists() and snapshot.stat().st_size > 0
+    assert m["peak_memory_method"] == "cuda max_memory_allocated"
+
+
+def test_nvml_readings_reach_the_doctor(train):
+    pytest.importorskip("pynvml", reason="NVML readings need nvidia-ml-py (pip install nvidia-ml-py)")
+    m, _ = train(*GPU, "monitor.interval_s=0.1", "data.num_samples=256")
+    assert m["diagnosis"]["evidence"]["gpu_util"] is not None
+
+
+def test_batch_size_auto_searches_device_memory(train):
+    m, _ = train(*GPU, "data.batch_size=auto", "batch_finder.max_batch_size=64", "data.num_samples=256")
+    assert m["status"] == "ok" and m["batch_size"] == 64 and "cap" in m["batch_size_reason"]
