@@ -32,6 +32,16 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture
+def clear_probe():
+    """An empty probe.SEEN before and after the test (tests that read ProbeNet's snapshots)."""
+    import probe
+
+    probe.SEEN.clear()
+    yield
+    probe.SEEN.clear()
+
+
+@pytest.fixture
 def compose():
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir

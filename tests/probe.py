@@ -10,6 +10,11 @@ from torch import nn
 SEEN: list = []
 
 
+def training_snapshots() -> list:
+    """Snapshots taken in training forwards (validation runs without grad)."""
+    return [s for s in SEEN if s["grad_enabled"]]
+
+
 def _snapshot(x: torch.Tensor, conv: nn.Conv2d, out: torch.Tensor) -> dict:
     return {
         "input_dtype": x.dtype,

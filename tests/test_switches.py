@@ -6,19 +6,12 @@ import pytest
 import torch
 
 import probe
+from probe import training_snapshots
 
 PROBE = ["model._target_=probe.ProbeNet", "~model.width"]
+pytestmark = pytest.mark.usefixtures("clear_probe")
 
 
-@pytest.fixture(autouse=True)
-def _clear_probe():
-    probe.SEEN.clear()
-    yield
-    probe.SEEN.clear()
-
-
-def training_snapshots():
-    return [s for s in probe.SEEN if s["grad_enabled"]]
 
 
 def test_baseline_runs_fp32_contiguous(train):

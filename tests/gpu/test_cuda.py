@@ -10,26 +10,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-import probe
+from probe import training_snapshots
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run scripts/gpu_check.sh on one"),
+    pytest.mark.usefixtures("clear_probe"),
 ]
 
 GPU = ["accelerator=gpu"]
 PROBE = GPU + ["model._target_=probe.ProbeNet", "~model.width"]
 
 
-@pytest.fixture(autouse=True)
-def _clear_probe():
-    probe.SEEN.clear()
-    yield
-    probe.SEEN.clear()
-
-
-def training_snapshots():
-    return [s for s in probe.SEEN if s["grad_enabled"]]
 
 
 def _jpeg_folder(root, classes=("a", "b", "c"), per_class=8, size=48):

@@ -185,7 +185,9 @@ class ImageDataModule(pl.LightningDataModule):
 
     def to_device(self, batch, device: torch.device):
         """Host batch -> device batch: decoded there with data.decoder=nvjpeg, else copied (non_blocking)."""
-        if self.device_decoders is not None and hasattr(batch, "paths"):
+        from .device_decode import EncodedBatch
+
+        if isinstance(batch, EncodedBatch):
             return self.device_decoders[batch.train](batch, device)
         return move_to_device(batch, device)
 

@@ -97,6 +97,10 @@ class DeviceDecoder:
     def __call__(self, batch: EncodedBatch, device: torch.device):
         images = self.decode(batch, device)
         keep = [i for i, im in enumerate(images) if im is not None]
+        if not keep:
+            from ..errors import TrainingStopped
+
+            raise TrainingStopped(f"no image of a batch could be decoded ({', '.join(batch.paths[:3])}, ...): check the files under data.root.")
         x = torch.stack([self.transform(images[i]) for i in keep])
         y = batch.labels[keep] if len(keep) < len(images) else batch.labels
         return x, y.to(device, non_blocking=True)
