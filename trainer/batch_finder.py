@@ -31,15 +31,6 @@ from .optimizers import build_optimizer
 log = logging.getLogger(__name__)
 
 
-def _batch(datamodule, size: int, device: torch.device):
-    x, y = datamodule.example_batch(size, device)
-    if x.dtype == torch.uint8:  # data.gpu_normalize, data.decoder=nvjpeg
-        from .data.gpu_transforms import normalize_uint8
-
-        x = normalize_uint8(x)
-    return x, y
-
-
 def find_batch_size(module: torch.nn.Module, datamodule, cfg, accelerator: str, amp_dtype: str | None) -> Tuple[int, str]:
     """Return (batch size, why the search stopped)."""
     dataset = datamodule.train_set
@@ -57,7 +48,7 @@ def find_batch_size(module: torch.nn.Module, datamodule, cfg, accelerator: str, 
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp_dtype or "")
 
     def step(size: int) -> float:
-        x, y = _batch(datamodule, size, device)
+        x, y = datamodule.example_batch(size, device)
         probe = memory.PeakMemory(accelerator)
         probe.start()
         with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):

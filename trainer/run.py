@@ -70,15 +70,11 @@ def _check_input_size(module, datamodule, cfg) -> None:
     import torch
 
     x = datamodule.example_batch(1)[0].repeat(2, 1, 1, 1)
-    if x.dtype == torch.uint8:  # data.gpu_normalize: the batch is normalized after transfer
-        from .data.gpu_transforms import normalize_uint8
-
-        x = normalize_uint8(x)
     was_training = module.training
     module.eval()
     try:
         with torch.no_grad():
-            module(x.contiguous(memory_format=torch.channels_last) if cfg.channels_last else x)
+            module(x)  # channels_last: the model's forward pre-hook converts the input
     except Exception as e:
         raise ConfigError(
             f"The model cannot take data.image_size={cfg.data.image_size} images ({type(e).__name__}: {str(e).splitlines()[0][:200]}). "

@@ -196,14 +196,18 @@ class ImageDataModule(pl.LightningDataModule):
         return self.to_device(batch, device)
 
     def example_batch(self, size: int, device: torch.device = torch.device("cpu")):
-        """``size`` training samples as one batch on ``device``, as the model gets them before normalization."""
+        """``size`` training samples as one batch on ``device``, as the model's forward takes them."""
+        from .gpu_transforms import model_input
+
         n = len(self.train_set)
         samples = [self.train_set[i % n] for i in range(size)]
         if self.device_decoders is not None:
             from .device_decode import encoded_collate
 
-            return self.to_device(encoded_collate(samples), device)
-        return torch.stack([s[0] for s in samples]).to(device), torch.tensor([int(s[1]) for s in samples], device=device)
+            x, y = self.to_device(encoded_collate(samples), device)
+        else:
+            x, y = torch.stack([s[0] for s in samples]).to(device), torch.tensor([int(s[1]) for s in samples], device=device)
+        return model_input(x), y
 
     def expected_batch_size(self, batch_idx: int) -> int:
         """How many samples training batch ``batch_idx`` holds when no sample is skipped."""

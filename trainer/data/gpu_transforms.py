@@ -13,6 +13,11 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+def model_input(x: torch.Tensor) -> torch.Tensor:
+    """A batch as the model takes it: uint8 pixels (gpu_normalize, nvjpeg) normalized, float as it is."""
+    return normalize_uint8(x) if x.dtype == torch.uint8 else x
+
+
 def normalize_uint8(x: torch.Tensor) -> torch.Tensor:
     """uint8 N x C x H x W (0..255) -> float32, ImageNet-normalized, on x's device."""
     mean = torch.tensor(IMAGENET_MEAN, device=x.device).view(1, -1, 1, 1) * 255

@@ -30,13 +30,11 @@ class ImageClassifier(pl.LightningModule):
         return self.net(x)
 
     def on_after_batch_transfer(self, batch, dataloader_idx):
-        """data.gpu_normalize: uint8 batches arrive on the device and are converted here."""
-        x, y = batch
-        if x.dtype == torch.uint8:
-            from ..data.gpu_transforms import normalize_uint8
+        """data.gpu_normalize, data.decoder=nvjpeg: uint8 batches arrive on the device and are converted here."""
+        from ..data.gpu_transforms import model_input
 
-            x = normalize_uint8(x)
-        return x, y
+        x, y = batch
+        return model_input(x), y
 
     def training_step(self, batch, batch_idx):
         x, y = batch
