@@ -103,9 +103,28 @@ def allocator_env(cfg) -> dict:
     return {"LD_PRELOAD": preload, "TRAINER_ALLOCATOR_RELAUNCHED": name}
 
 
+def launches_ranks(cfg) -> bool:
+    """Whether this process starts the job's ranks itself: one node, several processes, no launcher yet."""
+    return cfg.strategy in DISTRIBUTED and processes_per_node(cfg) > 1 and cfg.num_nodes == 1 and not inside_launcher()
+
+
 def needs_launch(cfg) -> bool:
-    distributed = cfg.strategy in DISTRIBUTED and processes_per_node(cfg) > 1 and cfg.num_nodes == 1 and not inside_launcher()
-    return distributed or bool(allocator_env(cfg))
+    return launches_ranks(cfg) or bool(allocator_env(cfg))
+
+
+def leave_process_group() -> None:
+    """A rank leaves its process group before the interpreter exits.
+
+    Lightning's DDP teardown keeps the group alive. A gloo rank that exits with it still up was seen
+    to abort at interpreter exit ("terminate called without an active exception", SIGABRT) after
+    its job had finished and written an ok metrics.json, which made torchrun, and the sweep, fail.
+    """
+    if "torch.distributed" not in sys.modules:  # nothing trained here (--help, --cfg): do not import torch
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _free_port() -> int:
@@ -120,8 +139,7 @@ def launch(cfg, out_dir: str, overrides: List[str]) -> int:
 
     kept = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir", "hydra.sweep.dir", "hydra.job.num"))]
     job = [str(ROOT / "train.py"), *kept, f"hydra.run.dir={out_dir}"]
-    distributed = cfg.strategy in DISTRIBUTED and processes_per_node(cfg) > 1 and not inside_launcher()
-    if distributed:
+    if launches_ranks(cfg):
         nproc = processes_per_node(cfg)
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
                "--master-addr=127.0.0.1", f"--master-port={_free_port()}", *job]
