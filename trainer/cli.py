@@ -168,7 +168,12 @@ def main() -> None:
     rank = os.environ.get("RANK", "0")
     OmegaConf.register_new_resolver("trainer_rank_suffix", lambda: "" if rank == "0" else f"_rank{rank}", replace=True)
     OmegaConf.register_new_resolver("trainer_rank0_only", lambda value: value if rank == "0" else None, replace=True)
-    hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(task)()
+    try:
+        hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(task)()
+    finally:
+        from .launch import leave_process_group
+
+        leave_process_group()
     if _failed_jobs:
         print(f"\n{len(_failed_jobs)} job(s) failed; see metrics.json in: {', '.join(_failed_jobs)}", file=sys.stderr)
         sys.exit(1)
