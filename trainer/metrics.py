@@ -58,13 +58,18 @@ def write(path: str, metrics: Dict[str, Any]) -> str:
     """Atomically write ``metrics`` to ``path``; return the path actually written."""
     if metrics.get("status") != "ok" and _holds_ok_result(path):
         path = os.path.join(os.path.dirname(path), "metrics.failed.json")
+    atomic_write_text(path, json.dumps(metrics, indent=2, default=str) + "\n")
+    return path
+
+
+def atomic_write_text(path, text: str) -> None:
+    """Write ``text`` to a temp file beside ``path``, fsync it, then rename it over ``path``."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".metrics-", suffix=".json", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}-", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(metrics, f, indent=2, default=str)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
@@ -73,7 +78,6 @@ def write(path: str, metrics: Dict[str, Any]) -> str:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return path
 
 
 def _holds_ok_result(path: str) -> bool:

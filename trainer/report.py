@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from .metrics import atomic_write_text
+
 log = logging.getLogger(__name__)
 
 ACC_DROP_THRESHOLD = 0.02  # absolute val_acc drop vs baseline that marks a row
@@ -342,8 +344,8 @@ def write_report(dirs: Sequence[str], out_dir: str, echo: bool = True) -> Option
     )
     markdown = header + to_markdown(columns, rows)
     out.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out / "ab_report.md", markdown)
-    _atomic_write(out / "ab_report.csv", to_csv(columns, rows))
+    atomic_write_text(out / "ab_report.md", markdown)
+    atomic_write_text(out / "ab_report.csv", to_csv(columns, rows))
     try:
         to_png(out / "ab_report.png", columns, rows)
     except Exception as e:  # the chart is a convenience; the table is the product
@@ -351,12 +353,6 @@ def write_report(dirs: Sequence[str], out_dir: str, echo: bool = True) -> Option
     if echo:
         print("\n" + to_markdown(columns, rows) + f"\nreport: {out / 'ab_report.md'} (.csv, .png)\n", flush=True)
     return markdown
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 try:
