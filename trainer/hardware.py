@@ -50,11 +50,16 @@ def _cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 @lru_cache(maxsize=None)
 def detect(accelerator: str = "auto") -> Hardware:
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(0)
         return Hardware(

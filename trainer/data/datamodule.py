@@ -43,9 +43,9 @@ class ImageDataModule(pl.LightningDataModule):
         c = self.cfg
         if not c.get("auto_workers"):
             return c.num_workers
-        import os
+        from ..hardware import usable_cores
 
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = usable_cores()
         workers = max(0, min(16, cores // max(1, self.processes_per_node) - 1))
         log.info("data.auto_workers: %d loader workers per process (%d cores, %d process(es) on this node)", workers, cores, self.processes_per_node)
         return workers
