@@ -98,3 +98,31 @@ class SlowDataset(torch.utils.data.Dataset):
         time.sleep(self.sleep)
         g = torch.Generator().manual_seed(i)
         return torch.randn(3, self.size, self.size, generator=g), i % self.classes
+
+
+class SlowTransferModule(ProbeLightningModule):
+    """A planted transfer bottleneck: every batch takes ``sleep_ms`` after reaching the device
+    (standing in for a slow pageable copy, an nvJPEG decode or a normalize on the device)."""
+
+    def __init__(self, num_classes: int = 10, lr: float = 0.01, sleep_ms: float = 40.0):
+        super().__init__(num_classes, lr)
+        self.sleep = sleep_ms / 1000
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        import time
+
+        if self.training:
+            time.sleep(self.sleep)
+        return batch
+
+
+class SlowBatchEndCallback(pl.Callback):
+    """Batch-end work that is neither data nor transfer (a checkpoint save, a profiler export)."""
+
+    def __init__(self, sleep_ms: float = 40.0):
+        self.sleep = sleep_ms / 1000
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import time
+
+        time.sleep(self.sleep)

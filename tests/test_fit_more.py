@@ -89,9 +89,13 @@ def test_optimizer_implementation(compose, value, check):
 def test_fused_falls_back_with_a_message(compose, caplog):
     from trainer.optimizers import build_optimizer
 
-    model = torch.nn.Linear(4, 2).to(torch.float64)  # no fused kernel for float64 SGD on CPU? then foreach
-    opt = build_optimizer(model, compose("optim.fused=true").optim)
-    assert opt.defaults.get("fused") or "using foreach instead" in caplog.text
+    cfg = compose("optim.fused=true").optim
+    opt = build_optimizer(torch.nn.Linear(4, 2), cfg)  # float parameters on the CPU: the fused kernel exists
+    assert opt.defaults["fused"] is True and "using foreach instead" not in caplog.text
+    meta = torch.nn.Linear(4, 2, device="meta")  # no fused kernel on this device (torch would only say so at step())
+    opt = build_optimizer(meta, cfg)
+    assert not opt.defaults.get("fused") and opt.defaults["foreach"] is True
+    assert "using foreach instead" in caplog.text
 
 
 def test_zero_grad_to_none_switch(train):

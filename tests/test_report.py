@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+
+import pytest
 import subprocess
 import sys
 
@@ -35,7 +37,7 @@ def test_rows_baseline_speedup_noise_accuracy_and_failure(tmp_path):
     columns, rows, base = report.build_rows(report.load_jobs([str(sweep)]))
     assert columns[:3] == ["job", "amp", "channels_last"]
     assert [r["job"] for r in rows] == ["0", "1", "2", "3", "10"]
-    assert base.path.name == "1"
+    assert base.name == "1"
     by = {r["job"]: r for r in rows}
     assert by["1"]["speedup"] == 1.0 and "baseline" in by["1"]["notes"]
     assert by["0"]["speedup"] == 2.0 and "within noise" not in by["0"]["notes"]
@@ -50,7 +52,7 @@ def test_varied_keys_include_overrides(tmp_path):
     jobs = report.load_jobs([str(tmp_path / "a"), str(tmp_path / "b")])
     assert report.varied_keys(jobs) == ["data.num_workers"]
     _, rows, base = report.build_rows(jobs)
-    assert base.path.name == "a" and rows[1]["speedup"] == 2.0
+    assert base.first.path.name == "a" and rows[1]["speedup"] == 2.0
 
 
 def test_cli_rebuilds_report_from_several_dirs(tmp_path):
@@ -84,3 +86,54 @@ def test_parallel_launcher_gets_a_timing_warning(caplog):
     caplog.clear()
     cb.on_multirun_start(OmegaConf.create({"hydra": {"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}}}))
     assert "interfere" not in caplog.text
+
+
+def _steady(root, name, flags, steady, overrides=()):
+    """A job with one warm-up epoch and the given steady epoch times."""
+    return _job(root, name, flags, [max(steady) * 2] + list(steady), overrides=overrides)
+
+
+def test_a_3_percent_gain_with_tight_spreads_is_a_speedup(tmp_path):
+    _steady(tmp_path, "0", {}, [1.000, 1.004, 0.998, 1.002, 0.999, 1.001])
+    _steady(tmp_path, "1", {"amp": True}, [0.970, 0.972, 0.969, 0.971, 0.968, 0.970])
+    _, rows, _ = report.build_rows(report.load_jobs([str(tmp_path)]))
+    row = rows[1]
+    assert row["speedup"] == pytest.approx(1.031, abs=0.002)
+    lo, hi = (float(x) for x in row["speedup_ci"].split("-"))
+    assert 1.0 < lo <= row["speedup"] <= hi
+    assert "within noise" not in row["notes"]
+
+
+def test_an_8_percent_gain_with_wide_overlapping_spreads_is_within_noise(tmp_path):
+    _steady(tmp_path, "0", {}, [1.00, 0.78, 1.22, 0.90, 1.10])
+    _steady(tmp_path, "1", {"amp": True}, [0.92, 0.74, 1.15, 0.84, 1.02])
+    _, rows, _ = report.build_rows(report.load_jobs([str(tmp_path)]))
+    row = rows[1]
+    assert row["speedup"] == pytest.approx(1.087, abs=0.002)
+    lo, hi = (float(x) for x in row["speedup_ci"].split("-"))
+    assert lo < 1.0 < hi and "within noise" in row["notes"]
+
+
+def test_repeats_fold_into_one_row_with_their_spread(tmp_path):
+    for i, (flags, t) in enumerate([({}, 1.00), ({"amp": True}, 0.80), ({}, 1.04), ({"amp": True}, 0.82), ({}, 0.98), ({"amp": True}, 0.79)]):
+        _steady(tmp_path, str(i), flags, [t, t * 1.01], overrides=[f"repeat={i // 2}", "amp=" + str(bool(flags)).lower()])
+    columns, rows, base = report.build_rows(report.load_jobs([str(tmp_path)]))
+    assert "repeat" not in columns and "repeats" in columns
+    assert [r["job"] for r in rows] == ["0,2,4", "1,3,5"] and [r["repeats"] for r in rows] == [3, 3]
+    assert rows[0]["spread_s"] == "0.985-1.045"  # min-max of the repeats' medians
+    assert rows[1]["speedup"] == pytest.approx(1.005 / 0.8040, abs=0.01) and "within noise" not in rows[1]["notes"]
+
+
+def test_seed_sweep_folds_too_and_names_stay_unique_across_sweeps(tmp_path):
+    _steady(tmp_path / "a", "0", {}, [1.0, 1.0], overrides=["seed=1"])
+    _steady(tmp_path / "a", "1", {}, [1.0, 1.0], overrides=["seed=2"])
+    _steady(tmp_path / "b", "0", {"amp": True}, [0.5, 0.5], overrides=["seed=1"])
+    _, rows, _ = report.build_rows(report.load_jobs([str(tmp_path / "a"), str(tmp_path / "b")]))
+    assert [r["job"] for r in rows] == ["a/0,a/1", "b/0"]
+
+
+def test_the_header_says_how_noise_was_judged(tmp_path):
+    _steady(tmp_path, "0", {}, [1.0, 1.0])
+    _steady(tmp_path, "1", {"amp": True}, [0.5, 0.5])
+    md = report.write_report([str(tmp_path)], str(tmp_path), echo=False)
+    assert "bootstrap interval" in md and "contains 1.00x" in md and "speedup_ci" in md

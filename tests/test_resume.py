@@ -23,53 +23,103 @@ def _popen(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_for(pattern: str, directory: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+def _new_checkpoint(directory: Path, since: float, proc: subprocess.Popen, timeout: float = 120) -> bool:
+    """Wait until a checkpoint newer than ``since`` exists; False if the process ended first."""
     deadline = time.time() + timeout
-    while not list(directory.glob(pattern)):
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert time.time() < deadline, "no checkpoint appeared"
+    while time.time() < deadline:
+        if directory.is_dir() and any(p.stat().st_mtime > since for p in directory.glob("*.ckpt")):
+            return True
+        if proc.poll() is not None:
+            return False
         time.sleep(0.02)
+    raise AssertionError("no checkpoint appeared")
+
+
+def _assert_history(m: dict, epochs: int, longest_process_s: float) -> None:
+    numbers = [e["epoch"] for e in m["epochs"]]
+    assert numbers == list(range(epochs)), numbers  # every finished epoch, exactly once, in order
+    assert all(0 < e["time_s"] <= longest_process_s for e in m["epochs"]), m["epochs"]  # none claims time it did not see
+    assert m["epoch_time_s"] is not None
 
 
 @pytest.mark.slow
-def test_kill_9_then_resume_matches_an_uninterrupted_run(tmp_path):
+def test_kill_9_at_five_random_points_keeps_every_epoch_once_and_matches_an_uninterrupted_run(tmp_path):
+    args = [*LONG, "trainer.max_epochs=6", "checkpoint.every_n_steps=7"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    r = run_cli(f"hydra.run.dir={straight}", *LONG, "checkpoint.every_n_steps=7")
+    r = run_cli(f"hydra.run.dir={straight}", *args)
     assert r.returncode == 0, r.stderr[-3000:]
 
-    proc = _popen(f"hydra.run.dir={killed}", *LONG, "checkpoint.every_n_steps=7")
-    _wait_for("step*.ckpt", killed / "checkpoints", proc)
-    time.sleep(random.uniform(0.0, 1.0))  # a random point in training
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (killed / "metrics.json").exists() or read_metrics(killed)["status"] != "ok"
+    rng = random.Random()
+    walls = []
+    for _ in range(5):
+        start = time.time()
+        resume = ["ckpt_path=last"] if list((killed / "checkpoints").glob("*.ckpt")) else []
+        proc = _popen(f"hydra.run.dir={killed}", *args, *resume)
+        if _new_checkpoint(killed / "checkpoints", start, proc):
+            time.sleep(rng.uniform(0.0, 0.6))  # a random point in training
+            proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        walls.append(time.time() - start)
+        if (killed / "metrics.json").exists():
+            m = read_metrics(killed)
+            if m["status"] != "ok":
+                assert m["status"] == "running"  # the journal: the finished epochs are on disk
+                assert [e["epoch"] for e in m["epochs"]] == list(range(len(m["epochs"])))
 
-    r = run_cli(f"hydra.run.dir={killed}", *LONG, "checkpoint.every_n_steps=7", "ckpt_path=last")
+    start = time.time()
+    r = run_cli(f"hydra.run.dir={killed}", *args, "ckpt_path=last")
+    walls.append(time.time() - start)
     assert r.returncode == 0, r.stderr[-3000:]
-    resumed = read_metrics(killed)
-    assert resumed["status"] == "ok" and resumed["resumed_from"].endswith(".ckpt")
-    assert [e["epoch"] for e in resumed["epochs"]][-1] == 2
+    m = read_metrics(killed)
+    assert m["status"] == "ok"
+    _assert_history(m, 6, max(walls))
     a, b = final_loss(straight / "checkpoints" / "last.ckpt"), final_loss(killed / "checkpoints" / "last.ckpt")
     assert a == pytest.approx(b, rel=1e-4, abs=1e-5), (a, b)
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_and_exits_with_the_preemption_code_then_resumes(tmp_path):
+def test_preempted_twice_then_resumed_keeps_the_full_history(tmp_path):
     from trainer.checkpointing import PREEMPTED_EXIT_CODE
 
     run_dir = tmp_path / "run"
-    proc = _popen(f"hydra.run.dir={run_dir}", *LONG, "checkpoint.every_n_steps=7")
-    _wait_for("step*.ckpt", run_dir / "checkpoints", proc)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == PREEMPTED_EXIT_CODE, out[-3000:]
-    assert "preempted by SIGTERM" in out and "Traceback" not in out
-    m = read_metrics(run_dir)
-    assert m["status"] == "failed" and m["preempted"] is True
-    assert (run_dir / "checkpoints" / "last.ckpt").exists()
-    r = run_cli(f"hydra.run.dir={run_dir}", *LONG, "checkpoint.every_n_steps=7", "ckpt_path=last")
+    args = [f"hydra.run.dir={run_dir}", *LONG, "trainer.max_epochs=4", "checkpoint.every_n_steps=7"]
+    walls = []
+    for attempt in range(2):
+        start = time.time()
+        proc = _popen(*args, *(["ckpt_path=last"] if attempt else []))
+        assert _new_checkpoint(run_dir / "checkpoints", start, proc)
+        time.sleep(0.3 + 0.4 * attempt)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        walls.append(time.time() - start)
+        assert proc.returncode == PREEMPTED_EXIT_CODE, out[-3000:]
+        assert "preempted by SIGTERM" in out and "Traceback" not in out
+        m = read_metrics(run_dir)
+        assert m["status"] == "failed" and m["preempted"] is True
+    start = time.time()
+    r = run_cli(*args, "ckpt_path=last")
+    walls.append(time.time() - start)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert read_metrics(run_dir)["status"] == "ok"
+    m = read_metrics(run_dir)
+    assert m["status"] == "ok"
+    _assert_history(m, 4, max(walls))
+
+
+@pytest.mark.slow
+def test_resuming_a_finished_run_keeps_its_result_and_training_on_extends_it(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [f"hydra.run.dir={run_dir}", *[a for a in LONG if "max_epochs" not in a], "data.num_samples=256"]
+    assert run_cli(*args, "trainer.max_epochs=2").returncode == 0
+    before = (run_dir / "metrics.json").read_text()
+    r = run_cli(*args, "trainer.max_epochs=2", "ckpt_path=last")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (run_dir / "metrics.json").read_text() == before  # the result is unchanged
+    assert "had already finished" in r.stdout + r.stderr
+    r = run_cli(*args, "trainer.max_epochs=3", "ckpt_path=last")
+    assert r.returncode == 0, r.stderr[-3000:]
+    m, old = read_metrics(run_dir), json.loads(before)
+    assert m["status"] == "ok" and [e["epoch"] for e in m["epochs"]] == [0, 1, 2]
+    assert m["epochs"][:2] == old["epochs"]  # the earlier epochs keep their own records
 
 
 def test_compiled_checkpoints_have_clean_keys_and_load_either_way(train, tmp_path):

@@ -70,6 +70,28 @@ def check_output_dirs(overrides: List[str]) -> None:
             ) from None
 
 
+def expand_repeats(argv: List[str]) -> List[str]:
+    """``repeats=N`` in a sweep becomes ``repeat=range(N)``, placed first so that it varies slowest:
+    every configuration runs once, then again, so slow drift of the machine hits all of them alike."""
+    found = [a for a in argv if a.split("=", 1)[0] == "repeats"]
+    if not found:
+        return argv
+    value = found[-1].split("=", 1)[1]
+    if "," in value or "(" in value:
+        raise ConfigError(f"'repeats={value}' takes one integer (how many times each configuration runs), not a sweep.")
+    n = int(value)
+    if n <= 1:
+        return [a for a in argv if a not in found]
+    if not any(a in ("-m", "--multirun") for a in argv):
+        raise ConfigError(
+            f"'repeats={n}' runs each configuration of a sweep {n} times: add -m "
+            f"(python train.py -m ... repeats={n}); a single run is one repetition."
+        )
+    rest = [a for a in argv if a not in found]
+    first = next((i for i, a in enumerate(rest) if "=" in a and not a.startswith("-")), len(rest))
+    return rest[:first] + [f"repeat=range({n})"] + rest[first:]
+
+
 def fail(message: str, code: int = ConfigError.exit_code) -> None:
     print(f"\nerror: {message}\n", file=sys.stderr)
     sys.exit(code)
@@ -105,9 +127,11 @@ def task(cfg) -> None:
     overrides = list(hc.overrides.task)
     try:
         cfg = apply_scale(cfg, overrides)
-        if hc.output_subdir is not None and os.environ.get("RANK", "0") == "0":
-            # Hydra saved the config before scale= was applied; keep the one that actually runs.
-            OmegaConf.save(cfg, os.path.join(out_dir, hc.output_subdir, "config.yaml"), resolve=True)
+        config_path = os.path.join(out_dir, hc.output_subdir, "config.yaml") if hc.output_subdir is not None else None
+        if config_path and os.environ.get("RANK", "0") == "0":
+            # Hydra saved the config before scale= was applied; keep the one that actually runs
+            # (run() rewrites it again once the batch size, lr and class count are settled).
+            OmegaConf.save(cfg, config_path, resolve=True)
         from .launch import launch, needs_launch
 
         if needs_launch(cfg):
@@ -126,7 +150,7 @@ def task(cfg) -> None:
                 log.error("job %s: its processes exited with status %d; see %s", hc.job.num, code, out_dir)
                 _failed_jobs.append(out_dir)
             return
-        result = run(cfg, out_dir, overrides)
+        result = run(cfg, out_dir, overrides, config_path=config_path)
         if result.get("preempted"):
             from .checkpointing import PREEMPTED_EXIT_CODE
 
@@ -156,6 +180,7 @@ def main() -> None:
         try:
             check_overrides(overrides, recipes())
             check_output_dirs(overrides)
+            sys.argv[1:] = expand_repeats(argv)
         except ConfigError as e:
             fail(str(e))
 

@@ -237,6 +237,11 @@ class BatchFinderConfig:
 @dataclass
 class TrainSchema:
     seed: int = 42
+    # repeats=N (with -m) runs every configuration of the sweep N times, interleaved, and the A/B
+    # report folds the repeats into one row with their spread; repeat is which one a job is
+    # (set by repeats=N; training does not read it)
+    repeats: int = 1
+    repeat: int = 0
     recipe: Optional[str] = None
     # the switchboard (SPEC): one top-level key per optimization
     amp: bool = False
@@ -397,6 +402,7 @@ def allowed_values(key: str) -> str:
 
 # Simple per-key ranges: key -> (predicate, description of what is allowed)
 RANGES = {
+    "repeats": (lambda v: v >= 1, "an integer >= 1 (with -m: how many times to run each configuration)"),
     "accumulate": (lambda v: v >= 1, "an integer >= 1 (1 means no accumulation)"),
     "num_nodes": (lambda v: v >= 1, "an integer >= 1"),
     "data.batch_size": (lambda v: v >= 1, "an integer >= 1, or auto"),

@@ -2,10 +2,13 @@
 
 It follows the tuning literature's decision tree, with the numbers this run measured:
 
-1. input pipeline: a large share of training time waiting for the next batch (data wait) means
-   the model is starved; more loader workers help until the CPU is saturated, then decode work must
-   shrink.
-2. host-device transfer: on a GPU, a profile whose device time is dominated by host-to-device copies.
+1. input pipeline: a large share of training time blocked in the data loader's ``__next__`` (data
+   wait) means the model is starved; more loader workers help until the CPU is saturated, then
+   decode work must shrink. Only loader time counts here (see ``callbacks.step_clock``): time spent
+   moving or decoding a batch on the device is transfer, and callbacks or logging are neither.
+2. host-device transfer: a large share of training time moving batches to the device and preparing
+   them there (``transfer_fraction``: copy, nvJPEG decode, uint8 normalize), or on a GPU a profile
+   whose device time is dominated by host-to-device copies.
 3. CPU-side overhead / sync points: on a GPU, low utilization while data is ready means the host
    cannot launch work fast enough (small batches, Python overhead, syncs).
 4. memory: device memory nearly full (trade compute for memory), or mostly empty (grow the batch).
@@ -23,7 +26,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 INPUT_BOUND = 0.25  # data wait share of training time above which the input pipeline is the bottleneck
-TRANSFER_BOUND = 0.15  # host-to-device copy share of device time
+TRANSFER_BOUND = 0.15  # host-to-device copy share of device time (profile=true)
+TRANSFER_FRACTION_BOUND = 0.20  # transfer share of training time (every run)
 LOW_GPU_UTIL = 60.0  # percent
 MEMORY_FULL = 0.90
 MEMORY_ROOMY = 0.50
@@ -45,6 +49,7 @@ def diagnose(
     device_memory_mb: Optional[float] = None,
 ) -> Dict[str, Any]:
     wait = metrics.get("data_wait_fraction") or 0.0
+    transfer = metrics.get("transfer_fraction") or 0.0
     cores = int(hardware.get("cpu_cores") or 1)
     cuda = hardware.get("accelerator") == "cuda"
     busy = system.get("cpu_busy_cores")
@@ -53,6 +58,7 @@ def diagnose(
     workers = int(data.get("num_workers") or 0)
     evidence = {
         "data_wait_fraction": round(wait, 3),
+        "transfer_fraction": round(transfer, 3),
         "cpu_busy_cores": busy,
         "cpu_cores": cores,
         "process_cpu_cores": system.get("process_cpu_cores"),
@@ -87,11 +93,8 @@ def diagnose(
         text = f"{wait:.0%} of training time waiting for the next batch with {busy_text} and {workers} loader workers: {why}."
         return _verdict("input pipeline", text, suggestions, hw_notes, evidence)
 
-    if cuda and h2d_share is not None and h2d_share >= TRANSFER_BOUND:
-        suggestions = [] if data.get("pin_memory") else ["data.pin_memory=true"]
-        suggestions += [f"data.{k}=true" for k in ("gpu_normalize", "device_prefetch") if not data.get(k)]
-        text = f"host-to-device copies take {h2d_share:.0%} of device time: the bus is the limit. Send fewer bytes per sample (smaller or uint8 images) and copy from pinned memory."
-        return _verdict("host-device transfer", text, suggestions, hw_notes, evidence)
+    if transfer >= TRANSFER_FRACTION_BOUND or (cuda and h2d_share is not None and h2d_share >= TRANSFER_BOUND):
+        return _verdict("host-device transfer", *_transfer_advice(transfer, h2d_share, cuda, data), hw_notes, evidence)
 
     if cuda and gpu_util is not None and gpu_util < LOW_GPU_UTIL:
         suggestions = [s for s, on in (("compile=true", flags.get("compile")), ("compile_mode=reduce-overhead", flags.get("compile_mode") == "reduce-overhead")) if not on]
@@ -113,6 +116,26 @@ def diagnose(
     if not suggestions:
         text += " The math-cheapening flags that pay off on this hardware are already on."
     return _verdict("compute", text, suggestions, hw_notes, evidence)
+
+
+def _transfer_advice(transfer: float, h2d_share: Optional[float], cuda: bool, data: Dict[str, Any]) -> tuple:
+    """(text, suggestions) for a run whose batches take long to reach the device and be prepared there."""
+    if cuda:
+        suggestions = [] if data.get("pin_memory") else ["data.pin_memory=true"]
+        suggestions += [f"data.{k}=true" for k in ("gpu_normalize", "device_prefetch") if not data.get(k)]
+        if h2d_share is not None and h2d_share >= TRANSFER_BOUND:
+            text = f"host-to-device copies take {h2d_share:.0%} of device time"
+        else:
+            text = f"moving batches to the GPU and preparing them there takes {transfer:.0%} of training time"
+        return text + ": the bus is the limit. Send fewer bytes per sample (smaller or uint8 images), copy from pinned memory and overlap the copy with compute.", suggestions
+    # on a CPU there is no bus: the time is the work done on each batch after the loader
+    # (transfer_batch_to_device / on_after_batch_transfer), in the training process, unparallelized
+    suggestions = ["data.gpu_normalize=false"] if data.get("gpu_normalize") else []
+    text = (
+        f"preparing each batch after the loader (transfer_batch_to_device, on_after_batch_transfer) takes {transfer:.0%} of training time, "
+        "in the training process itself: move that work into the dataset or the loader's workers, where it runs in parallel."
+    )
+    return text, suggestions
 
 
 def decode_suggestions(data: Dict[str, Any], cuda: bool) -> List[str]:

@@ -1,8 +1,9 @@
 """metrics.json (schema 1, see SPEC): assembled from what the run measured, written atomically.
 
-Written at the end of every run, also a failed one (``status: failed`` with a one-line
-``error``), so a sweep's report can always read every job from disk. A failure never overwrites
-an earlier run's successful metrics.json in the same dir (a bad resume must not lose a result).
+Written after every training epoch (``status: running``, a journal that a kill cannot take back)
+and at the end of every run, also a failed one (``status: failed`` with a one-line ``error``), so a
+sweep's report can always read every job from disk. A failure never loses an earlier run's
+successful result in the same dir (a bad resume must not lose a result).
 """
 
 from __future__ import annotations
@@ -55,11 +56,28 @@ def build(
 
 
 def write(path: str, metrics: Dict[str, Any]) -> str:
-    """Atomically write ``metrics`` to ``path``; return the path actually written."""
-    if metrics.get("status") != "ok" and _holds_ok_result(path):
-        path = os.path.join(os.path.dirname(path), "metrics.failed.json")
+    """Atomically write ``metrics`` to ``path``; return the path actually written.
+
+    An ``ok`` result on disk is replaced by a ``running``/``failed`` one only when the new record
+    holds every epoch the old one did (a resumed run training on: its journal carries the whole
+    history, and the old summary is kept under ``previous_result``); otherwise the new record goes
+    to ``metrics.failed.json`` beside it (a bad resume must not lose a result).
+    """
+    if metrics.get("status") != "ok":
+        old = _ok_result(path)
+        if old is not None:
+            old_epochs = {e.get("epoch") for e in old.get("epochs") or []}
+            new_epochs = {e.get("epoch") for e in metrics.get("epochs") or []}
+            if old_epochs and old_epochs <= new_epochs:
+                metrics = dict(metrics, previous_result=old.get("previous_result") or {k: old.get(k) for k in _RESULT_KEYS})
+            else:
+                path = os.path.join(os.path.dirname(path), "metrics.failed.json")
     atomic_write_text(path, json.dumps(metrics, indent=2, default=str) + "\n")
     return path
+
+
+# the summary of a finished result that a resumed run, training on, keeps beside its journal
+_RESULT_KEYS = ("status", "epoch_time_s", "samples_per_s", "data_wait_fraction", "transfer_fraction", "train_loss", "val_acc")
 
 
 def atomic_write_text(path, text: str) -> None:
@@ -80,12 +98,13 @@ def atomic_write_text(path, text: str) -> None:
         raise
 
 
-def _holds_ok_result(path: str) -> bool:
+def _ok_result(path: str) -> Optional[Dict[str, Any]]:
     try:
         with open(path) as f:
-            return json.load(f).get("status") == "ok"
+            record = json.load(f)
     except (OSError, ValueError):
-        return False
+        return None
+    return record if isinstance(record, dict) and record.get("status") == "ok" else None
 
 
 def read(path: str) -> Dict[str, Any]:

@@ -33,6 +33,21 @@ def _implementation(fused) -> dict:
     return {}
 
 
+def _check_fused(groups) -> None:
+    """Ask now what torch only checks at the first ``step()``: can every parameter use the fused kernel?
+
+    Without this the fallback below could never run: the optimizer builds fine and the run dies at
+    its first step instead.
+    """
+    try:
+        from torch.optim.optimizer import _device_dtype_check_for_fused
+    except ImportError:  # a torch without the check: the first step() will say it
+        return
+    for group in groups:
+        for p in group["params"] if isinstance(group, dict) else [group]:
+            _device_dtype_check_for_fused(p)
+
+
 def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     groups = param_groups(model, cfg.weight_decay)
     if cfg.name == "sgd":
@@ -43,6 +58,8 @@ def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
         raise ValueError(f"unknown optimizer {cfg.name}")  # config.validate rejects it earlier
     impl = _implementation(cfg.get("fused", "auto"))
     try:
+        if impl.get("fused"):
+            _check_fused(groups)
         return cls(groups, **kwargs, **impl)
     except (RuntimeError, ValueError) as e:
         if not impl.get("fused"):

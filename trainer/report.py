@@ -9,8 +9,9 @@ After a sweep, ``ABReportCallback`` (a Hydra callback, ``on_multirun_end``) writ
 ``ab_report.md``, ``ab_report.csv`` and ``ab_report.png`` into the sweep dir and prints the table.
 
 The baseline row is the job with every varied key at its "off" value (the schema default), else
-the first job. Spread is the min-max of a job's steady (non-warm-up) epochs; a speedup whose
-spread overlaps the baseline's is flagged as within the noise. This module does not import torch.
+the first job. Jobs that differ only in ``seed``/``repeat`` (``repeats=N``, or a seed sweep) fold
+into one row. Each speedup carries a bootstrap interval (``speedup_ci``); it is "within noise" when
+the interval contains 1.00x. This module does not import torch.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import io
 import json
 import logging
 import os
+import random
+import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,10 +34,13 @@ from .metrics import atomic_write_text
 log = logging.getLogger(__name__)
 
 ACC_DROP_THRESHOLD = 0.02  # absolute val_acc drop vs baseline that marks a row
-# Run-to-run variation is larger than the spread of one run's few epochs (the same configuration run
-# twice on the 2-core build machine differed by 2.9% and 4.9%, with 1-2% min-max spreads), so a speedup is
-# "within noise" unless it clears both the spreads and this floor.
-NOISE_FLOOR = 0.05
+# Noise is judged from the data: a speedup's 95% interval comes from a bootstrap of the ratio of
+# median steady epoch times (resampling each job's epochs, and the repeats of a folded row); a
+# speedup whose interval contains 1.00x is "within noise". Seeded, so a report rebuilds identically.
+BOOTSTRAP_RESAMPLES = 2000
+CONFIDENCE = 0.95
+# keys that say which repetition a job is, not what it runs: jobs differing only in them fold into one row
+REPEAT_KEYS = ("seed", "repeat")
 FEW_STEPS = 10  # fewer steps per epoch than this: timing is dominated by per-epoch overheads
 REPORT_NAMES = ("ab_report.md", "ab_report.csv", "ab_report.png")
 # overrides that are not settings of the job (where it writes, which job it is)
@@ -52,9 +58,43 @@ class Job:
         return self.metrics.get("status") == "ok"
 
     def steady_times(self) -> List[float]:
+        """Times of the full, non-warm-up epochs (the ones epoch_time_s is the median of)."""
         epochs = self.metrics.get("epochs") or []
-        steady = [e["time_s"] for e in epochs if not e.get("warmup")]
-        return steady
+        return [e["time_s"] for e in epochs if not e.get("warmup") and not e.get("partial") and e.get("time_s")]
+
+
+@dataclass
+class Row:
+    """One configuration: a job, or several repeats of it (same settings but seed/repeat)."""
+
+    jobs: List[Job]
+    name: str = ""
+
+    @property
+    def first(self) -> Job:
+        return self.jobs[0]
+
+    @property
+    def ok(self) -> bool:
+        return all(j.ok for j in self.jobs)
+
+    @property
+    def settings(self) -> Dict[str, Any]:
+        return self.first.settings
+
+    def samples(self) -> List[List[float]]:
+        """Steady epoch times per repeat (repeats with none left out)."""
+        return [t for t in (j.steady_times() for j in self.jobs) if t]
+
+    def epoch_time(self) -> Optional[float]:
+        if len(self.jobs) == 1:
+            return self.first.metrics.get("epoch_time_s")
+        medians = [j.metrics.get("epoch_time_s") for j in self.jobs if j.metrics.get("epoch_time_s")]
+        return round(statistics.median(medians), 4) if medians else None
+
+    def median_of(self, key: str) -> Optional[float]:
+        values = [j.metrics.get(key) for j in self.jobs if j.metrics.get(key) is not None]
+        return round(statistics.median(values), 4) if values else None
 
 
 def find_metrics(dirs: Sequence[str]) -> List[Path]:
@@ -152,17 +192,69 @@ def varied_keys(jobs: List[Job]) -> List[str]:
     return varied
 
 
-def pick_baseline(jobs: List[Job], varied: List[str]) -> Optional[Job]:
-    """The first job with every varied key at its off value (keys without one are ignored), else the first ok job."""
-    known = [k for k in varied if _off_value(k) is not None]
+def fold_repeats(jobs: List[Job], varied: List[str]) -> List[Row]:
+    """Finished jobs whose settings differ only in seed/repeat share a row; any other job is a row of its own."""
+    rows: List[Row] = []
+    by_key: Dict[str, Row] = {}
     for job in jobs:
-        if job.ok and all(job.settings.get(k, _off_value(k)) == _off_value(k) for k in known):
-            return job
-    return next((j for j in jobs if j.ok), None)
+        if not job.ok:
+            rows.append(Row([job]))
+            continue
+        key = json.dumps({k: job.settings.get(k, _off_value(k)) for k in varied if k not in REPEAT_KEYS}, sort_keys=True, default=str)
+        if key in by_key:
+            by_key[key].jobs.append(job)
+        else:
+            by_key[key] = Row([job])
+            rows.append(by_key[key])
+    names = job_names(jobs)
+    for row in rows:
+        row.name = ",".join(names[id(j)] for j in row.jobs)
+    return rows
+
+
+def job_names(jobs: List[Job]) -> Dict[int, str]:
+    """Unique, short names: the job number within one sweep; sweep dir + job when jobs come from several."""
+    paths = [j.path.resolve() for j in jobs]
+    parents = {p.parent for p in paths}
+    if len(parents) == 1 and len(set(paths)) == len(paths):
+        return {id(j): (p.name if p.name.isdigit() else str(j.path)) for j, p in zip(jobs, paths)}
+    common = Path(os.path.commonpath([str(p) for p in paths])) if paths else Path(".")
+    return {id(j): (str(p.relative_to(common)) if p != common else p.name) or p.name for j, p in zip(jobs, paths)}
+
+
+def pick_baseline(rows: List[Row], varied: List[str]) -> Optional[Row]:
+    """The first row with every varied key at its off value (keys without one are ignored), else the first ok row."""
+    known = [k for k in varied if _off_value(k) is not None and k not in REPEAT_KEYS]
+    for row in rows:
+        if row.ok and all(row.settings.get(k, _off_value(k)) == _off_value(k) for k in known):
+            return row
+    return next((r for r in rows if r.ok), None)
+
+
+def speedup_interval(base: List[List[float]], other: List[List[float]], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Optional[tuple]:
+    """A bootstrap interval of median(base) / median(other) over steady epoch times.
+
+    Each argument is a list of repeats, each a list of epoch times. A resample draws repeats with
+    replacement, then epochs within each drawn repeat, and pools them (a hierarchical bootstrap:
+    run-to-run variation counts, not only epoch-to-epoch). None when either side has fewer than
+    two epochs in all: one number has no spread to judge.
+    """
+    if sum(len(r) for r in base) < 2 or sum(len(r) for r in other) < 2:
+        return None
+    rng = random.Random(seed)
+
+    def draw(repeats: List[List[float]]) -> float:
+        picked = rng.choices(repeats, k=len(repeats)) if len(repeats) > 1 else repeats
+        pooled = [t for r in picked for t in rng.choices(r, k=len(r))]
+        return statistics.median(pooled)
+
+    ratios = sorted(draw(base) / draw(other) for _ in range(resamples))
+    tail = (1 - CONFIDENCE) / 2
+    return ratios[int(tail * (resamples - 1))], ratios[int(round((1 - tail) * (resamples - 1)))]
 
 
 # decimals per numeric column in the markdown table (the CSV keeps full precision)
-_DIGITS = {"epoch_time_s": 3, "speedup": 2, "samples_per_s": 1, "data_wait_fraction": 3, "peak_memory_mb": 0, "val_acc": 3}
+_DIGITS = {"epoch_time_s": 3, "speedup": 2, "samples_per_s": 1, "data_wait_fraction": 3, "transfer_fraction": 3, "peak_memory_mb": 0, "val_acc": 3, "tflops": 3, "mfu": 3}
 
 
 def _fmt(value: Any, column: str = "") -> str:
@@ -178,61 +270,78 @@ def _fmt(value: Any, column: str = "") -> str:
 
 
 def build_rows(jobs: List[Job], acc_drop: float = ACC_DROP_THRESHOLD) -> tuple:
-    """Return (columns, rows as dicts, baseline job)."""
+    """Return (columns, rows as dicts, baseline Row)."""
     varied = varied_keys(jobs)
-    base = pick_baseline(jobs, varied)
-    base_time = base.metrics.get("epoch_time_s") if base else None
-    base_spread = _spread(base) if base else None
-    base_acc = base.metrics.get("val_acc") if base else None
-    columns = ["job"] + varied + (["world_size"] if "world_size" not in varied else []) + [
-        "epoch_time_s", "spread_s", "speedup", "samples_per_s", "data_wait_fraction", "peak_memory_mb", "val_acc", "bottleneck", "status", "notes",
+    rows = fold_repeats(jobs, varied)
+    base = pick_baseline(rows, varied)
+    shown = [k for k in varied if k not in REPEAT_KEYS]
+    base_time = base.epoch_time() if base else None
+    base_acc = base.median_of("val_acc") if base else None
+    repeated = any(len(r.jobs) > 1 for r in rows)
+    optional = [c for c, key in (("tflops", "tflops"), ("mfu", "mfu")) if any(j.metrics.get(key) is not None for j in jobs)]
+    columns = ["job"] + shown + (["world_size"] if "world_size" not in shown else []) + (["repeats"] if repeated else []) + [
+        "epoch_time_s", "spread_s", "speedup", "speedup_ci", "samples_per_s", "data_wait_fraction", "transfer_fraction", *optional,
+        "peak_memory_mb", "val_acc", "bottleneck", "status", "notes",
     ]
-    rows = []
-    for job in jobs:
-        m = job.metrics
+    out = []
+    for row in rows:
+        m = row.first.metrics
         notes: List[str] = []
-        t = m.get("epoch_time_s")
-        spread = _spread(job)
-        speedup = round(base_time / t, 3) if (job.ok and t and base_time) else None
-        base_samples, samples = _epoch_samples(base) if base else None, _epoch_samples(job)
+        t = row.epoch_time()
+        speedup = round(base_time / t, 3) if (row.ok and t and base_time) else None
+        interval = speedup_interval(base.samples(), row.samples()) if (speedup is not None and row is not base) else None
+        base_samples, samples = _epoch_samples(base.first) if base else None, _epoch_samples(row.first)
         if speedup is not None and base_samples and samples and samples != base_samples:
             # epochs of different sizes (a batch-size change with trainer.limit_train_batches as a
-            # count): compare throughput, not epoch time
-            speedup = round(m["samples_per_s"] / base.metrics["samples_per_s"], 3)
+            # count): compare throughput, not epoch time (and scale the interval the same way)
+            by_time = speedup
+            speedup = round(row.median_of("samples_per_s") / base.median_of("samples_per_s"), 3)
+            if interval:
+                interval = (interval[0] * speedup / by_time, interval[1] * speedup / by_time)
             notes.append(f"epochs differ in size ({samples} vs {base_samples} samples): speedup from samples/s")
-        if job is base:
+        if row is base:
             notes.append("baseline")
-        elif speedup is not None and (abs(speedup - 1) < NOISE_FLOOR or (spread and base_spread and _overlap(spread, base_spread))):
-            notes.append("within noise")
-        if job.ok and not job.steady_times():
+        elif speedup is not None:
+            if interval is None:
+                notes.append("noise not judged: fewer than 2 steady epochs")
+            elif interval[0] <= 1.0 <= interval[1]:
+                notes.append("within noise")
+        if row.ok and not row.samples():
             notes.append("warm-up only: 1 epoch, not steady state")
         steps = [e.get("steps") for e in (m.get("epochs") or []) if e.get("steps")]
-        if job.ok and steps and max(steps) < FEW_STEPS:
+        if row.ok and steps and max(steps) < FEW_STEPS:
             notes.append(f"only {max(steps)} steps/epoch")
-        acc = m.get("val_acc")
-        if job.ok and acc is not None and base_acc is not None and base_acc - acc > acc_drop:
+        acc = row.median_of("val_acc") if row.ok else m.get("val_acc")
+        if row.ok and acc is not None and base_acc is not None and base_acc - acc > acc_drop:
             notes.append(f"ACCURACY DROP {acc - base_acc:+.3f}")
         if m.get("compile_time_s"):
             notes.append(f"compile {m['compile_time_s']:.1f} s")
-        if not job.ok:
-            notes.append(str(m.get("error") or "failed"))
-        row = {"job": _job_name(job)}
-        row.update({k: job.settings.get(k, _off_value(k)) for k in varied})
-        row.setdefault("world_size", (m.get("device") or {}).get("count"))
-        row.update(
-            epoch_time_s=t if job.ok else None,
+        if not row.ok:
+            notes.append(str(m.get("error") or m.get("status") or "failed"))
+        spread = _spread(row)
+        record = {"job": row.name}
+        record.update({k: row.settings.get(k, _off_value(k)) for k in shown})
+        record.setdefault("world_size", (m.get("device") or {}).get("count"))
+        if repeated:
+            record["repeats"] = len(row.jobs)
+        record.update(
+            epoch_time_s=t if row.ok else None,
             spread_s=f"{spread[0]:.3f}-{spread[1]:.3f}" if spread else None,
             speedup=speedup,
-            samples_per_s=m.get("samples_per_s") if job.ok else None,
-            data_wait_fraction=m.get("data_wait_fraction") if job.ok else None,
+            speedup_ci=f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else None,
+            samples_per_s=row.median_of("samples_per_s") if row.ok else None,
+            data_wait_fraction=row.median_of("data_wait_fraction") if row.ok else None,
+            transfer_fraction=row.median_of("transfer_fraction") if row.ok else None,
             peak_memory_mb=m.get("peak_memory_mb"),
             val_acc=acc,
             bottleneck=(m.get("diagnosis") or {}).get("bottleneck"),
             status=m.get("status", "failed"),
             notes="; ".join(notes),
         )
-        rows.append(row)
-    return columns, rows, base
+        for key in optional:
+            record[key] = row.median_of(key) if row.ok else None
+        out.append(record)
+    return columns, out, base
 
 
 def _epoch_samples(job: Job) -> Optional[int]:
@@ -240,17 +349,13 @@ def _epoch_samples(job: Job) -> Optional[int]:
     return epochs[-1].get("samples") if epochs else None
 
 
-def _job_name(job: Job) -> str:
-    return job.path.name if job.path.name.isdigit() else str(job.path)
-
-
-def _spread(job: Job) -> Optional[tuple]:
-    times = job.steady_times()
+def _spread(row: Row) -> Optional[tuple]:
+    """min-max of the steady epochs (one job), or of the repeats' medians (a folded row)."""
+    if len(row.jobs) > 1:
+        medians = [statistics.median(t) for t in row.samples()]
+        return (min(medians), max(medians)) if len(medians) >= 2 else None
+    times = row.first.steady_times()
     return (min(times), max(times)) if len(times) >= 2 else None
-
-
-def _overlap(a: tuple, b: tuple) -> bool:
-    return a[0] <= b[1] and b[0] <= a[1]
 
 
 def to_markdown(columns: List[str], rows: List[dict]) -> str:
@@ -312,7 +417,7 @@ def to_png(path: Path, columns: List[str], rows: List[dict]) -> None:
         if r["status"] != "ok":
             text = "FAILED"
         elif r["speedup"] is not None:
-            text = f"{t:.3g} s   {r['speedup']:.2f}x" + (" (noise)" if "within noise" in r["notes"] else "")
+            text = f"{t:.3g} s   {r['speedup']:.2f}x" + (f" [{r['speedup_ci']}]" if r.get("speedup_ci") else "") + (" (noise)" if "within noise" in r["notes"] else "")
         else:
             text = f"{t:.3g} s"
         ax.text(t + errors[1][y] + top * 0.015, y, text, va="center", fontsize=9)
@@ -338,9 +443,14 @@ def write_report(dirs: Sequence[str], out_dir: str, echo: bool = True) -> Option
     device = next((j.metrics.get("device") for j in jobs if j.metrics.get("device")), None) or {}
     header = (
         f"# A/B report\n\n{len(jobs)} job(s) on {device.get('accelerator', '?')} ({device.get('name', '?')}). "
-        f"Baseline: job {_job_name(base) if base else '-'}. epoch_time_s is the median of the steady (non-warm-up) "
-        f"epochs; spread_s is their min-max; a speedup within {NOISE_FLOOR:.0%} of 1.00x, or whose spread overlaps the baseline's, is marked 'within noise'; "
-        f"rows whose val_acc fell more than {ACC_DROP_THRESHOLD} below the baseline are marked ACCURACY DROP.\n\n"
+        f"Baseline: job {base.name if base else '-'}. epoch_time_s is the median of the steady (non-warm-up, full) epochs; "
+        f"spread_s is their min-max (for a row of repeats: the min-max of the repeats' medians). "
+        f"Noise: speedup_ci is a {CONFIDENCE:.0%} bootstrap interval of the ratio of median epoch times "
+        f"({BOOTSTRAP_RESAMPLES} resamples of each job's steady epochs, and of the repeats where a row folds several); "
+        f"a speedup whose interval contains 1.00x is marked 'within noise'. "
+        f"Jobs that differ only in seed/repeat are folded into one row. "
+        f"data_wait_fraction is time blocked on the data loader; transfer_fraction is batch-to-device plus device-side decode/normalize. "
+        f"Rows whose val_acc fell more than {ACC_DROP_THRESHOLD} below the baseline are marked ACCURACY DROP.\n\n"
     )
     markdown = header + to_markdown(columns, rows)
     out.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,9 @@ from omegaconf import OmegaConf, open_dict
 from . import config as config_mod
 from . import metrics as metrics_mod
 from .errors import ConfigError, UserFacingError
+from .flops import mfu
+from .flops import peak_flops as peak_flops_of
+from .flops import training_flops_per_sample
 from .launch import allocator_loaded
 from .memory import PeakMemory
 
@@ -112,12 +115,18 @@ def _diagnose(result: Dict[str, Any], cfg, hw, trainer, monitor, module) -> Dict
     )
 
 
-def _previous_epochs(out_dir: str) -> List[Dict[str, Any]]:
-    """Epochs a resumed run already recorded in its metrics.json."""
+def _previous_result(out_dir: str) -> Optional[Dict[str, Any]]:
+    """What the run dir's metrics.json already holds (a resumed run merges its epochs into it)."""
     try:
-        return metrics_mod.read(os.path.join(out_dir, "metrics.json")).get("epochs") or []
+        return metrics_mod.read(os.path.join(out_dir, "metrics.json"))
     except (OSError, ValueError):
-        return []
+        return None
+
+
+def save_config(cfg, path: Optional[str]) -> None:
+    """Rewrite ``.hydra/config.yaml`` with the config that actually ran (chosen batch size, scaled lr, classes)."""
+    if path and os.path.isdir(os.path.dirname(path)):
+        metrics_mod.atomic_write_text(path, OmegaConf.to_yaml(cfg, resolve=True))
 
 
 def _metric(trainer, name: str) -> Optional[float]:
@@ -133,8 +142,12 @@ def _grad_scale(trainer) -> Optional[float]:
     return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None
 
 
-def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, Any]:
+def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: Optional[str] = None) -> Dict[str, Any]:
     """Train one job into ``out_dir``; return its metrics (also written to ``out_dir/metrics.json``).
+
+    metrics.json is a journal: rewritten atomically (``status: running``) after every epoch, so a
+    killed run keeps its finished epochs, and a resume merges them with its own. ``config_path``
+    (Hydra's ``.hydra/config.yaml``) is rewritten with the config that actually ran.
 
     Raises ConfigError for bad input (before anything is built) and re-raises training errors,
     after metrics.json records them.
@@ -143,10 +156,52 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
 
     started = time.time()
     requested = flags_of(cfg)  # as asked for (data.batch_size=auto stays "auto"; the chosen size is batch_size)
-    timer = EpochTimer()
+    metrics_path = os.path.join(out_dir, "metrics.json")
     datamodule = hw = plan = trainer = peak = preemption = bad_samples = nan_guard = monitor = module = None
+    previous: Optional[Dict[str, Any]] = None
+    peak_flops = None
     status, error = "ok", None
     notes: Dict[str, Any] = {}
+
+    def result(status: str, error: Optional[str]) -> Dict[str, Any]:
+        summary = timer.summary(compiled=bool(cfg.compile))
+        devices = trainer.world_size if trainer else 1
+        summary["mfu"] = mfu(summary.get("tflops"), peak_flops, devices)
+        return metrics_mod.build(
+            status=status,
+            error=error,
+            recipe=cfg.get("recipe"),
+            flags=requested,
+            device={"accelerator": hw.accelerator, "name": hw.name, "count": devices} if hw else None,
+            epochs=timer.history(),
+            summary=summary,
+            peak_memory=peak.result_mb if peak else None,
+            train_loss=_metric(trainer, "train/loss_epoch"),
+            val_acc=_metric(trainer, "val/acc"),
+            extra={
+                "precision": plan.precision if plan else None,
+                "batch_size": cfg.data.batch_size,
+                "lr": cfg.optim.lr,
+                "peak_memory_method": peak.method if peak else None,
+                "peak_flops": peak_flops,
+                "skipped_samples": bad_samples.skipped if bad_samples else 0,
+                "nan_skipped_steps": nan_guard.skipped if nan_guard else 0,
+                "grad_scale": _grad_scale(trainer),
+                **notes,
+                "overrides": list(overrides or []),
+                "data": {k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers")},
+                "num_workers": datamodule.num_workers if datamodule else None,
+                "allocator": allocator_loaded(),
+                "decoder": datamodule.decoder if datamodule else None,
+                "wall_time_s": round(time.time() - started, 2),
+            },
+        )
+
+    def journal() -> None:
+        """After every epoch (rank 0): the run so far, so a kill loses at most the epoch in flight."""
+        metrics_mod.write(metrics_path, result("running", None))
+
+    timer = EpochTimer(on_epoch=journal)
     try:
         config_mod.validate(cfg)
         import warnings
@@ -169,7 +224,8 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
             log.warning(warning)
         ckpt_path = resolve_ckpt_path(cfg.ckpt_path, out_dir)
         if ckpt_path:
-            timer.previous = [dict(e, resumed=True) for e in _previous_epochs(out_dir)]
+            previous = _previous_result(out_dir)
+            timer.previous = (previous or {}).get("epochs") or []
             notes["resumed_from"] = ckpt_path
             log.info("resuming from %s", ckpt_path)
             # our sampler and ResumableState make mid-epoch resume exact; Lightning cannot see that
@@ -178,6 +234,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
         switchboard.apply_global_settings(cfg)
 
         datamodule = ImageDataModule(cfg.data, cfg.seed, plan.accelerator, processes_per_node(cfg) if cfg.strategy != "auto" else 1)
+        datamodule.step_clock = timer.clock
         num_classes = datamodule.build()
         if num_classes != cfg.data.num_classes:
             log.info("data.num_classes set to %d: the dataset has %d classes", num_classes, num_classes)
@@ -195,6 +252,10 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
                 pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the search consumed random numbers
             notes["lr_note"] = switchboard.scale_lr(cfg, plan.world_size(hw))
         log.info(notes["lr_note"])
+        if os.environ.get("RANK", "0") == "0":
+            save_config(cfg, config_path)  # what runs from here on: chosen batch size, scaled lr, classes
+        timer.flops_per_sample = training_flops_per_sample(cfg)
+        peak_flops = peak_flops_of(plan.accelerator, plan.precision)
         module = switchboard.compile_model(module, cfg)
         plan.strategy = switchboard.build_strategy(cfg, plan, hw, module)
 
@@ -213,6 +274,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
             **switchboard.trainer_kwargs(cfg, plan),
             **_trainer_args(cfg),
             plugins=plugins,
+            profiler=timer.clock,  # times the loader fetch and the batch transfer (see StepClock)
             callbacks=_callbacks(cfg, out_dir, timer, extra_callbacks),
             logger=TensorBoardLogger(save_dir=out_dir, name="", version="", default_hp_metric=False),
             default_root_dir=out_dir,
@@ -236,42 +298,30 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None) -> Dict[str, A
         status, error = "failed", (str(e) if isinstance(e, UserFacingError) else metrics_mod.one_line(e))
         raise
     finally:
-        summary = timer.summary(compiled=bool(cfg.compile))
-        result = metrics_mod.build(
-            status=status,
-            error=error,
-            recipe=cfg.get("recipe"),
-            flags=requested,
-            device={"accelerator": hw.accelerator, "name": hw.name, "count": trainer.world_size if trainer else 1}
-            if hw
-            else None,
-            epochs=timer.epochs,
-            summary=summary,
-            peak_memory=peak.result_mb if peak else None,
-            train_loss=_metric(trainer, "train/loss_epoch"),
-            val_acc=_metric(trainer, "val/acc"),
-            extra={
-                "precision": plan.precision if plan else None,
-                "batch_size": cfg.data.batch_size,
-                "lr": cfg.optim.lr,
-                "peak_memory_method": peak.method if peak else None,
-                "skipped_samples": bad_samples.skipped if bad_samples else 0,
-                "nan_skipped_steps": nan_guard.skipped if nan_guard else 0,
-                "grad_scale": _grad_scale(trainer),
-                **notes,
-                "overrides": list(overrides or []),
-                "data": {k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers")},
-                "num_workers": datamodule.num_workers if datamodule else None,
-                "allocator": allocator_loaded(),
-                "decoder": datamodule.decoder if datamodule else None,
-                "wall_time_s": round(time.time() - started, 2),
-            },
-        )
-        if status == "ok" and hw is not None and trainer is not None and trainer.is_global_zero:
-            result["diagnosis"] = _diagnose(result, cfg, hw, trainer, monitor, module)
-            log.info("doctor: %s", result["diagnosis"]["verdict"])
-            for note in result["diagnosis"]["hardware"]:
-                log.warning("doctor: %s", note)
-        if trainer is None or trainer.is_global_zero:
-            metrics_mod.write(os.path.join(out_dir, "metrics.json"), result)
-    return result
+        kept = _already_finished(previous, timer, status)
+        if kept:
+            # resumed from the end of a finished run with nothing left to train: keep its result
+            log.info(
+                "this run had already finished (epochs %s); its metrics.json is unchanged. Raise trainer.max_epochs to train on.",
+                _epoch_span(previous["epochs"]),
+            )
+            final = dict(previous, already_finished=True)
+        else:
+            final = result(status, error)
+            if status == "ok" and hw is not None and trainer is not None and trainer.is_global_zero:
+                final["diagnosis"] = _diagnose(final, cfg, hw, trainer, monitor, module)
+                log.info("doctor: %s", final["diagnosis"]["verdict"])
+                for note in final["diagnosis"]["hardware"]:
+                    log.warning("doctor: %s", note)
+            if trainer is None or trainer.is_global_zero:
+                metrics_mod.write(metrics_path, final)
+    return final
+
+
+def _already_finished(previous: Optional[Dict[str, Any]], timer, status: str) -> bool:
+    return bool(previous) and previous.get("status") == "ok" and status == "ok" and not timer.epochs and bool(previous.get("epochs"))
+
+
+def _epoch_span(epochs: List[Dict[str, Any]]) -> str:
+    numbers = [e["epoch"] for e in epochs]
+    return f"{min(numbers)}-{max(numbers)}" if len(numbers) > 1 else str(numbers[0])

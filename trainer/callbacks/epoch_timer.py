@@ -1,13 +1,20 @@
-"""EpochTimer: wall time of each training epoch, its samples, and how long it waited for data.
+"""EpochTimer: wall time of each training epoch, its samples, and where the time went.
 
 Why not Lightning's ``Timer``/``ThroughputMonitor``: Timer measures whole stages (validation
 included) and ThroughputMonitor synchronizes the device every step. Here the device is
 synchronized only at epoch boundaries (and around validation, whose time is reported apart and
 taken out of the training epoch), so the measurement does not slow what it measures.
 
-Data wait is the gap between the end of one training step and the start of the next: Lightning
-fetches the next batch (and moves it to the device) in that gap, so with a fast input pipeline it
-is close to zero, and with a slow one it is most of the epoch.
+Each epoch is split three ways (``StepClock`` says how each part is measured):
+``data_wait_s`` (blocked in the loader's ``__next__``), ``transfer_s`` (batch to device plus
+device-side decode/normalize) and the rest (the step itself, callbacks, logging).
+
+History across resumes: ``previous`` holds the epochs the run dir's metrics.json already recorded;
+``history()`` merges them with this process's epochs, one entry per epoch number (a full epoch
+beats a partial one, a newer record beats an older one of the same kind). After a mid-epoch resume
+Lightning does not call ``on_train_epoch_start``; that epoch is timed from its first batch in this
+process and marked ``partial`` (and ``resumed``), so it never claims time it did not see and stays
+out of the medians. ``on_epoch`` is called on rank 0 after every epoch (the metrics.json journal).
 """
 
 from __future__ import annotations
@@ -15,10 +22,12 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 import pytorch_lightning as pl
 import torch
+
+from .step_clock import StepClock
 
 log = logging.getLogger(__name__)
 
@@ -38,32 +47,57 @@ def _batch_size(batch: Any) -> int:
     return 0
 
 
+def merge_epochs(previous: List[Dict[str, Any]], current: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One record per epoch number, in order: full beats partial; otherwise the newer record wins."""
+    chosen: Dict[int, Dict[str, Any]] = {}
+    for record in list(previous) + list(current):  # later = newer
+        old = chosen.get(record["epoch"])
+        if old is None or not (record.get("partial") and not old.get("partial")):
+            chosen[record["epoch"]] = record
+    return [chosen[k] for k in sorted(chosen)]
+
+
 class EpochTimer(pl.Callback):
-    def __init__(self, previous: List[Dict[str, Any]] | None = None) -> None:
-        # a resumed run: the epochs its metrics.json already holds; those at or after the epoch the
-        # resumed run starts with are dropped (they did not reach a checkpoint)
+    def __init__(self, previous: List[Dict[str, Any]] | None = None, on_epoch: Optional[Callable[[], None]] = None) -> None:
         self.previous: List[Dict[str, Any]] = previous or []
-        self.epochs: List[Dict[str, Any]] = []
-        self.step_times: List[float] = []  # per-step compute time of the current epoch (host view)
+        self.on_epoch = on_epoch
+        self.clock = StepClock()  # pass as Trainer(profiler=...)
+        self.epochs: List[Dict[str, Any]] = []  # this process's epochs
         self.first_step_s: float | None = None
+        self.flops_per_sample: float | None = None  # set by run(): model FLOPs per training sample
         self._fresh = True  # the first epoch this process runs is warm-up (also after a resume)
         self._reset()
 
     def _reset(self) -> None:
-        self._t0 = self._last_end = self._step_start = 0.0
-        self._wait = self._val = 0.0
+        self._t0: float | None = None
+        self._step_start = 0.0
+        self._val = 0.0
         self._samples = self._steps = 0
         self._val_t0: float | None = None
+        self._mid_epoch_start = False
+        self.clock.reset()
+
+    def _start(self, trainer) -> None:
+        _sync(trainer)
+        self._t0 = time.perf_counter()
+        root = trainer.strategy.root_device
+        self.clock.cuda_device = root if root.type == "cuda" else None
+        self.clock.active = True
 
     # ---- training epoch boundaries
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._reset()
-        _sync(trainer)
-        self._t0 = self._last_end = time.perf_counter()
+        self._start(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         now = time.perf_counter()
-        self._wait += now - self._last_end
+        if self._t0 is None:
+            # resumed mid-epoch: Lightning skipped on_train_epoch_start, and this batch was already
+            # fetched; time what this process saw of the epoch, from here
+            self._reset()
+            self._start(trainer)
+            self._mid_epoch_start = True
+            now = self._t0
         self._step_start = now
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -72,12 +106,12 @@ class EpochTimer(pl.Callback):
             self.first_step_s = now - self._step_start
         self._samples += _batch_size(batch)
         self._steps += 1
-        self._last_end = now
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking or trainer.state.fn != "fit":
+        if trainer.sanity_checking or trainer.state.fn != "fit" or self._t0 is None:
             return
         _sync(trainer)
+        self.clock.active = False
         self._val_t0 = time.perf_counter()
 
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -86,9 +120,13 @@ class EpochTimer(pl.Callback):
         _sync(trainer)
         self._val += time.perf_counter() - self._val_t0
         self._val_t0 = None
+        self.clock.active = True
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self._t0 is None:
+            return  # resumed at an epoch's end: no batch of it ran in this process
         _sync(trainer)
+        self.clock.active = False
         samples = self._samples
         if trainer.world_size > 1:
             # the epoch ends when the slowest rank ends (rank 0 reads the clock after the barrier);
@@ -96,57 +134,85 @@ class EpochTimer(pl.Callback):
             trainer.strategy.barrier("epoch_timer")
             samples = int(trainer.strategy.reduce(torch.tensor(float(samples), device=trainer.strategy.root_device), reduce_op="sum"))
         elapsed = time.perf_counter() - self._t0 - self._val
+        wait, transfer = self.clock.data_wait_s(), self.clock.transfer_s()
         epoch = {
             "epoch": trainer.current_epoch,
             "time_s": round(elapsed, 4),
             "samples": samples,
             "samples_per_s": round(samples / elapsed, 2) if elapsed > 0 else 0.0,
-            "data_wait_s": round(self._wait, 4),
+            "data_wait_s": round(wait, 4),
+            "transfer_s": round(transfer, 4),
             "steps": self._steps,
             "val_time_s": round(self._val, 4),
             "warmup": self._fresh,  # the first epoch pays for compile, autotune, worker start-up
         }
-        if isinstance(trainer.num_training_batches, int) and self._steps < trainer.num_training_batches:
+        if self._mid_epoch_start:
+            epoch["resumed"] = True
+        if self._mid_epoch_start or (isinstance(trainer.num_training_batches, int) and self._steps < trainer.num_training_batches):
             epoch["partial"] = True  # stopped early (preemption) or resumed mid-epoch: not a full epoch
-        if self._fresh and self.previous:
-            self.epochs = [e for e in self.previous if e["epoch"] < epoch["epoch"]]
+        tflops = self.flops_per_sample * epoch["samples_per_s"] / 1e12 if self.flops_per_sample else None
+        if tflops is not None:
+            epoch["tflops"] = round(tflops, 6)
         self._fresh = False
+        self._t0 = None
         self.epochs.append(epoch)
         if trainer.logger is not None and trainer.is_global_zero:
-            trainer.logger.log_metrics(
-                {"perf/epoch_time_s": elapsed, "perf/samples_per_s": epoch["samples_per_s"], "perf/data_wait_fraction": self._wait / elapsed if elapsed else 0.0},
-                step=trainer.current_epoch,
-            )
+            scalars = {
+                "perf/epoch_time_s": elapsed,
+                "perf/samples_per_s": epoch["samples_per_s"],
+                "perf/data_wait_fraction": wait / elapsed if elapsed else 0.0,
+                "perf/transfer_fraction": transfer / elapsed if elapsed else 0.0,
+            }
+            if tflops is not None:
+                scalars["perf/tflops"] = tflops
+            trainer.logger.log_metrics(scalars, step=trainer.current_epoch)
         if trainer.is_global_zero:
             log.info(
-                "epoch %d: %.3f s train, %.1f samples/s, data wait %.0f%%, val %.2f s%s",
-                epoch["epoch"], elapsed, epoch["samples_per_s"], 100 * self._wait / elapsed if elapsed else 0, self._val,
-                " (warm-up)" if epoch["warmup"] else "",
+                "epoch %d: %.3f s train, %.1f samples/s, data wait %.0f%%, transfer %.0f%%, val %.2f s%s%s",
+                epoch["epoch"], elapsed, epoch["samples_per_s"], 100 * wait / elapsed if elapsed else 0,
+                100 * transfer / elapsed if elapsed else 0, self._val,
+                " (warm-up)" if epoch["warmup"] else "", " (partial: resumed mid-epoch)" if self._mid_epoch_start else "",
             )
+            if self.on_epoch is not None:
+                self.on_epoch()
 
     # ---- summary
+    def history(self) -> List[Dict[str, Any]]:
+        """Every epoch of this run dir, earlier processes' included, once each."""
+        return merge_epochs(self.previous, self.epochs)
+
     def summary(self, compiled: bool = False) -> Dict[str, Any]:
-        """Medians over the steady epochs (all epochs when only one ran), as metrics.json wants them.
+        """Medians over the steady epochs (all full epochs when none is steady), as metrics.json wants them.
 
         With ``compiled``, ``compile_time_s`` is the first step's time beyond a steady step's: the
         first forward and backward are where torch.compile traces and generates code.
         """
-        full = [e for e in self.epochs if not e.get("partial")]
+        full = [e for e in self.history() if not e.get("partial")]
         steady = [e for e in full if not e["warmup"]] or full
         if not steady:
-            return {"epoch_time_s": None, "samples_per_s": None, "data_wait_fraction": None}
+            return {"epoch_time_s": None, "samples_per_s": None, "data_wait_fraction": None, "transfer_fraction": None}
         total_time = sum(e["time_s"] for e in steady)
         median_time = statistics.median(e["time_s"] for e in steady)
         steps = max(1, statistics.median(e["steps"] for e in steady))
         compile_time = None
         if compiled and self.first_step_s is not None:
             compile_time = round(max(0.0, self.first_step_s - median_time / steps), 3)
+        samples_per_s = statistics.median(e["samples_per_s"] for e in steady)
+
+        def fraction(key: str) -> Optional[float]:
+            if not total_time or any(key not in e for e in steady):
+                return None
+            return round(sum(e[key] for e in steady) / total_time, 4)
+
         return {
             "epoch_time_s": round(median_time, 4),
-            "samples_per_s": round(statistics.median(e["samples_per_s"] for e in steady), 2),
-            "data_wait_fraction": round(sum(e["data_wait_s"] for e in steady) / total_time, 4) if total_time else None,
+            "samples_per_s": round(samples_per_s, 2),
+            "data_wait_fraction": fraction("data_wait_s"),
+            "transfer_fraction": fraction("transfer_s"),
             "steady_epochs": len([e for e in full if not e["warmup"]]),
             "first_step_s": round(self.first_step_s, 4) if self.first_step_s is not None else None,
             "compile_time_s": compile_time,
             "val_time_s": round(statistics.median(e["val_time_s"] for e in steady), 4),
+            "flops_per_sample": self.flops_per_sample,
+            "tflops": round(self.flops_per_sample * samples_per_s / 1e12, 6) if self.flops_per_sample else None,
         }

@@ -37,6 +37,9 @@ class ImageDataModule(pl.LightningDataModule):
         self.classes = None
         # (epoch, batches already trained in it): set by ResumableState for a mid-epoch resume
         self.resume_position: tuple | None = None
+        # the EpochTimer's StepClock: data.device_prefetch copies inside the loader's __next__, and
+        # that time is transfer, not data wait (set by trainer.run)
+        self.step_clock = None
 
     def _workers(self) -> int:
         """data.auto_workers: the cores this node's ranks can spare, one main process each kept free."""
@@ -155,7 +158,7 @@ class ImageDataModule(pl.LightningDataModule):
             return DataLoader(dataset, **kwargs)
         # an asynchronous copy needs page-locked host memory
         kwargs["pin_memory"] = kwargs["pin_memory"] or device.type == "cuda"
-        return DevicePrefetchLoader(dataset, device=device, transfer=self.to_device, **kwargs)
+        return DevicePrefetchLoader(dataset, device=device, transfer=self._prefetch_transfer, **kwargs)
 
     def _train_sampler(self, length: int):
         from .sampler import EpochShuffleSampler
@@ -190,6 +193,17 @@ class ImageDataModule(pl.LightningDataModule):
         if isinstance(batch, EncodedBatch):
             return self.device_decoders[batch.train](batch, device)
         return move_to_device(batch, device)
+
+    def _prefetch_transfer(self, batch, device: torch.device):
+        """``to_device`` as the prefetcher calls it (inside the loader's ``__next__``), timed as transfer."""
+        import time
+
+        t0 = time.perf_counter()
+        try:
+            return self.to_device(batch, device)
+        finally:
+            if self.step_clock is not None:
+                self.step_clock.add_prefetch_transfer(time.perf_counter() - t0)
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         # Lightning's hook; a prefetched batch is already there, and moving it again does nothing

@@ -1,0 +1,115 @@
+"""Numbers a user acts on, each with a planted cause: data wait is time blocked on the loader and
+nothing else, transfer is reported apart, FLOPs and the config that ran are recorded."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from trainer.callbacks.epoch_timer import merge_epochs
+
+SLOW_DATA = ["data=custom", "data.dataset._target_=probe.SlowDataset", "+data.dataset.n=64", "+data.dataset.sleep_ms=10", "data.val_samples=0", "trainer.limit_val_batches=0"]
+USER_MODULE = ["model._target_=probe.SlowTransferModule", "~model.width"]
+
+
+def _with_callback(callback):
+    """Run the Trainer with one extra callback (what a user's own callback would be)."""
+    import pytorch_lightning as pl
+
+    original = pl.Trainer.__init__
+
+    def init(self, *a, callbacks=None, **kw):
+        original(self, *a, callbacks=list(callbacks or []) + [callback], **kw)
+
+    return original, init
+
+
+def test_a_dataset_that_sleeps_is_data_wait_and_input_bound(train):
+    m, _ = train(*SLOW_DATA, "trainer.max_epochs=2")
+    assert m["data_wait_fraction"] >= 0.8, m["epochs"]
+    assert m["transfer_fraction"] < 0.1
+    assert m["diagnosis"]["bottleneck"] == "input pipeline"
+
+
+def test_a_slow_transfer_is_transfer_not_data_wait(train):
+    m, _ = train(*USER_MODULE, "+model.sleep_ms=40", "trainer.max_epochs=2")
+    assert m["data_wait_fraction"] <= 0.1, m["epochs"]
+    assert m["transfer_fraction"] >= 0.7, m["epochs"]
+    d = m["diagnosis"]
+    assert d["bottleneck"] == "host-device transfer" and "on_after_batch_transfer" in d["verdict"], d
+    assert not any(s.startswith("data.num_workers") for s in d["try"])
+
+
+def test_batch_end_work_of_a_callback_is_neither_data_wait_nor_transfer(train):
+    import pytorch_lightning as pl
+    from probe import SlowBatchEndCallback
+
+    original, init = _with_callback(SlowBatchEndCallback(sleep_ms=40))
+    pl.Trainer.__init__ = init
+    try:
+        m, _ = train("trainer.max_epochs=2")
+    finally:
+        pl.Trainer.__init__ = original
+    steady = [e for e in m["epochs"] if not e["warmup"]]
+    assert steady and steady[0]["time_s"] >= 8 * 0.04  # the sleep is in the epoch ...
+    assert m["data_wait_fraction"] <= 0.1 and m["transfer_fraction"] <= 0.1, m["epochs"]  # ... but in neither part
+    assert m["diagnosis"]["bottleneck"] != "input pipeline"
+
+
+def test_flops_per_sample_tflops_and_no_mfu_on_cpu(train):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from trainer.models.tiny import TinyCNN
+
+    m, _ = train("trainer.max_epochs=2", "model.width=8")
+    net = TinyCNN(num_classes=10, width=8)
+    import torch
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        net(torch.randn(1, 3, 16, 16)).sum().backward()
+    assert m["flops_per_sample"] == counter.get_total_flops() > 0
+    assert m["tflops"] == pytest.approx(m["flops_per_sample"] * m["samples_per_s"] / 1e12, rel=1e-3)
+    assert m["mfu"] is None and m["peak_flops"] is None  # no peak is known for a CPU
+    assert all("tflops" in e for e in m["epochs"])
+
+
+def test_mfu_arithmetic():
+    from trainer.flops import mfu
+
+    assert mfu(400.0, 989e12, 1) == pytest.approx(0.4044, abs=1e-4)
+    assert mfu(400.0, 989e12, 2) == pytest.approx(0.2022, abs=1e-4)
+    assert mfu(None, 989e12, 1) is None and mfu(1.0, None, 1) is None
+
+
+def test_hydra_config_records_what_ran(tmp_path):
+    from conftest import TINY, run_cli
+
+    run_dir = tmp_path / "run"
+    from PIL import Image
+
+    root = tmp_path / "imgs"
+    for c in range(3):
+        (root / f"class{c}").mkdir(parents=True)
+        for i in range(12):
+            Image.new("RGB", (20, 20), (80 * c, 10 * i, 40)).save(root / f"class{c}" / f"{i}.jpg")
+    r = run_cli(f"hydra.run.dir={run_dir}", *TINY, "data=imagefolder", f"data.root={root}", "data.batch_size=auto", "batch_finder.max_batch_size=16", "lr_scaling=linear", "optim.lr=0.1", "optim.ref_batch_size=8")
+    assert r.returncode == 0, r.stderr[-3000:]
+    saved = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    import json
+
+    m = json.loads((run_dir / "metrics.json").read_text())
+    assert isinstance(saved["data"]["batch_size"], int) and saved["data"]["batch_size"] == m["batch_size"] != "auto"
+    assert saved["optim"]["lr"] == pytest.approx(m["lr"]) and m["lr"] == pytest.approx(0.1 * m["batch_size"] / 8)
+    assert saved["data"]["num_classes"] == 3  # the folder's classes, not the default 10
+    assert m["flags"]["data.batch_size"] == "auto"  # what was asked stays in flags
+
+
+def test_merge_keeps_each_epoch_once_full_beats_partial_newer_beats_older():
+    old = [{"epoch": 0, "time_s": 1.0}, {"epoch": 1, "time_s": 1.1}, {"epoch": 2, "time_s": 0.4, "partial": True}]
+    new = [{"epoch": 1, "time_s": 0.3, "partial": True, "resumed": True}, {"epoch": 2, "time_s": 1.2}, {"epoch": 3, "time_s": 1.3}]
+    merged = merge_epochs(old, new)
+    assert [e["epoch"] for e in merged] == [0, 1, 2, 3]
+    assert merged[1]["time_s"] == 1.1 and merged[2]["time_s"] == 1.2  # the full records
+    again = merge_epochs(merged, [{"epoch": 3, "time_s": 1.25}])
+    assert again[3]["time_s"] == 1.25
