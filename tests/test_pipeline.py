@@ -40,7 +40,7 @@ def test_gpu_normalize_ships_uint8_and_the_model_normalizes(compose, train, tmp_
 
     probe.SEEN.clear()
     m, _ = train("data.gpu_normalize=true", "model._target_=probe.ProbeNet", "~model.width")
-    assert m["status"] == "ok" and all(s["input_dtype"] == torch.float32 for s in probe.SEEN)  # converted on the device
+    assert m["status"] == "ok" and probe.SEEN and all(s["input_dtype"] == torch.float32 for s in probe.SEEN)  # converted on the device
     assert m["flags"]["data.gpu_normalize"] is True
 
 
@@ -247,11 +247,13 @@ def test_pack_and_train_from_packed(tmp_path, train):
 
 
 def test_packed_shards_exactly_across_ranks_and_workers(tmp_path):
-    """Every sample once per epoch across 2 ranks x 2 workers (what Lightning's DistributedSampler does)."""
+    """Every sample once per epoch across 2 ranks x 2 workers, with the product's own sampler as
+    Lightning wraps it under DDP (DistributedSamplerWrapper around EpochShuffleSampler)."""
+    from lightning_fabric.utilities.distributed import DistributedSamplerWrapper
     from torch.utils.data import DataLoader
-    from torch.utils.data.distributed import DistributedSampler
 
     from trainer.data.packed import PackedImages
+    from trainer.data.sampler import EpochShuffleSampler
     from trainer.pack import pack
 
     src = _jpeg_folder(tmp_path / "imgs", per_class=8)
@@ -262,12 +264,19 @@ def test_packed_shards_exactly_across_ranks_and_workers(tmp_path):
             return i
 
     dataset = Indexed(str(tmp_path / "p"), 16, True, True, True)
-    seen = []
-    for rank in range(2):
-        sampler = DistributedSampler(dataset, num_replicas=2, rank=rank, shuffle=True, seed=3, drop_last=False)
-        sampler.set_epoch(1)
-        seen += [int(i) for batch in DataLoader(dataset, batch_size=3, sampler=sampler, num_workers=2) for i in batch]
-    assert sorted(seen) == list(range(len(dataset)))
+    orders = []
+    for epoch in (1, 2):
+        seen, per_rank = [], []
+        for rank in range(2):
+            sampler = DistributedSamplerWrapper(EpochShuffleSampler(len(dataset), seed=3), num_replicas=2, rank=rank, shuffle=False, drop_last=False)
+            sampler.set_epoch(epoch)
+            got = [int(i) for batch in DataLoader(dataset, batch_size=3, sampler=sampler, num_workers=2) for i in batch]
+            per_rank.append(got)
+            seen += got
+        # padding may repeat a sample to even out the ranks, never more than one per rank
+        assert set(seen) == set(range(len(dataset))) and len(seen) - len(dataset) < 2
+        orders.append(per_rank[0])
+    assert orders[0] != orders[1]  # reshuffled per epoch through the wrapper
 
 
 def test_data_only_benchmark_runs(tmp_path):

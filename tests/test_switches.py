@@ -31,7 +31,8 @@ def test_amp_autocasts_to_bf16_on_cpu(train):
 
 def test_amp_dtype_bf16_explicit(train):
     metrics, _ = train(*PROBE, "amp=true", "amp_dtype=bf16")
-    assert all(s["conv_out_dtype"] == torch.bfloat16 for s in training_snapshots())
+    seen = training_snapshots()
+    assert seen and all(s["conv_out_dtype"] == torch.bfloat16 for s in seen)
     assert metrics["flags"]["amp_dtype"] == "bf16"
 
 
@@ -115,7 +116,8 @@ def test_tf32_and_cudnn_benchmark_reach_the_forward_pass(train):
     assert seen and all(s["matmul_precision"] == "high" and s["cudnn_benchmark"] for s in seen)
     probe.SEEN.clear()
     metrics, _ = train(*PROBE)
-    assert all(s["matmul_precision"] == "highest" and not s["cudnn_benchmark"] for s in training_snapshots())
+    seen = training_snapshots()
+    assert seen and all(s["matmul_precision"] == "highest" and not s["cudnn_benchmark"] for s in seen)
     assert metrics["flags"]["tf32"] is False and metrics["flags"]["cudnn_benchmark"] is False
 
 
@@ -134,7 +136,8 @@ def test_memory_snapshot_needs_cuda_and_says_so(train, caplog):
 
 def test_strategy_ddp_initializes_a_process_group(train):
     metrics, _ = train(*PROBE, "strategy=ddp", "devices=1")
-    assert all(s["distributed"] for s in training_snapshots())
+    seen = training_snapshots()
+    assert seen and all(s["distributed"] for s in seen)
     assert metrics["status"] == "ok" and metrics["flags"]["strategy"] == "ddp"
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
@@ -142,7 +145,8 @@ def test_strategy_ddp_initializes_a_process_group(train):
 
 def test_strategy_fsdp2_shards_the_model(train):
     metrics, _ = train(*PROBE, "strategy=fsdp2", "devices=1")
-    assert all(s["distributed"] and s["module_class"] == "FSDPProbeNet" for s in training_snapshots())
+    seen = training_snapshots()
+    assert seen and all(s["distributed"] and s["module_class"] == "FSDPProbeNet" for s in seen)
     assert metrics["status"] == "ok" and metrics["flags"]["strategy"] == "fsdp2"
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
@@ -155,7 +159,26 @@ def test_fsdp_without_gpu_names_fsdp2(train):
         train(*PROBE, "strategy=fsdp")
 
 
-def test_every_spec_flag_is_recorded(train):
-    metrics, _ = train(*PROBE)
-    for flag in ("amp", "amp_dtype", "compile", "compile_mode", "channels_last", "accumulate", "strategy", "devices", "num_nodes", "profile", "tf32", "cudnn_benchmark"):
-        assert flag in metrics["flags"]
+def _readme_switchboard_flags() -> list:
+    """The flags the README's switchboard table promises (the first column of its rows)."""
+    import re
+
+    from conftest import ROOT
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## The switchboard") : text.index("## Recipes")]
+    return re.findall(r"^\| `([a-z_.]+)` \|", section, flags=re.M)
+
+
+def test_every_readme_flag_is_recorded_as_it_was_set(train):
+    flags = _readme_switchboard_flags()
+    assert len(flags) >= 12 and "amp" in flags and "cudnn_benchmark" in flags
+    from trainer.config import FLAG_KEYS
+
+    assert not set(flags) - set(FLAG_KEYS), set(flags) - set(FLAG_KEYS)
+    # non-default values, so a recorder that wrote defaults (or nothing) fails
+    given = {"channels_last": True, "accumulate": 2, "tf32": True, "cudnn_benchmark": True, "compile_mode": "reduce-overhead",
+             "optim.zero_grad_to_none": False, "lr_scaling": "sqrt", "optim.fused": "foreach"}
+    metrics, _ = train(*PROBE, *[f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in given.items()])
+    assert not set(flags) - set(metrics["flags"])
+    assert {k: metrics["flags"][k] for k in given} == given
