@@ -125,3 +125,13 @@ def test_tensorboard_serves_the_profile_and_the_scalars(train):
     finally:
         tb.terminate()
         tb.wait(timeout=30)
+
+
+def test_transfer_fraction_alone_gives_a_transfer_verdict():
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.02, "transfer_fraction": 0.35}, system={"gpu0/util": 90.0}, hardware=H100, flags={}, data={"pin_memory": False}, is_convnet=True)
+    assert d["bottleneck"] == "host-device transfer" and d["try"] == ["data.pin_memory=true", "data.gpu_normalize=true", "data.device_prefetch=true"]
+    assert "35% of training time" in d["verdict"] and d["evidence"]["transfer_fraction"] == 0.35
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.02, "transfer_fraction": 0.35}, system={}, hardware=CPU, flags={}, data={"gpu_normalize": True}, is_convnet=True)
+    assert d["bottleneck"] == "host-device transfer" and d["try"] == ["data.gpu_normalize=false"]
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.02, "transfer_fraction": 0.05}, system={}, hardware=CPU, flags={}, data={}, is_convnet=True)
+    assert d["bottleneck"] == "compute"

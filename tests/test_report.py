@@ -122,6 +122,15 @@ def test_repeats_fold_into_one_row_with_their_spread(tmp_path):
     assert [r["job"] for r in rows] == ["0,2,4", "1,3,5"] and [r["repeats"] for r in rows] == [3, 3]
     assert rows[0]["spread_s"] == "0.985-1.045"  # min-max of the repeats' medians
     assert rows[1]["speedup"] == pytest.approx(1.005 / 0.8040, abs=0.01) and "within noise" not in rows[1]["notes"]
+    lo, hi = (float(x) for x in rows[1]["speedup_ci"].split("-"))
+    assert lo <= rows[1]["speedup"] <= hi
+
+
+def test_the_same_settings_from_two_sweeps_are_compared_not_folded(tmp_path):
+    _steady(tmp_path / "monday", "0", {}, [1.0, 1.0], overrides=["seed=1"])
+    _steady(tmp_path / "tuesday", "0", {}, [0.5, 0.5], overrides=["seed=1"])
+    _, rows, _ = report.build_rows(report.load_jobs([str(tmp_path / "monday"), str(tmp_path / "tuesday")]))
+    assert [r["job"] for r in rows] == ["monday/0", "tuesday/0"] and rows[1]["speedup"] == 2.0
 
 
 def test_seed_sweep_folds_too_and_names_stay_unique_across_sweeps(tmp_path):

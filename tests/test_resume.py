@@ -251,3 +251,8 @@ def test_a_failed_resume_does_not_overwrite_a_finished_result(compose, tmp_path)
     assert (out / "metrics.json").read_text() == before
     assert json.loads((out / "metrics.failed.json").read_text())["status"] == "failed"
     assert (out / "checkpoints" / "last.ckpt").exists()
+    # a resume that finds its checkpoint and then fails before training an epoch (here: a model that
+    # cannot run) knows the finished epochs already; it still must not replace the result
+    with pytest.raises(ConfigError, match="cannot take"):
+        run(compose(*TINY, "checkpoint.enabled=true", "ckpt_path=last", "model._target_=probe.ProbeNet", "~model.width", "+model.fail_in_forward=true"), str(out))
+    assert (out / "metrics.json").read_text() == before

@@ -35,6 +35,8 @@ def test_a_slow_transfer_is_transfer_not_data_wait(train):
     m, _ = train(*USER_MODULE, "+model.sleep_ms=40", "trainer.max_epochs=2")
     assert m["data_wait_fraction"] <= 0.1, m["epochs"]
     assert m["transfer_fraction"] >= 0.7, m["epochs"]
+    steady = [e for e in m["epochs"] if not e["warmup"]]
+    assert steady and steady[0]["transfer_s"] <= steady[0]["time_s"] and steady[0]["val_time_s"] >= 2 * 0.04  # 16 val samples = 2 batches, timed apart
     d = m["diagnosis"]
     assert d["bottleneck"] == "host-device transfer" and "on_after_batch_transfer" in d["verdict"], d
     assert not any(s.startswith("data.num_workers") for s in d["try"])

@@ -59,16 +59,16 @@ def write(path: str, metrics: Dict[str, Any]) -> str:
     """Atomically write ``metrics`` to ``path``; return the path actually written.
 
     An ``ok`` result on disk is replaced by a ``running``/``failed`` one only when the new record
-    holds every epoch the old one did (a resumed run training on: its journal carries the whole
-    history, and the old summary is kept under ``previous_result``); otherwise the new record goes
-    to ``metrics.failed.json`` beside it (a bad resume must not lose a result).
+    holds every epoch the old one did and more (a resumed run that trained on: its journal carries
+    the whole history, and the old summary is kept under ``previous_result``); otherwise the new
+    record goes to ``metrics.failed.json`` beside it (a bad resume must not lose a result).
     """
     if metrics.get("status") != "ok":
         old = _ok_result(path)
         if old is not None:
             old_epochs = {e.get("epoch") for e in old.get("epochs") or []}
             new_epochs = {e.get("epoch") for e in metrics.get("epochs") or []}
-            if old_epochs and old_epochs <= new_epochs:
+            if old_epochs and old_epochs < new_epochs:  # it trained on: a strict superset of the result's epochs
                 metrics = dict(metrics, previous_result=old.get("previous_result") or {k: old.get(k) for k in _RESULT_KEYS})
             else:
                 path = os.path.join(os.path.dirname(path), "metrics.failed.json")

@@ -87,10 +87,11 @@ class Row:
         return [t for t in (j.steady_times() for j in self.jobs) if t]
 
     def epoch_time(self) -> Optional[float]:
+        """The job's epoch_time_s; for repeats, the median of their pooled steady epochs (what speedup_ci resamples)."""
         if len(self.jobs) == 1:
             return self.first.metrics.get("epoch_time_s")
-        medians = [j.metrics.get("epoch_time_s") for j in self.jobs if j.metrics.get("epoch_time_s")]
-        return round(statistics.median(medians), 4) if medians else None
+        pooled = [t for times in self.samples() for t in times]
+        return round(statistics.median(pooled), 4) if pooled else None
 
     def median_of(self, key: str) -> Optional[float]:
         values = [j.metrics.get(key) for j in self.jobs if j.metrics.get(key) is not None]
@@ -196,13 +197,19 @@ def fold_repeats(jobs: List[Job], varied: List[str]) -> List[Row]:
     """Finished jobs whose settings differ only in seed/repeat share a row; any other job is a row of its own."""
     rows: List[Row] = []
     by_key: Dict[str, Row] = {}
+    several_sweeps = len({j.path.resolve().parent for j in jobs}) > 1
+    repeat_keys = [k for k in varied if k in REPEAT_KEYS]
     for job in jobs:
-        if not job.ok:
+        if not job.ok or not repeat_keys:
             rows.append(Row([job]))
             continue
-        key = json.dumps({k: job.settings.get(k, _off_value(k)) for k in varied if k not in REPEAT_KEYS}, sort_keys=True, default=str)
-        if key in by_key:
-            by_key[key].jobs.append(job)
+        # same settings from two sweeps (two days, before/after a change) are a comparison, not repeats
+        where = str(job.path.resolve().parent) if several_sweeps else ""
+        key = json.dumps([where, {k: job.settings.get(k, _off_value(k)) for k in varied if k not in REPEAT_KEYS}], sort_keys=True, default=str)
+        which = [job.settings.get(k) for k in repeat_keys]
+        row = by_key.get(key)
+        if row is not None and all([j.settings.get(k) for k in repeat_keys] != which for j in row.jobs):
+            row.jobs.append(job)
         else:
             by_key[key] = Row([job])
             rows.append(by_key[key])
@@ -399,7 +406,7 @@ def to_png(path: Path, columns: List[str], rows: List[dict]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    varied = [c for c in columns[1 : columns.index("epoch_time_s")] if c != "world_size" or len({r.get(c) for r in rows}) > 1]
+    varied = [c for c in columns[1 : columns.index("epoch_time_s")] if c != "repeats" and (c != "world_size" or len({r.get(c) for r in rows}) > 1)]
     labels = [_label(r, varied) for r in rows]
     times = [r["epoch_time_s"] or 0.0 for r in rows]
     lines = sum(max(1, label.count("\n") + 1) for label in labels)

@@ -163,10 +163,12 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
     status, error = "ok", None
     notes: Dict[str, Any] = {}
 
-    def result(status: str, error: Optional[str]) -> Dict[str, Any]:
+    def result(status: str, error: Optional[str], train_loss: bool = True) -> Dict[str, Any]:
         summary = timer.summary(compiled=bool(cfg.compile))
         devices = trainer.world_size if trainer else 1
         summary["mfu"] = mfu(summary.get("tflops"), peak_flops, devices)
+        # nothing trained in this process (resumed at the very end): the last record's readings stand
+        earlier = previous if (previous and not timer.epochs) else {}
         return metrics_mod.build(
             status=status,
             error=error,
@@ -175,9 +177,9 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
             device={"accelerator": hw.accelerator, "name": hw.name, "count": devices} if hw else None,
             epochs=timer.history(),
             summary=summary,
-            peak_memory=peak.result_mb if peak else None,
-            train_loss=_metric(trainer, "train/loss_epoch"),
-            val_acc=_metric(trainer, "val/acc"),
+            peak_memory=earlier.get("peak_memory_mb") if earlier else (peak.result_mb if peak else None),
+            train_loss=earlier.get("train_loss") if earlier else (_metric(trainer, "train/loss_epoch") if train_loss else None),
+            val_acc=earlier.get("val_acc") if earlier else _metric(trainer, "val/acc"),
             extra={
                 "precision": plan.precision if plan else None,
                 "batch_size": cfg.data.batch_size,
@@ -199,7 +201,9 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
 
     def journal() -> None:
         """After every epoch (rank 0): the run so far, so a kill loses at most the epoch in flight."""
-        metrics_mod.write(metrics_path, result("running", None))
+        # train_loss: Lightning reduces the epoch's loss only after the epoch-end callbacks, so a
+        # running record leaves it out rather than show the previous epoch's value
+        metrics_mod.write(metrics_path, result("running", None, train_loss=False))
 
     timer = EpochTimer(on_epoch=journal)
     try:

@@ -197,3 +197,12 @@ def test_nvml_readings_reach_the_doctor(train):
 def test_batch_size_auto_searches_device_memory(train):
     m, _ = train(*GPU, "data.batch_size=auto", "batch_finder.max_batch_size=64", "data.num_samples=256")
     assert m["status"] == "ok" and m["batch_size"] == 64 and "cap" in m["batch_size_reason"]
+
+
+def test_compute_bound_gpu_run_is_not_called_input_bound(train):
+    """Pageable copies wait for the previous step's kernels: that wait is compute, not data wait or transfer."""
+    m, _ = train(*GPU, "data.pin_memory=false", "data.num_samples=2048", "data.batch_size=256", "data.image_size=64", "model.width=96", "trainer.max_epochs=2")
+    assert m["data_wait_fraction"] < 0.25 and m["transfer_fraction"] is not None, m["epochs"]
+    assert m["diagnosis"]["bottleneck"] != "input pipeline", m["diagnosis"]
+    assert m["tflops"] and m["tflops"] > 0
+    assert m["peak_flops"] is None or 0 < m["mfu"] < 1  # a GPU Lightning's table does not list has no peak

@@ -5,8 +5,9 @@ things with profiler actions, and nothing else:
 
 - ``[_TrainingEpochLoop].train_dataloader_next``: the loader's ``__next__`` (the data fetcher's own
   hook point). Time here is **data wait**: the step could not start because no batch was ready.
-- ``[Strategy]<Name>.batch_to_device``: ``transfer_batch_to_device`` plus ``on_before/after_batch_transfer``
+- ``[Strategy]<Name>.batch_to_device``: ``transfer_batch_to_device`` plus ``on_after_batch_transfer``
   (copy to the device, nvJPEG decode, uint8 -> float normalize). Time here is **transfer**.
+  (``on_before_batch_transfer`` runs on the host before this action: it counts as the rest.)
 
 The gap between one batch's end and the next batch's start, which the timer used before, also holds
 every later callback's batch-end work (checkpoint saves, profiler export), Lightning's logging and
