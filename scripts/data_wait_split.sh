@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
 sweep=multirun/data-wait-split-$(date +%Y%m%d-%H%M%S)
 out=${OUT:-scripts/results/data_wait_split}
+mkdir -p multirun
 "$py" train.py -m hydra.sweep.dir="$sweep" data=builtin data.image_size=64 data.batch_size=32 model.width=16 \
   trainer.max_epochs=4 trainer.limit_val_batches=4 checkpoint.enabled=false \
   data.num_workers=0,1 data.pin_memory=false,true repeats=2 "$@" > "$sweep.log" 2>&1
@@ -22,7 +23,7 @@ for m in sorted(sweep.rglob("metrics.json")):
     steady = [e for e in r["epochs"] if not e["warmup"] and not e.get("partial")]
     t = sum(e["time_s"] for e in steady)
     rows.append({
-        "job": m.parent.name, "num_workers": r["flags"]["data.num_workers"], "pin_memory": "data.pin_memory=true" in r["overrides"],
+        "job": m.parent.name, "num_workers": r["flags"]["data.num_workers"], "pin_memory": "data.pin_memory=true" in [o.lower() for o in r["overrides"]],
         "epoch_time_s": r["epoch_time_s"], "data_wait_fraction": r["data_wait_fraction"], "transfer_fraction": r["transfer_fraction"],
         "rest_fraction": round(1 - (sum(e["data_wait_s"] + e["transfer_s"] for e in steady) / t), 4) if t else None,
         "bottleneck": (r.get("diagnosis") or {}).get("bottleneck"),
