@@ -89,3 +89,15 @@ def test_a_tiny_run_on_real_jpegs_learns(tmp_path):
     m = read_metrics(run_dir)
     assert m["status"] == "ok" and m["val_acc"] is not None
     assert m["val_acc"] >= 0.4, m
+
+
+def test_repeats_run_every_configuration_interleaved_and_fold_into_rows(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = run_cli("-m", f"hydra.sweep.dir={sweep}", "channels_last=false,true", "repeats=2", "trainer.max_epochs=3", "data.num_samples=64", "data.image_size=16", "checkpoint.enabled=false")
+    assert r.returncode == 0, r.stderr[-3000:]
+    order = [(read_metrics(sweep / str(i))["flags"]["channels_last"], read_metrics(sweep / str(i))["overrides"][0]) for i in range(4)]
+    assert order == [(False, "repeat=0"), (True, "repeat=0"), (False, "repeat=1"), (True, "repeat=1")]  # interleaved
+    table = (sweep / "ab_report.md").read_text()
+    assert "| 0,2 | false |" in table and "| 1,3 | true |" in table and "| repeats |" in table.replace("| world_size | repeats |", "| repeats |")
+    r = run_cli("repeats=2", "trainer.max_epochs=1")
+    assert r.returncode == 2 and "add -m" in r.stderr and "Traceback" not in r.stderr
