@@ -1,0 +1,99 @@
+"""Destructive mistakes: nothing a user owns is deleted or overwritten by any command of ours."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+
+def _jpegs(root: Path, classes=("a", "b"), per_class=4) -> Path:
+    for i, cls in enumerate(classes):
+        (root / cls).mkdir(parents=True)
+        for j in range(per_class):
+            Image.new("RGB", (24, 24), (90 * i, 30 * j, 60)).save(root / cls / f"{j}.jpg")
+    return root
+
+
+def _pack(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainer.pack", *args, "--size", "16"], capture_output=True, text=True, timeout=300)
+
+
+def _snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_pack_refuses_a_folder_holding_the_users_files(tmp_path):
+    src = _jpegs(tmp_path / "src")
+    important = tmp_path / "important"
+    important.mkdir()
+    (important / "thesis.tex").write_text("years of work")
+    r = _pack(str(src), str(important))
+    assert r.returncode == 2 and "already holds files" in r.stderr and "Traceback" not in r.stderr
+    assert (important / "thesis.tex").read_text() == "years of work" and len(list(important.iterdir())) == 1
+    assert not list(tmp_path.glob(".pack-*"))  # no temp dir left behind
+
+
+def test_pack_refuses_to_overwrite_a_packed_dataset_a_file_or_a_folder_inside_src(tmp_path):
+    src = _jpegs(tmp_path / "src")
+    assert _pack(str(src), str(tmp_path / "packed")).returncode == 0
+    before = _snapshot(tmp_path / "packed")
+    r = _pack(str(src), str(tmp_path / "packed"))
+    assert r.returncode == 2 and "already holds a packed dataset" in r.stderr and _snapshot(tmp_path / "packed") == before
+    (tmp_path / "notes.txt").write_text("mine")
+    r = _pack(str(src), str(tmp_path / "notes.txt"))
+    assert r.returncode == 2 and "not a folder" in r.stderr and (tmp_path / "notes.txt").read_text() == "mine"
+    src_before = _snapshot(src)
+    for inside in (src, src / "packed"):
+        r = _pack(str(src), str(inside))
+        assert r.returncode == 2 and "SRC" in r.stderr and "Traceback" not in r.stderr
+    assert _snapshot(src) == src_before
+
+
+def test_pack_into_an_empty_folder_works(tmp_path):
+    src = _jpegs(tmp_path / "src")
+    (tmp_path / "empty").mkdir()
+    r = _pack(str(src), str(tmp_path / "empty"))
+    assert r.returncode == 0, r.stderr
+    assert {p.name for p in (tmp_path / "empty").iterdir()} == {"images.npy", "labels.npy", "meta.json"}
+
+
+def test_pack_keeps_a_train_val_split(tmp_path, train):
+    import json
+
+    src = tmp_path / "src"
+    _jpegs(src / "train", classes=("cat", "dog", "eel"), per_class=4)
+    _jpegs(src / "val", classes=("dog", "eel"), per_class=2)  # a class missing from val keeps train's numbering
+    r = _pack(str(src), str(tmp_path / "packed"))
+    assert r.returncode == 0, r.stderr
+    assert "train 12, val 4" in r.stdout
+    train_meta = json.loads((tmp_path / "packed" / "train" / "meta.json").read_text())
+    val_meta = json.loads((tmp_path / "packed" / "val" / "meta.json").read_text())
+    assert train_meta["classes"] == val_meta["classes"] == ["cat", "dog", "eel"]  # not two classes "train" and "val"
+    import numpy as np
+
+    assert sorted(set(np.load(tmp_path / "packed" / "val" / "labels.npy").tolist())) == [1, 2]
+    m, _ = train("data=packed", f"data.root={tmp_path / 'packed'}", "data.image_size=16", "data.batch_size=4")
+    assert m["status"] == "ok" and m["epochs"][0]["samples"] == 12
+
+
+def test_pack_removes_only_its_own_stale_temp_dir(tmp_path):
+    src = _jpegs(tmp_path / "src")
+    stale, foreign = tmp_path / ".pack-stale", tmp_path / ".pack-not-ours"
+    stale.mkdir()
+    (stale / ".trainer-pack-in-progress").write_text("999999999")  # a pack that was killed: its PID is gone
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("not ours")
+    assert _pack(str(src), str(tmp_path / "packed")).returncode == 0
+    assert not stale.exists() and (foreign / "keep.txt").read_text() == "not ours"
+
+
+def test_pack_names_an_undecodable_file_and_writes_nothing(tmp_path):
+    src = _jpegs(tmp_path / "src")
+    (src / "a" / "broken.jpg").write_bytes(b"\xff\xd8 not really")
+    r = _pack(str(src), str(tmp_path / "packed"))
+    assert r.returncode == 2 and "broken.jpg" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "packed").exists() and not list(tmp_path.glob(".pack-*"))
