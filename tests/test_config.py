@@ -89,3 +89,22 @@ def test_bad_input_reaches_the_user_without_a_traceback(tmp_path, args, expected
     assert expected in r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     assert "HYDRA_FULL_ERROR" not in r.stderr
+
+
+@pytest.mark.parametrize("override", [
+    "trainer.limit_train_batches=null", "trainer.limit_val_batches=null", "trainer.deterministic=warn", "trainer.num_sanity_val_steps=-1",
+    "trainer.check_val_every_n_epoch=null", "trainer.log_every_n_steps=0", "trainer.gradient_clip_val=1", "trainer.max_epochs=0",
+])
+def test_every_value_lightning_accepts_is_accepted(train, override):
+    m, _ = train(override)
+    assert m["status"] == "ok", m["error"]
+
+
+def test_train_until_stopped_needs_a_constant_schedule(compose):
+    from trainer.config import check_overrides, validate
+    from trainer.errors import ConfigError
+
+    check_overrides(["trainer.max_epochs=-1", "trainer.max_epochs=null"], [])
+    with pytest.raises(ConfigError, match="sched.name=constant"):
+        validate(compose("trainer.max_epochs=-1"))
+    validate(compose("trainer.max_epochs=-1", "sched.name=constant"))

@@ -97,3 +97,43 @@ def test_pack_names_an_undecodable_file_and_writes_nothing(tmp_path):
     r = _pack(str(src), str(tmp_path / "packed"))
     assert r.returncode == 2 and "broken.jpg" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "packed").exists() and not list(tmp_path.glob(".pack-*"))
+
+
+def test_a_finished_run_dir_is_resumed_never_trained_over(tmp_path):
+    from conftest import TINY, run_cli
+
+    run_dir = tmp_path / "run"
+    assert run_cli(f"hydra.run.dir={run_dir}", *TINY, "checkpoint.enabled=true").returncode == 0
+    before = _snapshot(run_dir / "checkpoints"), (run_dir / "metrics.json").read_text()
+    r = run_cli(f"hydra.run.dir={run_dir}", *TINY, "checkpoint.enabled=true")
+    assert r.returncode == 2 and "hydra.run.dir" in r.stderr and "ckpt_path=last" in r.stderr and "Traceback" not in r.stderr
+    assert (_snapshot(run_dir / "checkpoints"), (run_dir / "metrics.json").read_text()) == before
+
+
+def test_a_second_sweep_into_the_same_sweep_dir_is_refused(tmp_path):
+    from conftest import TINY, run_cli
+
+    sweep = tmp_path / "sweep"
+    assert run_cli("-m", f"hydra.sweep.dir={sweep}", *TINY, "amp=false,true").returncode == 0
+    before = _snapshot(sweep)
+    r = run_cli("-m", f"hydra.sweep.dir={sweep}", *TINY, "channels_last=false,true")
+    assert r.returncode == 2 and "hydra.sweep.dir" in r.stderr and "Traceback" not in r.stderr
+    assert _snapshot(sweep) == before
+
+
+def test_the_cache_never_writes_into_a_folder_of_the_users(tmp_path):
+    import hashlib
+
+    from trainer.data.cache import cached_copy
+    from trainer.errors import ConfigError
+
+    src = _jpegs(tmp_path / "src")
+    name = f"src-{hashlib.sha1(str(src.resolve()).encode()).hexdigest()[:8]}"
+    users = tmp_path / "cache" / name
+    (users / "a").mkdir(parents=True)
+    (users / "a" / "0.jpg").write_bytes(b"the user's own file")
+    with pytest.raises(ConfigError, match="did not write"):
+        cached_copy(str(src), str(tmp_path / "cache"))
+    assert (users / "a" / "0.jpg").read_bytes() == b"the user's own file"
+    copy = cached_copy(str(src), str(tmp_path / "other-cache"))  # a fresh cache dir: copied, and reused after
+    assert cached_copy(str(src), str(tmp_path / "other-cache")) == copy and (Path(copy) / "a" / "0.jpg").exists()

@@ -92,6 +92,24 @@ def expand_repeats(argv: List[str]) -> List[str]:
     return rest[:first] + [f"repeat=range({n})"] + rest[first:]
 
 
+def check_sweep_dir(argv: List[str], overrides: List[str]) -> None:
+    """A second sweep into a sweep dir that holds finished jobs or a report is refused (unless it resumes them)."""
+    if not any(a in ("-m", "--multirun") for a in argv):
+        return
+    given = dict(ov.split("=", 1) for ov in overrides if "=" in ov)
+    sweep_dir = given.get("hydra.sweep.dir")
+    if not sweep_dir or "${" in sweep_dir or given.get("ckpt_path"):
+        return
+    root = Path(sweep_dir)
+    held = [p for p in (root / "ab_report.md", *sorted(root.glob("*/metrics.json"))) if p.exists()]
+    if held:
+        raise ConfigError(
+            f"'hydra.sweep.dir={sweep_dir}' already holds an earlier sweep ({held[0].relative_to(root)}"
+            f"{f' and {len(held) - 1} more' if len(held) > 1 else ''}); a second sweep would overwrite its jobs and report. "
+            "Choose a new sweep dir, rebuild the old report with python -m trainer.report, or resume its jobs with ckpt_path=last. Nothing was changed."
+        )
+
+
 def fail(message: str, code: int = ConfigError.exit_code) -> None:
     print(f"\nerror: {message}\n", file=sys.stderr)
     sys.exit(code)
@@ -133,7 +151,9 @@ def task(cfg) -> None:
             # (run() rewrites it again once the batch size, lr and class count are settled).
             OmegaConf.save(cfg, config_path, resolve=True)
         from .launch import launch, needs_launch
+        from .run import refuse_finished_run_dir
 
+        refuse_finished_run_dir(out_dir, cfg.ckpt_path, "hydra.sweep.dir" if multirun else "hydra.run.dir")
         if needs_launch(cfg):
             # check the config once here, not once per rank
             from . import hardware, switchboard
@@ -179,6 +199,7 @@ def main() -> None:
 
         try:
             check_overrides(overrides, recipes())
+            check_sweep_dir(argv, overrides)
             check_output_dirs(overrides)
             sys.argv[1:] = expand_repeats(argv)
         except ConfigError as e:

@@ -33,6 +33,8 @@ CHOICES: Dict[str, tuple] = {
     "checkpoint.mode": ("max", "min"),
     "fsdp.sharding_strategy": ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"),
     "optim.fused": ("auto", True, False, "foreach"),
+    "trainer.deterministic": (False, True, "warn"),
+    "trainer.gradient_clip_algorithm": ("norm", "value"),
 }
 
 # Config groups: selecting one of these is not a value override.
@@ -111,17 +113,20 @@ class DataConfig:
 
 @dataclass
 class TrainerConfig:
-    """Passed to ``lightning.Trainer``; only keys whose meaning we keep stable are listed."""
+    """Passed to ``lightning.Trainer``; only keys whose meaning we keep stable are listed.
 
-    max_epochs: int = 3
-    limit_train_batches: Any = 1.0
+    Every value Lightning accepts for these is accepted here too (null where Lightning takes None).
+    """
+
+    max_epochs: Optional[int] = 3  # -1: until stopped (needs sched.name=constant); null: Lightning's default
+    limit_train_batches: Any = 1.0  # a fraction, a number of batches, or null (all)
     limit_val_batches: Any = 1.0
-    log_every_n_steps: int = 50
+    log_every_n_steps: Optional[int] = 50
     gradient_clip_val: Optional[float] = None
     gradient_clip_algorithm: str = "norm"
-    num_sanity_val_steps: int = 0
-    check_val_every_n_epoch: int = 1
-    deterministic: bool = False
+    num_sanity_val_steps: int = 0  # -1: the whole val set
+    check_val_every_n_epoch: Optional[int] = 1
+    deterministic: Any = False  # false, true or warn
     # null: show the progress bar only when stderr is a terminal
     enable_progress_bar: Optional[bool] = None
     progress_refresh_rate: int = 20
@@ -412,7 +417,10 @@ RANGES = {
     "data.prefetch_factor": (lambda v: v is None or v >= 1, "null or an integer >= 1"),
     "data.num_samples": (lambda v: v >= 1, "an integer >= 1"),
     "data.val_split": (lambda v: 0.0 <= v < 1.0, "a fraction in [0, 1)"),
-    "trainer.max_epochs": (lambda v: v >= 1, "an integer >= 1"),
+    "trainer.max_epochs": (lambda v: v is None or v >= -1, "an integer >= 0, -1 (train until stopped) or null"),
+    "trainer.log_every_n_steps": (lambda v: v is None or v >= 0, "an integer >= 0 or null"),
+    "trainer.num_sanity_val_steps": (lambda v: v >= -1, "an integer >= 0, or -1 (the whole validation set)"),
+    "trainer.check_val_every_n_epoch": (lambda v: v is None or v >= 1, "null or an integer >= 1"),
     "optim.lr": (lambda v: v > 0, "a number > 0"),
     "sched.warmup_epochs": (lambda v: v >= 0, "a number >= 0"),
     "loss.label_smoothing": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
@@ -437,10 +445,12 @@ def _check_value(key: str, value: Any) -> None:
     if key == "devices" and not (value == "auto" or (isinstance(value, int) and (value >= 1 or value == -1))):
         raise ConfigError(f"Bad value for 'devices': {value!r}. It must be a positive integer, -1 (all) or auto.")
     if key in ("trainer.limit_train_batches", "trainer.limit_val_batches"):
+        if value is None:
+            return  # Lightning's default: every batch
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
         if not ok or (isinstance(value, float) and value > 1.0):
             raise ConfigError(
-                f"Bad value for '{key}': {value!r}. It must be a fraction in [0.0, 1.0] or a whole number of batches."
+                f"Bad value for '{key}': {value!r}. It must be a fraction in [0.0, 1.0], a whole number of batches, or null (all)."
             )
 
 
@@ -451,6 +461,11 @@ def validate(cfg: Any) -> None:
     flat = {k: OmegaConf.select(cfg, k) for k in SCHEMA_KEYS if k not in GROUPS and not is_dataclass_type(SCHEMA_KEYS[k])}
     for key, value in flat.items():
         _check_value(key, value)
+    if OmegaConf.select(cfg, "trainer.max_epochs") == -1 and OmegaConf.select(cfg, "sched.name") != "constant":
+        raise ConfigError(
+            f"'trainer.max_epochs=-1' trains until stopped, but sched.name={OmegaConf.select(cfg, 'sched.name')} needs to know how long "
+            "training lasts. Use sched.name=constant with max_epochs=-1, or give trainer.max_epochs a number."
+        )
     model = cfg.get("model") or {}
     if "_target_" not in model:
         raise ConfigError(

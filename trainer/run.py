@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from omegaconf import OmegaConf, open_dict
@@ -123,6 +124,24 @@ def _previous_result(out_dir: str) -> Optional[Dict[str, Any]]:
         return None
 
 
+def refuse_finished_run_dir(out_dir: str, ckpt_path: Optional[str], key: str = "hydra.run.dir") -> None:
+    """A run dir holding a finished run (an ok metrics.json, or checkpoints) is only ever resumed, never trained over."""
+    if ckpt_path:
+        return
+    held = []
+    previous = _previous_result(out_dir)
+    if previous and previous.get("status") == "ok":
+        held.append("metrics.json of a finished run")
+    checkpoints = sorted(p.name for p in Path(out_dir, "checkpoints").glob("*.ckpt")) if os.path.isdir(os.path.join(out_dir, "checkpoints")) else []
+    if checkpoints:
+        held.append(f"checkpoints ({', '.join(checkpoints[:3])}{', ...' if len(checkpoints) > 3 else ''})")
+    if held:
+        raise ConfigError(
+            f"'{key}' ({out_dir}) already holds {' and '.join(held)}; training into it from scratch would overwrite them. "
+            "Resume it with ckpt_path=last (raise trainer.max_epochs to train longer), or choose a new dir. Nothing was changed."
+        )
+
+
 def save_config(cfg, path: Optional[str]) -> None:
     """Rewrite ``.hydra/config.yaml`` with the config that actually ran (chosen batch size, scaled lr, classes)."""
     if path and os.path.isdir(os.path.dirname(path)):
@@ -208,6 +227,8 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
     timer = EpochTimer(on_epoch=journal)
     try:
         config_mod.validate(cfg)
+        if "LOCAL_RANK" not in os.environ:  # launched ranks: the launching process checked already
+            refuse_finished_run_dir(out_dir, cfg.ckpt_path)
         import warnings
 
         import pytorch_lightning as pl

@@ -22,6 +22,8 @@ from ..errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+MARKER = ".trainer-cache"  # in every copy this cache made: only such folders are written into
+
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
@@ -39,7 +41,13 @@ def cached_copy(src: str, cache_dir: str) -> str:
     name = f"{src_path.name}-{hashlib.sha1(str(src_path).encode()).hexdigest()[:8]}"
     dst = Path(os.path.expanduser(cache_dir)) / name
     try:
+        if dst.is_dir() and any(dst.iterdir()) and not any((dst / m).exists() for m in (MARKER, "MANIFEST.json", "DONE")):
+            raise ConfigError(
+                f"'data.cache={cache_dir}': {dst} already exists and holds files this cache did not write; "
+                "copying into it could overwrite them, so nothing was changed. Point data.cache at another folder."
+            )
         dst.mkdir(parents=True, exist_ok=True)
+        (dst / MARKER).touch()
     except OSError as e:
         raise ConfigError(f"'data.cache={cache_dir}' cannot be created ({e.strerror}). Point it at a writable local folder.") from None
     done = dst / "DONE"
