@@ -37,13 +37,14 @@ def loader_images_per_s(overrides, batches: int, repeats: int) -> dict:
     from trainer.cli import CONFIG_DIR
     from trainer.config import register_schema
     from trainer.data import ImageDataModule
+    from trainer.model_config import replace_retargeted_model
     from trainer.scale import apply_scale
 
     register_schema()
     OmegaConf.register_new_resolver("trainer_rank_suffix", lambda: "", replace=True)
     OmegaConf.register_new_resolver("trainer_rank0_only", lambda v: v, replace=True)
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = apply_scale(compose(config_name="train", overrides=overrides), overrides)
+        cfg = replace_retargeted_model(apply_scale(compose(config_name="train", overrides=overrides), overrides), overrides)
     dm = ImageDataModule(cfg.data, cfg.seed)
     dm.build()
     rates = []

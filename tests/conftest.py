@@ -50,6 +50,7 @@ def compose():
     from omegaconf import OmegaConf
 
     from trainer.config import register_schema
+    from trainer.model_config import replace_retargeted_model
     from trainer.scale import apply_scale
 
     register_schema()
@@ -59,7 +60,7 @@ def compose():
     def _compose(*overrides: str):
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             cfg = hydra_compose(config_name="train", overrides=list(overrides))
-        return apply_scale(cfg, overrides)
+        return replace_retargeted_model(apply_scale(cfg, overrides), overrides)
 
     return _compose
 

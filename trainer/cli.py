@@ -136,6 +136,7 @@ def task(cfg) -> None:
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
+    from .model_config import replace_retargeted_model
     from .run import run
     from .scale import apply_scale
 
@@ -144,7 +145,7 @@ def task(cfg) -> None:
     multirun = hc.mode == RunMode.MULTIRUN
     overrides = list(hc.overrides.task)
     try:
-        cfg = apply_scale(cfg, overrides)
+        cfg = replace_retargeted_model(apply_scale(cfg, overrides), overrides)
         config_path = os.path.join(out_dir, hc.output_subdir, "config.yaml") if hc.output_subdir is not None else None
         if config_path and os.environ.get("RANK", "0") == "0":
             # Hydra saved the config before scale= was applied; keep the one that actually runs

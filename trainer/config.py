@@ -461,6 +461,11 @@ def validate(cfg: Any) -> None:
     flat = {k: OmegaConf.select(cfg, k) for k in SCHEMA_KEYS if k not in GROUPS and not is_dataclass_type(SCHEMA_KEYS[k])}
     for key, value in flat.items():
         _check_value(key, value)
+    if cfg.get("on_nan") == "skip" and cfg.get("strategy") != "auto":
+        raise ConfigError(
+            f"'on_nan=skip' cannot be combined with strategy={cfg.strategy}: skipping a step on one rank would leave the others "
+            "waiting for its gradients (Lightning refuses a skipped step under DDP/FSDP). Use on_nan=stop (the default) or on_nan=off."
+        )
     if OmegaConf.select(cfg, "trainer.max_epochs") == -1 and OmegaConf.select(cfg, "sched.name") != "constant":
         raise ConfigError(
             f"'trainer.max_epochs=-1' trains until stopped, but sched.name={OmegaConf.select(cfg, 'sched.name')} needs to know how long "

@@ -73,6 +73,10 @@ def _check_input_size(module, datamodule, cfg) -> None:
     """One sample through the model before training: a too-small image fails here, clearly."""
     import torch
 
+    import pytorch_lightning as pl
+
+    if type(module).forward is pl.LightningModule.forward:
+        return  # a LightningModule without forward (Lightning does not need one): its own steps decide
     x = datamodule.example_batch(1)[0].repeat(2, 1, 1, 1)
     was_training = module.training
     module.eval()
@@ -240,6 +244,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         from .data import ImageDataModule
         from .launch import processes_per_node
         from .models import build_module
+        from .models.build import check_user_module
 
         switchboard.set_cuda_alloc_conf(cfg.cuda_alloc_conf)  # before the first CUDA call
         hw = hardware.detect(cfg.accelerator)
@@ -265,7 +270,9 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
             log.info("data.num_classes set to %d: the dataset has %d classes", num_classes, num_classes)
             with open_dict(cfg):
                 cfg.data.num_classes = num_classes
-        module = switchboard.prepare_model(build_module(cfg), cfg)
+        module = build_module(cfg)
+        check_user_module(module, cfg, overrides)
+        module = switchboard.prepare_model(module, cfg)
         _check_input_size(module, datamodule, cfg)
         with open_dict(cfg):
             if cfg.data.batch_size == "auto":

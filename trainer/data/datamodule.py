@@ -205,6 +205,19 @@ class ImageDataModule(pl.LightningDataModule):
             if self.step_clock is not None:
                 self.step_clock.add_prefetch_transfer(time.perf_counter() - t0)
 
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        """data.gpu_normalize, data.decoder=nvjpeg: uint8 batches arrive on the device and are normalized here.
+
+        The datamodule's hook, not the model's, so that a user's own LightningModule gets the same
+        float batches as the built-in classifier (Lightning calls this one unless the LightningModule
+        overrides the hook; ``trainer.models.build`` refuses that combination with uint8 batches).
+        """
+        from .gpu_transforms import model_input
+
+        if not (isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor)):
+            return batch  # a custom batch layout: left as it is
+        return type(batch)([model_input(batch[0]), *batch[1:]])
+
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         # Lightning's hook; a prefetched batch is already there, and moving it again does nothing
         return self.to_device(batch, device)

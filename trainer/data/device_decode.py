@@ -5,7 +5,7 @@ Loader workers only read each file's bytes (no decode, no resize): the CPU cost 
 file read. The batch's encoded files go to the device through torchvision's batched
 ``decode_jpeg(list, device="cuda")`` (nvJPEG); the same torchvision v2 transforms as the CPU path
 then run on each decoded image on the device, and the stacked uint8 batch is normalized by the
-model's ``on_after_batch_transfer``, as with ``data.gpu_normalize``. Files that are not JPEG (PNG,
+datamodule's ``on_after_batch_transfer``, as with ``data.gpu_normalize``. Files that are not JPEG (PNG,
 ...) are decoded in the workers and join the batch already decoded.
 
 Everything here also runs with ``device="cpu"`` (torchvision's CPU decoder): that is how it is

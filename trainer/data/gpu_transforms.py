@@ -1,7 +1,7 @@
 """Normalization of uint8 image batches, wherever they are (``data.gpu_normalize``).
 
 With ``data.gpu_normalize=true`` the loader ships uint8 pixels (4x fewer bytes than float32 across
-the host-device bus, and no float math in the workers) and the model's ``on_after_batch_transfer``
+the host-device bus, and no float math in the workers) and the datamodule's ``on_after_batch_transfer``
 converts and normalizes the batch on the device.
 """
 

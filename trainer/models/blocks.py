@@ -1,11 +1,24 @@
 """Which submodules are a model's repeated blocks: the unit for FSDP wrapping and activation
-checkpointing (ViT encoder blocks, ResNet bottleneck/basic blocks, timm ``blocks``)."""
+checkpointing (ViT encoder blocks, ResNet bottleneck/basic blocks, timm ``blocks``/``stages``).
+
+Searched anywhere in the module tree (the model usually arrives wrapped in ``ImageClassifier``):
+
+1. torchvision's own block classes;
+2. the children of any ``ModuleList``/``Sequential`` named ``blocks`` or ``layers`` (timm ViT,
+   ConvNeXt ``stages.N.blocks``, EfficientNet/MobileNet stages, one level of nesting flattened);
+3. modules whose class name says they are blocks (``...Block``, ``Bottleneck``: timm ResNets).
+
+Only the outermost matches are kept, so a block is never wrapped inside another block.
+"""
 
 from __future__ import annotations
 
 from typing import List
 
 from torch import nn
+
+CONTAINER_NAMES = ("blocks", "layers")
+BLOCK_CLASS_SUFFIXES = ("Block", "Bottleneck")
 
 
 def repeated_blocks(model: nn.Module) -> List[nn.Module]:
@@ -14,11 +27,22 @@ def repeated_blocks(model: nn.Module) -> List[nn.Module]:
 
     known = (BasicBlock, Bottleneck, EncoderBlock)
     blocks = [m for m in model.modules() if isinstance(m, known)]
-    if blocks:
-        return blocks
-    # timm and similar: a ModuleList/Sequential attribute named "blocks" or "layers"
-    for name in ("blocks", "layers"):
-        seq = getattr(model, name, None)
-        if isinstance(seq, (nn.ModuleList, nn.Sequential)):
-            return list(seq)
-    return []
+    if not blocks:
+        for name, module in model.named_modules():
+            if name.rsplit(".", 1)[-1] in CONTAINER_NAMES and isinstance(module, (nn.ModuleList, nn.Sequential)):
+                for child in module.children():
+                    nested = isinstance(child, (nn.ModuleList, nn.Sequential))
+                    blocks.extend(child.children() if nested else [child])
+    if not blocks:
+        blocks = [m for m in model.modules() if type(m).__name__.endswith(BLOCK_CLASS_SUFFIXES)]
+    return _outermost([b for b in blocks if any(p.requires_grad for p in b.parameters())])
+
+
+def _outermost(blocks: List[nn.Module]) -> List[nn.Module]:
+    inner = {id(m) for b in blocks for m in b.modules() if m is not b}
+    seen, out = set(), []
+    for b in blocks:
+        if id(b) not in inner and id(b) not in seen:
+            seen.add(id(b))
+            out.append(b)
+    return out

@@ -19,11 +19,14 @@ def build_module(cfg) -> pl.LightningModule:
     from hydra.utils import instantiate
 
     target = cfg.model.get("_target_")
+    model_cfg = cfg.model
+    if "num_classes" in model_cfg and not _takes(target, "num_classes"):
+        model_cfg = {k: v for k, v in model_cfg.items() if k != "num_classes"}  # a class of its own without that argument
     try:
-        obj = instantiate(cfg.model, _convert_="all")
+        obj = instantiate(model_cfg, _convert_="all")
     except InstantiationException as e:
         cause = " ".join(line.strip() for line in str(e.__cause__ or e).splitlines() if line.strip())
-        hint = " (timm models need: pip install timm)" if str(target).startswith("timm") else ""
+        hint = " (timm models need: pip install timm)" if str(target).startswith("timm") and not _importable("timm") else ""
         raise ConfigError(
             f"Could not build the model from 'model._target_={target}'{hint}: {cause}. "
             "model._target_ must name an importable nn.Module or LightningModule class (or a function returning one); "
@@ -35,3 +38,53 @@ def build_module(cfg) -> pl.LightningModule:
         compile_after_shard = cfg.compile_mode if (cfg.compile and cfg.strategy == "fsdp2") else None
         return ImageClassifier(obj, cfg.optim, cfg.sched, cfg.loss.label_smoothing, on_nan=cfg.on_nan, compile_mode=compile_after_shard)
     raise ConfigError(f"'model._target_={target}' built a {type(obj).__name__}, not an nn.Module or LightningModule.")
+
+
+def _takes(target, argument: str) -> bool:
+    """Whether the class or function named by ``target`` accepts ``argument`` (or any keyword)."""
+    import inspect
+
+    try:
+        from hydra.utils import get_object
+
+        fn = get_object(str(target))
+        params = inspect.signature(fn).parameters.values()
+    except Exception:
+        return True  # cannot tell: pass it, and let instantiation say what is wrong
+    return any(p.name == argument or p.kind == p.VAR_KEYWORD for p in params)
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+# settings that only the built-in classifier's own training step and optimizer read
+_CLASSIFIER_PREFIXES = ("optim.", "sched.", "loss.")
+
+
+def check_user_module(module: pl.LightningModule, cfg, overrides) -> None:
+    """A user's own LightningModule brings its own step and optimizer: refuse the switches that would not reach it."""
+    if isinstance(module, ImageClassifier):
+        return
+    name = type(module).__name__
+    problems = []
+    uint8 = cfg.data.get("gpu_normalize") or cfg.data.get("decoder") == "nvjpeg"
+    if uint8 and type(module).on_after_batch_transfer is not pl.LightningModule.on_after_batch_transfer:
+        problems.append(
+            "data.gpu_normalize / data.decoder=nvjpeg deliver uint8 batches that the datamodule normalizes in its on_after_batch_transfer, "
+            f"but {name} overrides on_after_batch_transfer, so Lightning calls yours instead: call "
+            "trainer.data.gpu_transforms.model_input(x) in it, or turn those flags off"
+        )
+    if cfg.lr_scaling != "none":
+        problems.append(f"lr_scaling={cfg.lr_scaling} scales the trainer's own optimizer, but {name}.configure_optimizers builds yours: set lr_scaling=none")
+    if cfg.on_nan == "skip":
+        problems.append(f"on_nan=skip skips steps inside the trainer's own training_step, not {name}'s: use on_nan=stop or off")
+    given = sorted({ov.lstrip("+~").split("=", 1)[0] for ov in overrides or [] if ov.lstrip("+~").startswith(_CLASSIFIER_PREFIXES)})
+    if given:
+        problems.append(f"{', '.join(given)} configure the trainer's own optimizer, schedule and loss; {name} has its own (configure_optimizers, training_step): drop them")
+    if problems:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"model._target_ is a LightningModule of your own ({name}), which the trainer runs as it is. " + "; ".join(problems) + ".")

@@ -6,11 +6,15 @@ arrive here by ``model._target_``; a user's own LightningModule is trained as it
 
 from __future__ import annotations
 
+import logging
+
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 
 from ..optimizers import build_optimizer, build_scheduler
+
+log = logging.getLogger(__name__)
 
 
 class ImageClassifier(pl.LightningModule):
@@ -28,13 +32,6 @@ class ImageClassifier(pl.LightningModule):
 
     def forward(self, x):
         return self.net(x)
-
-    def on_after_batch_transfer(self, batch, dataloader_idx):
-        """data.gpu_normalize, data.decoder=nvjpeg: uint8 batches arrive on the device and are converted here."""
-        from ..data.gpu_transforms import model_input
-
-        x, y = batch
-        return model_input(x), y
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -65,8 +62,10 @@ class ImageClassifier(pl.LightningModule):
         from .blocks import repeated_blocks
 
         mesh = self.device_mesh["data_parallel"]
-        for block in repeated_blocks(self.net):
+        blocks = repeated_blocks(self.net)
+        for block in blocks:
             fully_shard(block, mesh=mesh)
+        log.info("fsdp2: %d blocks sharded (%s), then the whole model", len(blocks), ", ".join(sorted({type(b).__name__ for b in blocks})) or "none found")
         fully_shard(self.net, mesh=mesh)
         if self.compile_after_shard:
             # nn.Module.compile() compiles in place: state-dict keys keep no "_orig_mod."
