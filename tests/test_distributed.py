@@ -155,3 +155,17 @@ def test_a_distributed_job_refused_before_launch_keeps_its_report_row(tmp_path):
     assert failed["status"] == "failed" and "single-device only" in failed["error"]
     assert read_metrics(sweep / "1")["status"] == "ok"
     assert ",failed," in (sweep / "ab_report.csv").read_text()
+
+
+@pytest.mark.slow
+def test_a_failing_rank_gives_the_same_paragraph_and_exit_code_as_one_process(tmp_path):
+    bad = ["model._target_=probe.ProbeNet", "+model.fail_when=init", "data.image_size=16", "data.num_samples=64", "trainer.max_epochs=1"]
+    one = run_cli(f"hydra.run.dir={tmp_path / 'one'}", *bad)
+    two = run_cli(f"hydra.run.dir={tmp_path / 'two'}", *bad, "strategy=fsdp2", "devices=2")
+    assert one.returncode == two.returncode == 2
+    paragraph = next(line for line in one.stderr.splitlines() if line.startswith("error: "))
+    assert "ProbeNet asked to fail" in paragraph
+    assert two.stderr.count(paragraph) == 1  # the same words, once, not once per rank
+    assert "Traceback" not in two.stderr + two.stdout and "ChildFailedError" not in two.stderr + two.stdout
+    assert list((tmp_path / "two" / "ranks").glob("**/stderr.log"))  # the ranks' full output is kept
+    assert read_metrics(tmp_path / "two")["status"] == "failed" and "ProbeNet asked to fail" in read_metrics(tmp_path / "two")["error"]

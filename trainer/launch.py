@@ -141,7 +141,8 @@ def launch(cfg, out_dir: str, overrides: List[str]) -> int:
     job = [str(ROOT / "train.py"), *kept, f"hydra.run.dir={out_dir}"]
     if launches_ranks(cfg):
         nproc = processes_per_node(cfg)
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
+        # trainer.torchrun: torchrun, with a failed rank's own message instead of the launcher's traceback
+        cmd = [sys.executable, "-m", "trainer.torchrun", os.path.join(out_dir, "ranks"), f"--nproc-per-node={nproc}", "--nnodes=1",
                "--master-addr=127.0.0.1", f"--master-port={_free_port()}", *job]
     else:
         cmd = [sys.executable, *job]

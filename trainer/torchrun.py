@@ -1,0 +1,66 @@
+"""``python -m trainer.torchrun LOG_DIR [torchrun args]``: torchrun, with a failing rank's answer instead of torchrun's traceback.
+
+Plain torchrun ends a failed job with its own ``ChildFailedError`` traceback and a table of exit
+codes, after the rank already printed the one clear paragraph the user needs (a bad model, a bad
+path). Here the ranks' stderr goes to files under LOG_DIR (torchrun's own ``--redirects``; their
+stdout, where the logs go, stays on the console), and when a rank fails:
+
+- the first failed rank's answer is printed once: its ``error: ...`` paragraph when it stopped on
+  bad input, else the end of its stderr (a real crash keeps its traceback);
+- the exit code is that rank's (2 for bad input, 3 for a deliberate stop, ...), as in one process;
+- torchrun's launcher traceback is not shown; every rank's full stderr stays in LOG_DIR.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+TAIL_LINES = 40
+
+
+def _quiet_elastic_logs() -> None:
+    """torchrun's agent logs each failed worker at ERROR level; the summary below replaces that."""
+    import logging
+
+    import torch.distributed.run  # noqa: F401  (sets up torch's log handlers first)
+
+    for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def answer_of(stderr_text: str) -> str:
+    """The rank's one-paragraph ``error:`` message if it printed one, else the tail of its stderr."""
+    lines = stderr_text.rstrip().splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("error: "):
+            return "\n".join(lines[i:]).strip()
+    return "\n".join(lines[-TAIL_LINES:]).strip()
+
+
+def _stderr_file(log_dir: Path, local_rank: int) -> Optional[Path]:
+    files = sorted(log_dir.glob(f"**/{local_rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
+    return files[-1] if files else None
+
+
+def main(argv: List[str]) -> int:
+    log_dir = Path(argv[0])
+    _quiet_elastic_logs()
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    try:
+        torchrun(["--log-dir", str(log_dir), "--redirects", "2", *argv[1:]])
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        path = _stderr_file(log_dir, failure.local_rank)
+        text = path.read_text(errors="replace") if path else ""
+        answer = answer_of(text) if text.strip() else f"rank {rank} exited with status {failure.exitcode} and printed nothing to stderr"
+        print(f"\n{answer}\n\n(rank {rank} stopped the job; every rank's stderr is under {log_dir})\n", file=sys.stderr, flush=True)
+        return failure.exitcode if failure.exitcode > 0 else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
