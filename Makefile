@@ -15,4 +15,4 @@ demo: setup
 	$(PY) train.py -m +recipe=resnet50 scale=smoke amp=false,true channels_last=false,true
 
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15

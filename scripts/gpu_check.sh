@@ -54,7 +54,7 @@ export PYTHONUNBUFFERED=1
 if [ "$RUN_TESTS" = 1 ]; then
   echo "== GPU-marked tests"
   # without CUDA (dry run) every test is skipped: this checks that they are collected and import
-  "$PYTHON" -m pytest -m gpu -q -rs tests/gpu
+  "$PYTHON" -m pytest -m gpu -q -rs tests/gpu tests/test_readme.py  # with the README's [needs GPU] commands
 fi
 [ "$RUN_BENCH" = 1 ] || exit 0
 

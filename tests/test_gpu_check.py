@@ -29,11 +29,13 @@ def _script(*args, **env):
 
 
 @pytest.mark.slow
-def test_gpu_check_dry_run_writes_results_for_both_recipes(tmp_path):
-    r = _script("--dry-run", "--out", str(tmp_path))
+def test_gpu_check_dry_run_writes_results(tmp_path):
+    # one recipe: the dry run trains the tiny CNN under either recipe, so the second one only doubled
+    # the time (the recipes themselves are smoke-tested in test_e2e and the README test)
+    r = _script("--dry-run", "--recipes", "vit", "--out", str(tmp_path))
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "skipped" in r.stdout  # the GPU tests were collected; without CUDA they skip
-    for recipe in ("resnet50", "vit"):
+    for recipe in ("vit",):
         text = (tmp_path / recipe / "RESULTS.md").read_text()
         assert "CPU DRY RUN" in text and "## synthetic" in text and "## jpeg" in text and "train.py -m +recipe=" in text
         assert (tmp_path / recipe / "synthetic.png").exists() and (tmp_path / recipe / "jpeg.png").exists()

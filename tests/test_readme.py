@@ -1,0 +1,166 @@
+"""The README is tested: every ``python train.py ...`` / ``python -m trainer....`` command in its code
+blocks (and in the SPEC's command table, where this checkout has it) runs as written, shrunk to a
+CPU-minute by one fixed suffix. A command that shows an error (``$ python train.py ampp=true`` then
+``error: ...``) must stop with exactly that error and no traceback.
+
+A comment ``[needs GPU]`` after a command marks it for a CUDA machine: it runs here as a GPU-marked
+test (skipped without CUDA), so ``scripts/gpu_check.sh`` runs it. ``[needs Slurm]`` marks commands
+for a Slurm cluster (tested with the cluster). Each command runs in a fresh dir holding a link to
+``train.py``, with the README's example run dirs made there, so relative paths work as written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, NamedTuple, Optional
+
+import pytest
+
+from conftest import ROOT, clean_env
+
+# appended to every command: any recipe at smoke scale, one short epoch, no checkpoints
+SMOKE = ["scale=smoke", "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "checkpoint.enabled=false"]
+MARKERS = {"[needs GPU]": "gpu", "[needs Slurm]": "slurm"}
+
+
+class Command(NamedTuple):
+    text: str  # as written
+    source: str
+    marker: Optional[str]
+    expected_error: Optional[str]  # the README shows it failing with this message
+
+
+def _code_blocks(text: str) -> List[str]:
+    return re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def readme_commands(path: Path = ROOT / "README.md") -> List[Command]:
+    out: List[Command] = []
+    for block in _code_blocks(path.read_text()):
+        lines = block.splitlines()
+        for i, line in enumerate(lines):
+            shown = line.startswith("$ ")
+            cmd = line[2:] if shown else line
+            if not re.match(r"python (train\.py|-m trainer\.)", cmd):
+                continue
+            comment = cmd.split("  #", 1)[1] if "  #" in cmd else ""
+            marker = next((m for tag, m in MARKERS.items() if tag in comment), None)
+            cmd = cmd.split("  #", 1)[0].strip()
+            nxt = lines[i + 1] if i + 1 < len(lines) else ""
+            error = nxt[len("error: "):].rstrip(". ").split(" ...")[0] if shown and nxt.startswith("error: ") else None
+            out.append(Command(cmd, "README.md", marker, error))
+    return out
+
+
+def spec_commands(path: Path = ROOT.parent / "shared" / "SPEC.md") -> List[Command]:
+    """The SPEC's command table, placeholders filled in (DIR, SRC, DST) and optional parts dropped."""
+    if not path.exists():
+        return []
+    out = []
+    for cmd in re.findall(r"^\| `(python [^`]+)` \|", path.read_text(), flags=re.M):
+        cmd = re.sub(r"\s*\[[^\]]*\]", "", cmd).replace(" ...", "").strip()  # [DIR ...], [--format parquet], [overrides]
+        marker = "slurm" if "launcher=slurm" in cmd else None
+        out.append(Command(cmd, "SPEC.md", marker, None))
+    return out
+
+
+def _commands() -> List[Command]:
+    seen, out = set(), []
+    for c in readme_commands() + spec_commands():
+        if c.text not in seen:
+            seen.add(c.text)
+            out.append(c)
+    return out
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _param(c: Command):
+    marks = {
+        "gpu": [pytest.mark.gpu, pytest.mark.skipif(not _cuda(), reason="[needs GPU]: scripts/gpu_check.sh runs it on a CUDA machine")],
+        "slurm": [pytest.mark.skip(reason="[needs Slurm]: a Slurm cluster (scripts/slurm/local_cluster.sh)")],
+    }.get(c.marker, [])
+    if c.text.startswith("python -m trainer.tune"):
+        marks = [pytest.mark.skip(reason="python -m trainer.tune is specified (autotune) but not built yet")]
+    return pytest.param(c, id=f"{c.source}: {c.text}", marks=[pytest.mark.slow, *marks])
+
+
+def _fake_job(sweep: Path, job: str, flags: dict, times: List[float]) -> None:
+    (sweep / job).mkdir(parents=True)
+    epochs = [{"epoch": i, "time_s": t, "samples": 64, "samples_per_s": 64 / t, "data_wait_s": 0.0, "transfer_s": 0.0, "steps": 8, "warmup": i == 0} for i, t in enumerate(times)]
+    m = {"schema": 1, "status": "ok", "error": None, "recipe": "resnet50", "flags": {"amp": False, "compile": False, **flags},
+         "device": {"accelerator": "cpu", "name": "x", "count": 1}, "epochs": epochs, "epoch_time_s": sorted(times[1:])[len(times[1:]) // 2],
+         "samples_per_s": 64 / times[-1], "data_wait_fraction": 0.0, "transfer_fraction": 0.0, "peak_memory_mb": 1.0, "train_loss": 1.0, "val_acc": 0.5}
+    (sweep / job / "metrics.json").write_text(json.dumps(m))
+
+
+def _workdir(tmp_path: Path) -> Path:
+    """A fresh dir to run in: train.py linked, the README's example inputs made (report dirs, an image folder)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").symlink_to(ROOT / "train.py")
+    _fake_job(work / "multirun/2026-11-22/10-00-00", "0", {}, [2.0, 1.0, 1.0])
+    _fake_job(work / "multirun/2026-11-23/09-30-00", "0", {"amp": True}, [2.0, 0.5, 0.5])
+    from PIL import Image
+
+    for c in range(2):
+        (work / "SRC" / f"class{c}").mkdir(parents=True)
+        for i in range(4):
+            Image.new("RGB", (24, 24), (100 * c, 30 * i, 60)).save(work / "SRC" / f"class{c}" / f"{i}.jpg")
+    return work
+
+
+def _args(c: Command) -> List[str]:
+    args = shlex.split(c.text)[1:]  # drop "python"
+    if args[:2] == ["-m", "trainer.report"]:
+        return [*args[:2], *[("multirun/2026-11-22/10-00-00" if a == "DIR" else a) for a in args[2:]]]
+    if args[:2] == ["-m", "trainer.pack"]:
+        return args + ["--size", "16"]
+    if args[0] == "train.py" and c.expected_error is None:
+        given = {a.split("=", 1)[0] for a in args}
+        suffix = [s for s in SMOKE if s.split("=", 1)[0] not in given]
+        return args + suffix + (["hydra.sweep.dir=sweep"] if "-m" in args else ["hydra.run.dir=run"])
+    return args
+
+
+@pytest.mark.parametrize("command", [_param(c) for c in _commands()])
+def test_the_command_runs_as_written(command: Command, tmp_path):
+    if command.expected_error and "GPU" in command.expected_error:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("the README shows this error for a machine with no GPU")
+    work = _workdir(tmp_path)
+    env = clean_env()
+    r = subprocess.run([sys.executable, *_args(command)], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    out = r.stdout + r.stderr
+    if command.expected_error:
+        assert r.returncode == 2, out[-3000:]
+        assert f"error: {command.expected_error}" in r.stderr, (command.expected_error, r.stderr[-2000:])
+    else:
+        assert r.returncode == 0, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    for metrics in (work / "run", work / "sweep"):
+        for path in metrics.rglob("metrics.json") if metrics.exists() else []:
+            assert json.loads(path.read_text())["status"] == "ok", path
+
+
+def test_the_readme_has_the_commands_this_test_expects():
+    """The collector itself can fail: it finds the quickstart commands, the errors and the markers."""
+    found = readme_commands()
+    texts = [c.text for c in found]
+    assert "python train.py +recipe=resnet50 amp=true compile=true" in texts
+    assert "python train.py -m +recipe=resnet50 amp=false,true compile=false,true" in texts
+    assert any(c.expected_error and c.expected_error.startswith("Unknown config key 'ampp'") for c in found)
+    assert any(c.marker == "gpu" for c in found) and any(c.marker == "slurm" for c in found)
+    assert len(found) >= 12
