@@ -164,3 +164,13 @@ class BlockLightningModule(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class HookLightningModule(ProbeLightningModule):
+    """A user's LightningModule with its own on_after_batch_transfer, recording what reaches it."""
+
+    hook_dtypes: list = []
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        HookLightningModule.hook_dtypes.append(batch[0].dtype)
+        return batch

@@ -46,10 +46,13 @@ def test_a_user_lightning_module_gets_normalized_float_batches_under_gpu_normali
     m, _ = train("model._target_=probe.ProbeLightningModule", "data.gpu_normalize=true")
     seen = probe.training_snapshots()
     assert m["status"] == "ok" and seen and all(s["input_dtype"].is_floating_point for s in seen)
+    probe.HookLightningModule.hook_dtypes.clear()
+    m, _ = train("model._target_=probe.HookLightningModule", "data.gpu_normalize=true")
+    # its own on_after_batch_transfer still runs (Lightning alone would call only the datamodule's), on floats
+    assert m["status"] == "ok" and probe.HookLightningModule.hook_dtypes and all(d.is_floating_point for d in probe.HookLightningModule.hook_dtypes)
 
 
 @pytest.mark.parametrize("args,says", [
-    (["model._target_=probe.SlowTransferModule", "data.gpu_normalize=true"], "overrides on_after_batch_transfer"),
     (["model._target_=probe.ProbeLightningModule", "lr_scaling=linear"], "lr_scaling=none"),
     (["model._target_=probe.ProbeLightningModule", "on_nan=skip"], "on_nan=stop"),
     (["model._target_=probe.ProbeLightningModule", "optim.lr=0.3"], "optim.lr"),

@@ -260,6 +260,9 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
             log.info("resuming from %s", ckpt_path)
             # our sampler and ResumableState make mid-epoch resume exact; Lightning cannot see that
             warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended.*")
+        # the datamodule's on_after_batch_transfer calls a LightningModule's own after normalizing
+        # (see ImageDataModule.on_after_batch_transfer): Lightning's "overridden in both" is expected
+        warnings.filterwarnings("ignore", message=".*overridden `on_after_batch_transfer` in both.*")
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         switchboard.apply_global_settings(cfg)
 

@@ -208,15 +208,21 @@ class ImageDataModule(pl.LightningDataModule):
     def on_after_batch_transfer(self, batch, dataloader_idx):
         """data.gpu_normalize, data.decoder=nvjpeg: uint8 batches arrive on the device and are normalized here.
 
-        The datamodule's hook, not the model's, so that a user's own LightningModule gets the same
-        float batches as the built-in classifier (Lightning calls this one unless the LightningModule
-        overrides the hook; ``trainer.models.build`` refuses that combination with uint8 batches).
+        The datamodule's hook, so that a user's own LightningModule gets the same float batches as
+        the built-in classifier. Lightning calls only the datamodule's hook when both define one, so
+        this one then calls the LightningModule's own, after normalizing: a user's hook still runs,
+        and sees what its model will see.
         """
+        from pytorch_lightning.utilities.model_helpers import is_overridden
+
         from .gpu_transforms import model_input
 
-        if not (isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor)):
-            return batch  # a custom batch layout: left as it is
-        return type(batch)([model_input(batch[0]), *batch[1:]])
+        if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
+            batch = type(batch)([model_input(batch[0]), *batch[1:]])
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        if model is not None and is_overridden("on_after_batch_transfer", model):
+            batch = model.on_after_batch_transfer(batch, dataloader_idx)
+        return batch
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         # Lightning's hook; a prefetched batch is already there, and moving it again does nothing

@@ -70,13 +70,6 @@ def check_user_module(module: pl.LightningModule, cfg, overrides) -> None:
         return
     name = type(module).__name__
     problems = []
-    uint8 = cfg.data.get("gpu_normalize") or cfg.data.get("decoder") == "nvjpeg"
-    if uint8 and type(module).on_after_batch_transfer is not pl.LightningModule.on_after_batch_transfer:
-        problems.append(
-            "data.gpu_normalize / data.decoder=nvjpeg deliver uint8 batches that the datamodule normalizes in its on_after_batch_transfer, "
-            f"but {name} overrides on_after_batch_transfer, so Lightning calls yours instead: call "
-            "trainer.data.gpu_transforms.model_input(x) in it, or turn those flags off"
-        )
     if cfg.lr_scaling != "none":
         problems.append(f"lr_scaling={cfg.lr_scaling} scales the trainer's own optimizer, but {name}.configure_optimizers builds yours: set lr_scaling=none")
     if cfg.on_nan == "skip":
