@@ -120,12 +120,14 @@ def test_two_nodes_with_torchrun_on_localhost(tmp_path):
     assert m["status"] == "ok" and m["device"]["count"] == 2 and m["flags"]["num_nodes"] == 2
 
 
-def test_too_many_cpu_processes_warns(compose):
+def test_more_cpu_processes_than_cores_is_refused(compose):
     from trainer import switchboard
+    from trainer.errors import ConfigError
     from trainer.hardware import Hardware
 
-    plan = switchboard.resolve(compose("strategy=ddp", "devices=8"), Hardware("cpu", "cpu", 1, 2, False, False))
-    assert any("devices=8 CPU processes on 2 cores" in w for w in plan.warnings)
+    with pytest.raises(ConfigError, match=r"'devices=8'.*devices=1\.\.2"):
+        switchboard.resolve(compose("strategy=ddp", "devices=8"), Hardware("cpu", "cpu", 1, 2, False, False))
+    switchboard.resolve(compose("strategy=ddp", "devices=2"), Hardware("cpu", "cpu", 1, 2, False, False))
 
 
 def test_ddp_knobs_reach_the_strategy(compose):

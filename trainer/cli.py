@@ -92,6 +92,25 @@ def expand_repeats(argv: List[str]) -> List[str]:
     return rest[:first] + [f"repeat=range({n})"] + rest[first:]
 
 
+def check_config_files(dirs=(CONFIG_DIR, RECIPE_DIR)) -> None:
+    """Every YAML file of the config tree parses (Hydra would answer a broken one with a yaml traceback)."""
+    import yaml
+
+    for directory in dirs:
+        for path in sorted(Path(directory).rglob("*.yaml")):
+            try:
+                yaml.safe_load(path.read_text())
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+                what = " ".join(str(getattr(e, "problem", None) or e).split())
+                context = getattr(e, "context", None)
+                raise ConfigError(
+                    f"{path}{where}: not valid YAML ({(context + ': ') if context else ''}{what}). "
+                    "Fix the file (a recipe, or a config you edited); nothing ran."
+                ) from None
+
+
 def check_sweep_dir(argv: List[str], overrides: List[str]) -> None:
     """A second sweep into a sweep dir that holds finished jobs or a report is refused (unless it resumes them)."""
     if not any(a in ("-m", "--multirun") for a in argv):
@@ -199,6 +218,7 @@ def main() -> None:
         from .config import check_overrides
 
         try:
+            check_config_files()
             check_overrides(overrides, recipes())
             check_sweep_dir(argv, overrides)
             check_output_dirs(overrides)

@@ -270,6 +270,12 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         datamodule.step_clock = timer.clock
         num_classes = datamodule.build()
         if num_classes != cfg.data.num_classes:
+            if any(o.lstrip("+").split("=", 1)[0] == "data.num_classes" for o in overrides or []):
+                raise ConfigError(
+                    f"'data.num_classes={cfg.data.num_classes}' was given, but the data ({cfg.data.name}) has {num_classes} classes"
+                    f"{' (' + ', '.join(map(str, (datamodule.classes or [])[:6])) + (', ...' if len(datamodule.classes or []) > 6 else '') + ')' if datamodule.classes else ''}. "
+                    "Drop data.num_classes (it follows the data), or give the number the data has."
+                )
             log.info("data.num_classes set to %d: the dataset has %d classes", num_classes, num_classes)
             with open_dict(cfg):
                 cfg.data.num_classes = num_classes

@@ -78,7 +78,10 @@ def resolve(cfg, hw: Hardware) -> Plan:
         raise ConfigError(f"'devices={devices}' but this machine has {available} CUDA device(s). Allowed: 1..{available}, -1 or auto.")
 
     if accelerator == "cpu" and isinstance(devices, int) and devices > hw.cpu_cores:
-        warnings.append(f"devices={devices} CPU processes on {hw.cpu_cores} cores: they will compete for the cores.")
+        raise ConfigError(
+            f"'devices={devices}' asks for {devices} CPU processes, but this process may use {hw.cpu_cores} core(s) here: they would "
+            f"fight over the cores and every timing would be meaningless. Allowed on this machine: devices=1..{hw.cpu_cores} (or a GPU machine)."
+        )
     strategy: Any = cfg.strategy  # the strategy object is built later, when the model exists
     if cfg.strategy == "fsdp" and accelerator != "cuda":
         raise ConfigError(

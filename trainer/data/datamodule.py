@@ -233,7 +233,16 @@ class ImageDataModule(pl.LightningDataModule):
         from .gpu_transforms import model_input
 
         n = len(self.train_set)
-        samples = [self.train_set[i % n] for i in range(size)]
+        good = []
+        for i in range(n):  # skipped (undecodable) samples come back as None
+            sample = self.train_set[i]
+            if sample is not None:
+                good.append(sample)
+            if len(good) == min(size, n):
+                break
+        if not good:
+            raise ConfigError("None of the training images could be decoded (each was skipped, see the warnings above); check data.root.")
+        samples = [good[i % len(good)] for i in range(size)]
         if self.device_decoders is not None:
             from .device_decode import encoded_collate
 

@@ -70,7 +70,42 @@ def skip_none_collate(batch):
     return default_collate([b for b in batch if b is not None])
 
 
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm", ".pgm", ".tif", ".tiff")
+
+
+def check_layout(path: str, key: str) -> None:
+    """What ImageFolder would take silently but trains wrong: symlink loops, one class, loose images.
+
+    ImageFolder walks class folders following symlinks, so a link back up the tree repeats the
+    same images again and again; a single class folder trains a model that cannot be wrong; images
+    directly in DIR are not a class.
+    """
+    classes = sorted(e.name for e in os.scandir(path) if e.is_dir())
+    loose = [e.name for e in os.scandir(path) if e.is_file() and e.name.lower().endswith(IMAGE_SUFFIXES)]
+    if loose and not classes:
+        raise ConfigError(
+            f"'{key}' ({path}) holds images ({loose[0]}, ...) but no class folders: the label of an image is the name of "
+            "the folder it is in. Put them in one folder per class: DIR/<class>/<image>."
+        )
+    if len(classes) == 1:
+        raise ConfigError(
+            f"'{key}' ({path}) holds one class folder ({classes[0]}): a classifier needs at least 2 classes, "
+            "one folder each (DIR/<class>/<image>)."
+        )
+    seen = set()
+    for top, dirs, _ in os.walk(path, followlinks=True):
+        real = os.path.realpath(top)
+        if real in seen:
+            raise ConfigError(
+                f"'{key}': {top} leads back to a folder already read ({real}): a symlink loop, which would repeat the same images "
+                "without end. Remove the link or point it outside the data root."
+            )
+        seen.add(real)
+
+
 def _image_folder(path: str, transform, key: str, on_bad_sample: str = "skip", loader=None):
+    if os.path.isdir(path):
+        check_layout(path, key)
     try:
         dataset = _safe_image_folder_class()(path, transform=transform, **({"loader": loader} if loader else {}))
         dataset.on_bad_sample = on_bad_sample

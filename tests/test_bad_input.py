@@ -1,0 +1,116 @@
+"""The bad-input matrix: each mistake gets one paragraph naming the key or the file, exit code 2 (3
+for a deliberate stop), and no traceback; inputs that are odd but fine (grayscale, CMYK, PNG with
+alpha, a text file among the images) simply train.
+
+Cases already covered elsewhere (and counted in the matrix): unknown keys, wrong types, unknown
+recipes, fsdp on CPU, fp16 on CPU, a missing data root, a bad model target (test_config); a missing
+or corrupt checkpoint, an unwritable output dir, a corrupt image with on_bad_sample=stop
+(test_resume); an empty folder, a batch larger than the data (test_data); destinations of pack, a
+reused run or sweep dir, a foreign cache dir (test_no_data_lost); a failing rank (test_distributed).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from conftest import TINY, read_metrics, run_cli, ROOT
+
+
+def _images(root: Path, classes=("cat", "dog"), per_class=6, mode="RGB", suffix="jpg") -> Path:
+    for i, cls in enumerate(classes):
+        (root / cls).mkdir(parents=True, exist_ok=True)
+        for j in range(per_class):
+            color = (60 * i, 20 * j, 90, 128)[: len(mode)] if mode in ("RGB", "RGBA", "CMYK") else 40 * i + 10 * j
+            Image.new(mode, (20, 20), color).save(root / cls / f"{j}.{suffix}")
+    return root
+
+
+def _one_class(tmp):
+    return _images(tmp / "imgs", classes=("only",))
+
+
+def _loose_images(tmp):
+    root = tmp / "imgs"
+    root.mkdir()
+    for j in range(4):
+        Image.new("RGB", (20, 20)).save(root / f"{j}.jpg")
+    return root
+
+
+def _symlink_loop(tmp):
+    root = _images(tmp / "imgs")
+    os.symlink(root, root / "cat" / "again")
+    return root
+
+
+def _broken_link(tmp):
+    root = _images(tmp / "imgs")
+    os.symlink(tmp / "gone.jpg", root / "cat" / "unreadable.jpg")  # a file that cannot be opened
+    return root
+
+
+def _three_classes(tmp):
+    return _images(tmp / "imgs", classes=("a", "b", "c"))
+
+
+FOLDER = ["data=imagefolder", "data.val_split=0", "data.batch_size=4", "data.image_size=16", "trainer.max_epochs=1", "checkpoint.enabled=false"]
+
+CASES = {
+    # name: (make data root or None, args, exit code, text the message must hold)
+    "one class folder": (_one_class, FOLDER, 2, "one class folder (only)"),
+    "images with no class folders": (_loose_images, FOLDER, 2, "no class folders"),
+    "a symlink loop in the data root": (_symlink_loop, FOLDER, 2, "symlink loop"),
+    "an unreadable file, on_bad_sample=stop": (_broken_link, FOLDER + ["data.on_bad_sample=stop"], 3, "unreadable.jpg"),
+    "data.num_classes below the folder's classes": (_three_classes, FOLDER + ["data.num_classes=2"], 2, "'data.num_classes=2' was given, but the data (imagefolder) has 3 classes"),
+    "devices beyond this machine's cores": (None, ["strategy=ddp", f"devices={len(os.sched_getaffinity(0)) + 1}"], 2, f"'devices={len(os.sched_getaffinity(0)) + 1}'"),
+    "repeats without -m": (None, ["repeats=3"], 2, "'repeats=3'"),
+    "train until stopped with a cosine schedule": (None, ["trainer.max_epochs=-1"], 2, "'trainer.max_epochs=-1'"),
+    "on_nan=skip under DDP": (None, ["on_nan=skip", "strategy=ddp", "devices=1"], 2, "'on_nan=skip'"),
+    "lr_scaling for a user's LightningModule": (None, ["model._target_=trainer.examples.MyLightningModule", "lr_scaling=linear"], 2, "lr_scaling=linear"),
+    "a limit of the wrong kind": (None, ["trainer.limit_train_batches=1.5"], 2, "'trainer.limit_train_batches'"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_gets_one_paragraph(case, tmp_path):
+    make, args, code, says = CASES[case]
+    data = [f"data.root={make(tmp_path)}"] if make else []
+    r = run_cli(f"hydra.run.dir={tmp_path / 'run'}", *TINY, *args, *data)
+    out = r.stdout + r.stderr
+    assert r.returncode == code, out[-3000:]
+    assert says in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in out and "HYDRA_FULL_ERROR" not in out
+
+
+def test_a_recipe_with_a_yaml_error_names_the_file_and_line():
+    broken = ROOT / "recipes" / f"zz_broken_{os.getpid()}.yaml"
+    broken.write_text("data:\n  image_size: [32\n")
+    try:
+        r = run_cli(f"+recipe={broken.stem}")
+    finally:
+        broken.unlink()
+    assert r.returncode == 2 and broken.name in r.stderr and "line 3" in r.stderr and "not valid YAML" in r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+
+
+def test_odd_but_valid_images_train(train, tmp_path):
+    """Grayscale and CMYK JPEGs, PNGs with alpha, and a text file among the images: all fine."""
+    root = _images(tmp_path / "imgs", classes=("gray",), mode="L")
+    _images(root, classes=("cmyk",), mode="CMYK")
+    _images(root, classes=("alpha",), mode="RGBA", suffix="png")
+    (root / "gray" / "notes.txt").write_text("not an image, and not named like one")
+    m, _ = train("data=imagefolder", f"data.root={root}", "data.val_split=0", "data.batch_size=6", "data.image_size=16", tiny=True)
+    assert m["status"] == "ok" and m["skipped_samples"] == 0 and m["epochs"][0]["samples"] == 18
+
+
+def test_a_truncated_jpeg_is_skipped_and_counted(train, tmp_path):
+    root = _images(tmp_path / "imgs")
+    whole = (root / "cat" / "0.jpg").read_bytes()
+    (root / "cat" / "0.jpg").write_bytes(whole[: len(whole) // 3])
+    m, _ = train("data=imagefolder", f"data.root={root}", "data.val_split=0", "data.batch_size=4", "data.image_size=16", "data.drop_last=false")
+    assert m["status"] == "ok" and m["skipped_samples"] == 1 and m["epochs"][0]["samples"] == 11
