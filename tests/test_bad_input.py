@@ -87,15 +87,24 @@ def test_bad_input_gets_one_paragraph(case, tmp_path):
     assert "Traceback" not in out and "HYDRA_FULL_ERROR" not in out
 
 
-def test_a_recipe_with_a_yaml_error_names_the_file_and_line():
-    broken = ROOT / "recipes" / f"zz_broken_{os.getpid()}.yaml"
+def test_a_recipe_with_a_yaml_error_names_the_file_and_line(tmp_path, monkeypatch, capsys):
+    """Through the entry point in-process, with the recipe folder pointed at a copy holding a broken recipe."""
+    import shutil
+    import sys
+
+    from trainer import cli
+
+    recipes = tmp_path / "recipes"
+    shutil.copytree(ROOT / "recipes", recipes)
+    broken = recipes / "broken.yaml"
     broken.write_text("data:\n  image_size: [32\n")
-    try:
-        r = run_cli(f"+recipe={broken.stem}")
-    finally:
-        broken.unlink()
-    assert r.returncode == 2 and broken.name in r.stderr and "line 3" in r.stderr and "not valid YAML" in r.stderr
-    assert "Traceback" not in r.stdout + r.stderr
+    monkeypatch.setattr(cli, "RECIPE_DIR", recipes)
+    monkeypatch.setattr(sys, "argv", ["train.py", "+recipe=broken", f"hydra.run.dir={tmp_path / 'run'}"])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and str(broken) in err and "line 3" in err and "not valid YAML" in err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()
 
 
 def test_odd_but_valid_images_train(train, tmp_path):

@@ -108,3 +108,23 @@ def test_train_until_stopped_needs_a_constant_schedule(compose):
     with pytest.raises(ConfigError, match="sched.name=constant"):
         validate(compose("trainer.max_epochs=-1"))
     validate(compose("trainer.max_epochs=-1", "sched.name=constant"))
+
+
+def test_train_until_stopped_runs_until_stopped(train):
+    import pytorch_lightning as pl
+
+    class StopAfterTwo(pl.Callback):
+        def on_train_epoch_end(self, trainer, pl_module):
+            trainer.should_stop = trainer.current_epoch >= 1
+
+    original = pl.Trainer.__init__
+
+    def init(self, *a, callbacks=None, **kw):
+        original(self, *a, callbacks=list(callbacks or []) + [StopAfterTwo()], **kw)
+
+    pl.Trainer.__init__ = init
+    try:
+        m, _ = train("trainer.max_epochs=-1", "sched.name=constant")
+    finally:
+        pl.Trainer.__init__ = original
+    assert m["status"] == "ok" and [e["epoch"] for e in m["epochs"]] == [0, 1]

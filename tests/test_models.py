@@ -53,7 +53,7 @@ def test_a_user_lightning_module_gets_normalized_float_batches_under_gpu_normali
 
 
 @pytest.mark.parametrize("args,says", [
-    (["model._target_=probe.ProbeLightningModule", "lr_scaling=linear"], "lr_scaling=none"),
+    (["model._target_=probe.ProbeLightningModule", "lr_scaling=linear"], "lr_scaling=linear"),
     (["model._target_=probe.ProbeLightningModule", "on_nan=skip"], "on_nan=stop"),
     (["model._target_=probe.ProbeLightningModule", "optim.lr=0.3"], "optim.lr"),
 ])
@@ -63,6 +63,11 @@ def test_switches_that_cannot_reach_a_user_lightning_module_are_refused(train, a
     with pytest.raises(ConfigError, match="LightningModule of your own") as e:
         train(*args)
     assert says in str(e.value)
+
+
+def test_a_recipe_with_a_user_lightning_module_trains_and_says_what_does_not_apply(train, caplog):
+    m, _ = train("+recipe=resnet50", "scale=smoke", "model._target_=probe.BlockLightningModule", "trainer.max_epochs=1", "trainer.limit_train_batches=2")
+    assert m["status"] == "ok" and "the recipe's optimizer, schedule, loss and lr_scaling do not apply" in caplog.text
 
 
 def test_on_nan_skip_under_ddp_is_refused_up_front(compose):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -76,19 +77,30 @@ def test_pack_keeps_a_train_val_split(tmp_path, train):
     import numpy as np
 
     assert sorted(set(np.load(tmp_path / "packed" / "val" / "labels.npy").tolist())) == [1, 2]
+    assert (tmp_path / "packed").stat().st_mode & 0o055 == 0o055  # readable by others, like any folder (not the temp dir's 0700)
     m, _ = train("data=packed", f"data.root={tmp_path / 'packed'}", "data.image_size=16", "data.batch_size=4")
     assert m["status"] == "ok" and m["epochs"][0]["samples"] == 12
+    only_train = tmp_path / "only"
+    _jpegs(only_train / "train", classes=("x", "y"), per_class=2)
+    r = _pack(str(only_train), str(tmp_path / "packed-train"))
+    assert r.returncode == 0 and "train 4" in r.stdout, r.stderr
+    assert json.loads((tmp_path / "packed-train" / "train" / "meta.json").read_text())["classes"] == ["x", "y"]  # not one class "train"
 
 
 def test_pack_removes_only_its_own_stale_temp_dir(tmp_path):
     src = _jpegs(tmp_path / "src")
     stale, foreign = tmp_path / ".pack-stale", tmp_path / ".pack-not-ours"
     stale.mkdir()
-    (stale / ".trainer-pack-in-progress").write_text("999999999")  # a pack that was killed: its PID is gone
+    import socket
+
+    (stale / ".trainer-pack-in-progress").write_text(f"{socket.gethostname()} 999999999")  # a pack that was killed: its PID is gone
+    elsewhere = tmp_path / ".pack-other-host"
+    elsewhere.mkdir()
+    (elsewhere / ".trainer-pack-in-progress").write_text("another-host 999999999")  # may still run there: kept
     foreign.mkdir()
     (foreign / "keep.txt").write_text("not ours")
     assert _pack(str(src), str(tmp_path / "packed")).returncode == 0
-    assert not stale.exists() and (foreign / "keep.txt").read_text() == "not ours"
+    assert not stale.exists() and elsewhere.exists() and (foreign / "keep.txt").read_text() == "not ours"
 
 
 def test_pack_names_an_undecodable_file_and_writes_nothing(tmp_path):
@@ -104,10 +116,17 @@ def test_a_finished_run_dir_is_resumed_never_trained_over(tmp_path):
 
     run_dir = tmp_path / "run"
     assert run_cli(f"hydra.run.dir={run_dir}", *TINY, "checkpoint.enabled=true").returncode == 0
-    before = _snapshot(run_dir / "checkpoints"), (run_dir / "metrics.json").read_text()
+    before = _snapshot(run_dir)  # everything: metrics, checkpoints, .hydra/, logs
     r = run_cli(f"hydra.run.dir={run_dir}", *TINY, "checkpoint.enabled=true")
     assert r.returncode == 2 and "hydra.run.dir" in r.stderr and "ckpt_path=last" in r.stderr and "Traceback" not in r.stderr
-    assert (_snapshot(run_dir / "checkpoints"), (run_dir / "metrics.json").read_text()) == before
+    assert _snapshot(run_dir) == before
+    # a run killed mid-way (its journal says running): its record is not replaced by a failure either
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / "metrics.json").write_text(json.dumps({"schema": 1, "status": "running", "epochs": [{"epoch": 0, "time_s": 1.0}]}))
+    before = _snapshot(killed)
+    r = run_cli(f"hydra.run.dir={killed}", *TINY)
+    assert r.returncode == 2 and "status running" in r.stderr and _snapshot(killed) == before
 
 
 def test_a_second_sweep_into_the_same_sweep_dir_is_refused(tmp_path):

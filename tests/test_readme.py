@@ -47,8 +47,8 @@ def readme_commands(path: Path = ROOT / "README.md") -> List[Command]:
         for i, line in enumerate(lines):
             shown = line.startswith("$ ")
             cmd = line[2:] if shown else line
-            if not re.match(r"python (train\.py|-m trainer\.)", cmd):
-                continue
+            if not re.match(r"python (train\.py|-m trainer\.)", cmd) or cmd.rstrip().endswith("\\"):
+                continue  # (a command continued on the next line is not one this collector reads)
             comment = cmd.split("  #", 1)[1] if "  #" in cmd else ""
             marker = next((m for tag, m in MARKERS.items() if tag in comment), None)
             cmd = cmd.split("  #", 1)[0].strip()
@@ -122,6 +122,10 @@ def _workdir(tmp_path: Path) -> Path:
 
 def _args(c: Command) -> List[str]:
     args = shlex.split(c.text)[1:]  # drop "python"
+    if c.marker == "gpu":  # "8 GPUs" in the README: as many as this GPU machine has
+        import torch
+
+        args = [f"devices={min(int(a.split('=')[1]), torch.cuda.device_count())}" if a.startswith("devices=") and a.split("=")[1].isdigit() else a for a in args]
     if args[:2] == ["-m", "trainer.report"]:
         return [*args[:2], *[("multirun/2026-11-22/10-00-00" if a == "DIR" else a) for a in args[2:]]]
     if args[:2] == ["-m", "trainer.pack"]:

@@ -92,11 +92,11 @@ def expand_repeats(argv: List[str]) -> List[str]:
     return rest[:first] + [f"repeat=range({n})"] + rest[first:]
 
 
-def check_config_files(dirs=(CONFIG_DIR, RECIPE_DIR)) -> None:
+def check_config_files(dirs=None) -> None:
     """Every YAML file of the config tree parses (Hydra would answer a broken one with a yaml traceback)."""
     import yaml
 
-    for directory in dirs:
+    for directory in dirs or (CONFIG_DIR, RECIPE_DIR):
         for path in sorted(Path(directory).rglob("*.yaml")):
             try:
                 yaml.safe_load(path.read_text())
@@ -109,24 +109,6 @@ def check_config_files(dirs=(CONFIG_DIR, RECIPE_DIR)) -> None:
                     f"{path}{where}: not valid YAML ({(context + ': ') if context else ''}{what}). "
                     "Fix the file (a recipe, or a config you edited); nothing ran."
                 ) from None
-
-
-def check_sweep_dir(argv: List[str], overrides: List[str]) -> None:
-    """A second sweep into a sweep dir that holds finished jobs or a report is refused (unless it resumes them)."""
-    if not any(a in ("-m", "--multirun") for a in argv):
-        return
-    given = dict(ov.split("=", 1) for ov in overrides if "=" in ov)
-    sweep_dir = given.get("hydra.sweep.dir")
-    if not sweep_dir or "${" in sweep_dir or given.get("ckpt_path"):
-        return
-    root = Path(sweep_dir)
-    held = [p for p in (root / "ab_report.md", *sorted(root.glob("*/metrics.json"))) if p.exists()]
-    if held:
-        raise ConfigError(
-            f"'hydra.sweep.dir={sweep_dir}' already holds an earlier sweep ({held[0].relative_to(root)}"
-            f"{f' and {len(held) - 1} more' if len(held) > 1 else ''}); a second sweep would overwrite its jobs and report. "
-            "Choose a new sweep dir, rebuild the old report with python -m trainer.report, or resume its jobs with ckpt_path=last. Nothing was changed."
-        )
 
 
 def fail(message: str, code: int = ConfigError.exit_code) -> None:
@@ -170,10 +152,11 @@ def task(cfg) -> None:
             # Hydra saved the config before scale= was applied; keep the one that actually runs
             # (run() rewrites it again once the batch size, lr and class count are settled).
             OmegaConf.save(cfg, config_path, resolve=True)
-        from .launch import launch, needs_launch
-        from .run import refuse_finished_run_dir
+        from .launch import inside_launcher, launch, needs_launch
+        from .outputs import refuse_finished_run_dir
 
-        refuse_finished_run_dir(out_dir, cfg.ckpt_path, "hydra.sweep.dir" if multirun else "hydra.run.dir")
+        if not inside_launcher():  # a launched rank's dir is its parent's, which checked it
+            refuse_finished_run_dir(out_dir, cfg.ckpt_path, "hydra.sweep.dir" if multirun else "hydra.run.dir")
         if needs_launch(cfg):
             # check the config once here, not once per rank
             from . import hardware, switchboard
@@ -199,7 +182,10 @@ def task(cfg) -> None:
                 sys.exit(PREEMPTED_EXIT_CODE)
             _failed_jobs.append(out_dir)
     except UserFacingError as e:
-        _record_failure(out_dir, cfg, overrides, str(e))
+        from .outputs import OutputTaken
+
+        if not isinstance(e, OutputTaken):  # an earlier run's results are not ours to overwrite, even with a failure record
+            _record_failure(out_dir, cfg, overrides, str(e))
         if not multirun:
             fail(str(e), e.exit_code)
         log.error("job %s stopped: %s", hc.job.num, e)
@@ -220,7 +206,6 @@ def main() -> None:
         try:
             check_config_files()
             check_overrides(overrides, recipes())
-            check_sweep_dir(argv, overrides)
             check_output_dirs(overrides)
             sys.argv[1:] = expand_repeats(argv)
         except ConfigError as e:

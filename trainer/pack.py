@@ -34,8 +34,7 @@ from typing import Dict, Optional
 
 FORMAT = 1
 TEMP_PREFIX = ".pack-"
-MARKER = ".trainer-pack-in-progress"  # inside our temp dir: the PID of the packing process
-SPLITS = ("train", "val")
+MARKER = ".trainer-pack-in-progress"  # inside our temp dir: "host pid" of the packing process
 
 
 class PackError(Exception):
@@ -43,8 +42,9 @@ class PackError(Exception):
 
 
 def is_split_layout(src: Path) -> bool:
-    """SRC/train/<class>/... and SRC/val/<class>/... (and no class folders of its own)."""
-    return all((src / s).is_dir() and any(p.is_dir() for p in (src / s).iterdir()) for s in SPLITS)
+    """SRC/train/<class>/... (and SRC/val/<class>/... where there is one), not a class called "train"."""
+    train = src / "train"
+    return train.is_dir() and any(p.is_dir() for p in train.iterdir())
 
 
 def check_destination(src: Path, dst: Path) -> None:
@@ -61,13 +61,16 @@ def check_destination(src: Path, dst: Path) -> None:
 
 def _remove_stale_temp_dirs(parent: Path) -> None:
     """Temp dirs of earlier packs that were killed: ours (marker inside) and their process is gone."""
+    import socket
+
     for tmp in parent.glob(TEMP_PREFIX + "*"):
         marker = tmp / MARKER
         try:
-            pid = int(marker.read_text().strip())
+            host, pid = marker.read_text().split()
+            pid = int(pid)
         except (OSError, ValueError):
             continue  # not ours (no readable marker): never touched
-        if not _alive(pid):
+        if host == socket.gethostname() and not _alive(pid):  # another host's pack may still be running
             shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -140,19 +143,32 @@ def pack(src: str, dst: str, size: int) -> dict:
     _remove_stale_temp_dirs(dst_path.parent)
     tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=dst_path.parent))
     try:
-        (tmp / MARKER).write_text(str(os.getpid()))
+        import socket
+
+        (tmp / MARKER).write_text(f"{socket.gethostname()} {os.getpid()}")
+        staged = tmp / "data"
         if is_split_layout(src_path):
-            meta = _pack_one(src_path / "train", tmp / "train", size)
-            val = _pack_one(src_path / "val", tmp / "val", size, {c: i for i, c in enumerate(meta["classes"])})
-            meta = dict(meta, splits={"train": meta["count"], "val": val["count"]})
+            meta = _pack_one(src_path / "train", staged / "train", size)
+            splits = {"train": meta["count"]}
+            if (src_path / "val").is_dir():
+                val = _pack_one(src_path / "val", staged / "val", size, {c: i for i, c in enumerate(meta["classes"])})
+                splits["val"] = val["count"]
+            meta = dict(meta, splits=splits)
         else:
-            meta = _pack_one(src_path, tmp / "data", size)
-        (tmp / MARKER).unlink()
+            meta = _pack_one(src_path, staged, size)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staged, 0o777 & ~umask)  # an ordinary folder's mode (the temp dir around it is private)
         check_destination(src_path, dst_path)  # again: nothing may have appeared there meanwhile
-        staged = tmp if "splits" in meta else tmp / "data"
-        if dst_path.is_dir():
-            dst_path.rmdir()  # empty (checked just above): rmdir refuses anything else
-        os.replace(staged, dst_path)
+        try:
+            if dst_path.is_dir():
+                dst_path.rmdir()  # empty (checked just above): rmdir refuses anything else
+            os.replace(staged, dst_path)
+        except OSError as e:
+            raise PackError(
+                f"could not move the packed data into DST ({dst_path}): {e.strerror or e} (is DST a mount point, or on another "
+                "file system than its parent?). Nothing was written to DST; pack into a new folder inside it instead."
+            ) from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -173,7 +189,7 @@ def main(argv=None) -> int:
     except PackError as e:
         print(f"\nerror: {e}\n", file=sys.stderr)
         return 2
-    split = f" (train {meta['splits']['train']}, val {meta['splits']['val']})" if "splits" in meta else ""
+    split = " (" + ", ".join(f"{k} {v}" for k, v in meta["splits"].items()) + ")" if "splits" in meta else ""
     count = sum(meta["splits"].values()) if "splits" in meta else meta["count"]
     print(f"packed {count} images{split} of {len(meta['classes'])} classes at {meta['size']}px into {args.dst}")
     return 0

@@ -481,7 +481,12 @@ except ImportError:  # pragma: no cover - hydra is a dependency; keeps `python -
 class ABReportCallback(_HydraCallback):
     """Hydra callback: warn about parallel launchers; write the A/B report when a sweep ends."""
 
+    # before Hydra writes anything into the output dir: never over an earlier run's results
+    def on_run_start(self, config, **kwargs) -> None:
+        _refuse_taken(lambda outputs: outputs.refuse_finished_run_dir(config.hydra.run.dir, config.get("ckpt_path")))
+
     def on_multirun_start(self, config, **kwargs) -> None:
+        _refuse_taken(lambda outputs: outputs.refuse_used_sweep_dir(config.hydra.sweep.dir, config.get("ckpt_path")))
         launcher = str(config.hydra.launcher.get("_target_", ""))
         if "BasicLauncher" not in launcher:
             log.warning(
@@ -493,6 +498,19 @@ class ABReportCallback(_HydraCallback):
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = config.hydra.sweep.dir
         write_report([sweep_dir], sweep_dir)
+
+
+def _refuse_taken(check) -> None:
+    """Run an output-dir check; a refusal is the user's one paragraph and exit code 2, not Hydra's error report."""
+    from . import outputs
+
+    if os.environ.get("LOCAL_RANK") is not None:
+        return  # a launched rank runs in its parent's dir, which was checked
+    try:
+        check(outputs)
+    except outputs.OutputTaken as e:
+        print(f"\nerror: {e}\n", file=sys.stderr)
+        sys.exit(e.exit_code)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -10,7 +10,6 @@ import logging
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from omegaconf import OmegaConf, open_dict
@@ -22,6 +21,7 @@ from .flops import mfu
 from .flops import peak_flops as peak_flops_of
 from .flops import training_flops_per_sample
 from .launch import allocator_loaded
+from .outputs import refuse_finished_run_dir
 from .memory import PeakMemory
 
 log = logging.getLogger(__name__)
@@ -128,24 +128,6 @@ def _previous_result(out_dir: str) -> Optional[Dict[str, Any]]:
         return None
 
 
-def refuse_finished_run_dir(out_dir: str, ckpt_path: Optional[str], key: str = "hydra.run.dir") -> None:
-    """A run dir holding a finished run (an ok metrics.json, or checkpoints) is only ever resumed, never trained over."""
-    if ckpt_path:
-        return
-    held = []
-    previous = _previous_result(out_dir)
-    if previous and previous.get("status") == "ok":
-        held.append("metrics.json of a finished run")
-    checkpoints = sorted(p.name for p in Path(out_dir, "checkpoints").glob("*.ckpt")) if os.path.isdir(os.path.join(out_dir, "checkpoints")) else []
-    if checkpoints:
-        held.append(f"checkpoints ({', '.join(checkpoints[:3])}{', ...' if len(checkpoints) > 3 else ''})")
-    if held:
-        raise ConfigError(
-            f"'{key}' ({out_dir}) already holds {' and '.join(held)}; training into it from scratch would overwrite them. "
-            "Resume it with ckpt_path=last (raise trainer.max_epochs to train longer), or choose a new dir. Nothing was changed."
-        )
-
-
 def save_config(cfg, path: Optional[str]) -> None:
     """Rewrite ``.hydra/config.yaml`` with the config that actually ran (chosen batch size, scaled lr, classes)."""
     if path and os.path.isdir(os.path.dirname(path)):
@@ -232,7 +214,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
     try:
         config_mod.validate(cfg)
         if "LOCAL_RANK" not in os.environ:  # launched ranks: the launching process checked already
-            refuse_finished_run_dir(out_dir, cfg.ckpt_path)
+            refuse_finished_run_dir(out_dir, cfg.ckpt_path)  # in-process callers (tests, the tuner) skip the CLI's check
         import warnings
 
         import pytorch_lightning as pl
@@ -244,7 +226,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         from .data import ImageDataModule
         from .launch import processes_per_node
         from .models import build_module
-        from .models.build import check_user_module
+        from .models.build import check_user_module, user_lightning_module_class
 
         switchboard.set_cuda_alloc_conf(cfg.cuda_alloc_conf)  # before the first CUDA call
         hw = hardware.detect(cfg.accelerator)
@@ -266,6 +248,9 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         switchboard.apply_global_settings(cfg)
 
+        user_class = user_lightning_module_class(cfg)
+        if user_class is not None:
+            check_user_module(user_class, cfg, overrides)  # before any data is read or copied
         datamodule = ImageDataModule(cfg.data, cfg.seed, plan.accelerator, processes_per_node(cfg) if cfg.strategy != "auto" else 1)
         datamodule.step_clock = timer.clock
         num_classes = datamodule.build()

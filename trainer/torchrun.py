@@ -47,6 +47,7 @@ def _stderr_file(log_dir: Path, local_rank: int) -> Optional[Path]:
 def main(argv: List[str]) -> int:
     log_dir = Path(argv[0])
     _quiet_elastic_logs()
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
@@ -56,10 +57,27 @@ def main(argv: List[str]) -> int:
         rank, failure = e.get_first_failure()
         path = _stderr_file(log_dir, failure.local_rank)
         text = path.read_text(errors="replace") if path else ""
-        answer = answer_of(text) if text.strip() else f"rank {rank} exited with status {failure.exitcode} and printed nothing to stderr"
-        print(f"\n{answer}\n\n(rank {rank} stopped the job; every rank's stderr is under {log_dir})\n", file=sys.stderr, flush=True)
-        return failure.exitcode if failure.exitcode > 0 else 1
+        how = _how_it_ended(failure.exitcode)
+        answer = answer_of(text) if text.strip() else f"rank {rank} {how} and printed nothing to stderr"
+        print(f"\n{answer}\n\n(rank {rank} {how}, which stopped the job; every rank's stderr is under {log_dir})\n", file=sys.stderr, flush=True)
+        return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
+    except SignalException as e:  # this launcher itself was signalled (a scheduler's SIGTERM, Ctrl-C)
+        print(f"\nthe job's launcher received {e.sigval.name}; its ranks were stopped (their stderr is under {log_dir})\n", file=sys.stderr, flush=True)
+        return 128 + int(e.sigval)
     return 0
+
+
+def _how_it_ended(exitcode: int) -> str:
+    if exitcode >= 0:
+        return f"exited with status {exitcode}"
+    import signal
+
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = f"signal {-exitcode}"
+    hint = " (out of memory? the kernel's OOM killer sends SIGKILL)" if name == "SIGKILL" else ""
+    return f"was killed by {name}{hint}"
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ def cached_copy(src: str, cache_dir: str) -> str:
     name = f"{src_path.name}-{hashlib.sha1(str(src_path).encode()).hexdigest()[:8]}"
     dst = Path(os.path.expanduser(cache_dir)) / name
     try:
-        if dst.is_dir() and any(dst.iterdir()) and not any((dst / m).exists() for m in (MARKER, "MANIFEST.json", "DONE")):
+        ours = (dst / MARKER).exists() or ((dst / "MANIFEST.json").exists() and (dst / "DONE").exists())
+        if dst.is_dir() and any(dst.iterdir()) and not ours:
             raise ConfigError(
                 f"'data.cache={cache_dir}': {dst} already exists and holds files this cache did not write; "
                 "copying into it could overwrite them, so nothing was changed. Point data.cache at another folder."

@@ -92,15 +92,18 @@ def check_layout(path: str, key: str) -> None:
             f"'{key}' ({path}) holds one class folder ({classes[0]}): a classifier needs at least 2 classes, "
             "one folder each (DIR/<class>/<image>)."
         )
-    seen = set()
     for top, dirs, _ in os.walk(path, followlinks=True):
-        real = os.path.realpath(top)
-        if real in seen:
-            raise ConfigError(
-                f"'{key}': {top} leads back to a folder already read ({real}): a symlink loop, which would repeat the same images "
-                "without end. Remove the link or point it outside the data root."
-            )
-        seen.add(real)
+        here = os.path.realpath(top)
+        for d in dirs:
+            link = os.path.join(top, d)
+            if not os.path.islink(link):
+                continue
+            target = os.path.realpath(link)
+            if here == target or here.startswith(target + os.sep):  # points back at itself or an ancestor
+                raise ConfigError(
+                    f"'{key}': {link} points back to {target}, a folder it is inside: a symlink loop, which would repeat the same "
+                    "images without end. Remove the link or point it outside the data root."
+                )
 
 
 def _image_folder(path: str, transform, key: str, on_bad_sample: str = "skip", loader=None):

@@ -31,8 +31,11 @@ def repeated_blocks(model: nn.Module) -> List[nn.Module]:
         for name, module in model.named_modules():
             if name.rsplit(".", 1)[-1] in CONTAINER_NAMES and isinstance(module, (nn.ModuleList, nn.Sequential)):
                 for child in module.children():
-                    nested = isinstance(child, (nn.ModuleList, nn.Sequential))
-                    blocks.extend(child.children() if nested else [child])
+                    # a stage (EfficientNet: blocks[i] is a Sequential of blocks) is flattened; a block
+                    # that happens to be a Sequential of layers (conv, norm, act) is kept whole
+                    grandchildren = list(child.children()) if isinstance(child, (nn.ModuleList, nn.Sequential)) else []
+                    stage = grandchildren and all(any(True for _ in g.children()) for g in grandchildren)
+                    blocks.extend(grandchildren if stage else [child])
     if not blocks:
         blocks = [m for m in model.modules() if type(m).__name__.endswith(BLOCK_CLASS_SUFFIXES)]
     return _outermost([b for b in blocks if any(p.requires_grad for p in b.parameters())])

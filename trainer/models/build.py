@@ -7,11 +7,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytorch_lightning as pl
 import torch
 
 from ..errors import ConfigError
 from .classifier import ImageClassifier
+
+log = logging.getLogger(__name__)
 
 
 def build_module(cfg) -> pl.LightningModule:
@@ -64,20 +68,48 @@ def _importable(name: str) -> bool:
 _CLASSIFIER_PREFIXES = ("optim.", "sched.", "loss.")
 
 
-def check_user_module(module: pl.LightningModule, cfg, overrides) -> None:
-    """A user's own LightningModule brings its own step and optimizer: refuse the switches that would not reach it."""
-    if isinstance(module, ImageClassifier):
+def user_lightning_module_class(cfg):
+    """The class ``model._target_`` names, if it is a LightningModule of the user's own (else None)."""
+    import inspect
+
+    try:
+        from hydra.utils import get_object
+
+        target = get_object(str(cfg.model.get("_target_")))
+    except Exception:
+        return None  # build_module says what is wrong with it
+    if inspect.isclass(target) and issubclass(target, pl.LightningModule) and not issubclass(target, ImageClassifier):
+        return target
+    return None
+
+
+def check_user_module(module_or_class, cfg, overrides) -> None:
+    """A user's own LightningModule brings its own step and optimizer: refuse the switches that would not reach it.
+
+    Called with the class before any data is read (``run``), and with the built module for a
+    factory function that returns one. Only what the command line asks for is refused; a recipe's
+    optimizer settings (lr_scaling, optim.*, sched.*) are noted as not applying.
+    """
+    cls = module_or_class if isinstance(module_or_class, type) else type(module_or_class)
+    if not issubclass(cls, pl.LightningModule) or issubclass(cls, ImageClassifier):
         return
-    name = type(module).__name__
+    name = cls.__name__
+    given = {ov.lstrip("+~").split("=", 1)[0] for ov in overrides or []}
     problems = []
-    if cfg.lr_scaling != "none":
-        problems.append(f"lr_scaling={cfg.lr_scaling} scales the trainer's own optimizer, but {name}.configure_optimizers builds yours: set lr_scaling=none")
+    if "lr_scaling" in given and cfg.lr_scaling != "none":
+        problems.append(f"lr_scaling={cfg.lr_scaling} scales the trainer's own optimizer, but {name}.configure_optimizers builds yours: drop it")
     if cfg.on_nan == "skip":
         problems.append(f"on_nan=skip skips steps inside the trainer's own training_step, not {name}'s: use on_nan=stop or off")
-    given = sorted({ov.lstrip("+~").split("=", 1)[0] for ov in overrides or [] if ov.lstrip("+~").startswith(_CLASSIFIER_PREFIXES)})
-    if given:
-        problems.append(f"{', '.join(given)} configure the trainer's own optimizer, schedule and loss; {name} has its own (configure_optimizers, training_step): drop them")
+    own = sorted(k for k in given if k.startswith(_CLASSIFIER_PREFIXES))
+    if own:
+        problems.append(f"{', '.join(own)} configure the trainer's own optimizer, schedule and loss; {name} has its own (configure_optimizers, training_step): drop them")
     if problems:
         from ..errors import ConfigError
 
         raise ConfigError(f"model._target_ is a LightningModule of your own ({name}), which the trainer runs as it is. " + "; ".join(problems) + ".")
+    if cfg.get("recipe"):
+        log.warning(
+            "%s is your own LightningModule: the recipe's optimizer, schedule, loss and lr_scaling do not apply to it "
+            "(its configure_optimizers and training_step decide); the recipe's data, model-independent flags and trainer settings do.",
+            name,
+        )

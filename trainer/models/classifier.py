@@ -79,5 +79,7 @@ class ImageClassifier(pl.LightningModule):
 
     def configure_optimizers(self):
         optimizer = build_optimizer(self.net, self.optim_cfg)
+        if self.sched_cfg.name == "constant":  # also the only schedule for max_epochs=-1 (no known length)
+            return optimizer
         sched = build_scheduler(optimizer, self.sched_cfg, int(self.trainer.estimated_stepping_batches), self.trainer.max_epochs)
         return optimizer if sched is None else {"optimizer": optimizer, "lr_scheduler": sched}
