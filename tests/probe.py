@@ -131,41 +131,6 @@ class SlowBatchEndCallback(pl.Callback):
         time.sleep(self.sleep)
 
 
-class BlockNet(nn.Module):
-    """A user's own nn.Module with repeated blocks (what activation checkpointing and FSDP wrap)."""
-
-    def __init__(self, num_classes: int = 10, width: int = 8, depth: int = 2):
-        super().__init__()
-        self.stem = nn.Conv2d(3, width, 3, padding=1)
-        self.blocks = nn.Sequential(*[nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU()) for _ in range(depth)])
-        self.head = nn.Linear(width, num_classes)
-
-    def forward(self, x):
-        return self.head(self.blocks(self.stem(x)).mean((2, 3)))
-
-
-class BlockLightningModule(pl.LightningModule):
-    """A user's own LightningModule around BlockNet, with no ``forward`` (Lightning does not require one)."""
-
-    def __init__(self, num_classes: int = 10, lr: float = 0.05):
-        super().__init__()
-        self.net = BlockNet(num_classes)
-        self.lr = lr
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = nn.functional.cross_entropy(self.net(x), y)
-        self.log("train/loss_epoch", loss, on_step=False, on_epoch=True)
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        self.log("val/acc", (self.net(x).argmax(1) == y).float().mean())
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.lr)
-
-
 class HookLightningModule(ProbeLightningModule):
     """A user's LightningModule with its own on_after_batch_transfer, recording what reaches it."""
 

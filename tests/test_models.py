@@ -12,16 +12,16 @@ from conftest import TINY, read_metrics, run_cli
 KINDS = {
     "torchvision": ["model._target_=torchvision.models.resnet18"],
     "timm": ["model._target_=timm.create_model", "+model.model_name=resnet10t"],
-    "nn.Module": ["model._target_=probe.BlockNet", "+model.depth=3"],
-    "LightningModule": ["model._target_=probe.BlockLightningModule"],
+    "nn.Module": ["model._target_=trainer.examples.MyNet", "+model.depth=3"],
+    "LightningModule": ["model._target_=trainer.examples.MyLightningModule"],
 }
 
 
 def test_retargeting_the_model_drops_the_default_models_keys(compose):
     cfg = compose("model._target_=torchvision.models.resnet18")
     assert set(cfg.model) == {"_target_", "num_classes"}  # no leftover width: 16
-    cfg = compose("model._target_=probe.BlockNet", "+model.depth=3", "model.width=4")
-    assert dict(cfg.model) == {"_target_": "probe.BlockNet", "depth": 3, "width": 4, "num_classes": 10}
+    cfg = compose("model._target_=trainer.examples.MyNet", "+model.depth=3", "model.width=4")
+    assert dict(cfg.model) == {"_target_": "trainer.examples.MyNet", "depth": 3, "width": 4, "num_classes": 10}
     assert compose("model.width=4").model.width == 4  # not retargeted: the default model keeps its keys
 
 
@@ -34,6 +34,8 @@ def test_each_kind_of_model_trains_with_amp_channels_last_and_activation_checkpo
     m, _ = train(*args, "amp=true", "channels_last=true", "activation_checkpointing=true", "data.image_size=32")
     assert m["status"] == "ok" and m["precision"] == "bf16-mixed" and m["epochs"]
     assert "activation checkpointing: " in caplog.text and "activation checkpointing: 0 blocks" not in caplog.text
+    if kind in ("nn.Module", "LightningModule"):  # MyNet's blocks, whole (not their single layers)
+        assert f"activation checkpointing: {3 if kind == 'nn.Module' else 2} blocks" in caplog.text
 
 
 def test_a_user_lightning_module_is_trained_as_is(train):
@@ -66,7 +68,7 @@ def test_switches_that_cannot_reach_a_user_lightning_module_are_refused(train, a
 
 
 def test_a_recipe_with_a_user_lightning_module_trains_and_says_what_does_not_apply(train, caplog):
-    m, _ = train("+recipe=resnet50", "scale=smoke", "model._target_=probe.BlockLightningModule", "trainer.max_epochs=1", "trainer.limit_train_batches=2")
+    m, _ = train("+recipe=resnet50", "scale=smoke", "model._target_=trainer.examples.MyLightningModule", "trainer.max_epochs=1", "trainer.limit_train_batches=2")
     assert m["status"] == "ok" and "the recipe's optimizer, schedule, loss and lr_scaling do not apply" in caplog.text
 
 

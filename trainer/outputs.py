@@ -24,8 +24,8 @@ class OutputTaken(ConfigError):
 def _resumes_this_dir(out_dir: str, ckpt_path: Optional[str]) -> bool:
     if not ckpt_path:
         return False
-    if ckpt_path == "last":
-        return True
+    if ckpt_path == "last" or not os.path.exists(str(ckpt_path)):
+        return True  # (a missing file is refused by name when the run resolves it)
     return os.path.realpath(out_dir) in Path(os.path.realpath(str(ckpt_path))).parents
 
 

@@ -483,10 +483,14 @@ class ABReportCallback(_HydraCallback):
 
     # before Hydra writes anything into the output dir: never over an earlier run's results
     def on_run_start(self, config, **kwargs) -> None:
-        _refuse_taken(lambda outputs: outputs.refuse_finished_run_dir(config.hydra.run.dir, config.get("ckpt_path")))
+        run_dir = _select(config, "hydra.run.dir")
+        if run_dir:
+            _refuse_taken(lambda outputs: outputs.refuse_finished_run_dir(run_dir, config.get("ckpt_path")))
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        _refuse_taken(lambda outputs: outputs.refuse_used_sweep_dir(config.hydra.sweep.dir, config.get("ckpt_path")))
+        sweep_dir = _select(config, "hydra.sweep.dir")
+        if sweep_dir:
+            _refuse_taken(lambda outputs: outputs.refuse_used_sweep_dir(sweep_dir, config.get("ckpt_path")))
         launcher = str(config.hydra.launcher.get("_target_", ""))
         if "BasicLauncher" not in launcher:
             log.warning(
@@ -498,6 +502,12 @@ class ABReportCallback(_HydraCallback):
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep_dir = config.hydra.sweep.dir
         write_report([sweep_dir], sweep_dir)
+
+
+def _select(config, key: str):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(config, key)
 
 
 def _refuse_taken(check) -> None:
