@@ -156,3 +156,18 @@ def test_the_cache_never_writes_into_a_folder_of_the_users(tmp_path):
     assert (users / "a" / "0.jpg").read_bytes() == b"the user's own file"
     copy = cached_copy(str(src), str(tmp_path / "other-cache"))  # a fresh cache dir: copied, and reused after
     assert cached_copy(str(src), str(tmp_path / "other-cache")) == copy and (Path(copy) / "a" / "0.jpg").exists()
+
+
+def test_in_process_runs_never_write_into_a_killed_runs_dir(compose, tmp_path):
+    from conftest import TINY
+
+    from trainer.outputs import OutputTaken
+    from trainer.run import run
+
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / "metrics.json").write_text(json.dumps({"schema": 1, "status": "running", "epochs": [{"epoch": 0, "time_s": 1.0}]}))
+    before = _snapshot(killed)
+    with pytest.raises(OutputTaken):
+        run(compose(*TINY), str(killed))
+    assert _snapshot(killed) == before

@@ -71,9 +71,8 @@ def _callbacks(cfg, out_dir: str, timer, extra: List[Any]) -> List[Any]:
 
 def _check_input_size(module, datamodule, cfg) -> None:
     """One sample through the model before training: a too-small image fails here, clearly."""
-    import torch
-
     import pytorch_lightning as pl
+    import torch
 
     if type(module).forward is pl.LightningModule.forward:
         return  # a LightningModule without forward (Lightning does not need one): its own steps decide
@@ -211,10 +210,12 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         metrics_mod.write(metrics_path, result("running", None, train_loss=False))
 
     timer = EpochTimer(on_epoch=journal)
+    if "LOCAL_RANK" not in os.environ:  # launched ranks: the launching process checked already
+        # before the try: a refused dir gets nothing written into it, not even a failure record
+        # (in-process callers have no Hydra callback to check it for them)
+        refuse_finished_run_dir(out_dir, cfg.get("ckpt_path"))
     try:
         config_mod.validate(cfg)
-        if "LOCAL_RANK" not in os.environ:  # launched ranks: the launching process checked already
-            refuse_finished_run_dir(out_dir, cfg.ckpt_path)  # in-process callers (tests, the tuner) skip the CLI's check
         import warnings
 
         import pytorch_lightning as pl
