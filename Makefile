@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 .PHONY: setup demo test
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# exact versions from constraints.txt (pyproject.toml only holds ranges)
+$(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	touch $@
 
 # A CPU-sized A/B sweep of the ResNet-50 recipe on built-in synthetic data (a few minutes on 2 cores).

@@ -101,3 +101,16 @@ def test_repeats_run_every_configuration_interleaved_and_fold_into_rows(tmp_path
     assert "| 0,2 | false |" in table and "| 1,3 | true |" in table and "| repeats |" in table.replace("| world_size | repeats |", "| repeats |")
     r = run_cli("repeats=2", "trainer.max_epochs=1")
     assert r.returncode == 2 and "add -m" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_console_scripts_are_installed_and_answer():
+    import os
+    import subprocess
+    import sys
+
+    bin_dir = os.path.dirname(sys.executable)
+    for script, says in (("trainer-report", "Rebuild the A/B report"), ("trainer-pack", "packed"), ("trainer-train", "train")):
+        path = os.path.join(bin_dir, script)
+        assert os.path.exists(path), f"{script} is not installed next to {sys.executable}"
+        r = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and says in r.stdout, (script, r.stdout[-500:], r.stderr[-500:])
