@@ -115,3 +115,12 @@ def test_merge_keeps_each_epoch_once_full_beats_partial_newer_beats_older():
     assert merged[1]["time_s"] == 1.1 and merged[2]["time_s"] == 1.2  # the full records
     again = merge_epochs(merged, [{"epoch": 3, "time_s": 1.25}])
     assert again[3]["time_s"] == 1.25
+
+
+def test_flops_are_counted_for_the_recipe_models(compose):
+    """Batch-normed nets too (a single sample would trip BatchNorm's training-mode check on 1x1 maps)."""
+    from trainer.flops import training_flops_per_sample
+
+    for recipe, at_least in (("resnet50", 1e8), ("vit", 1e7)):
+        flops = training_flops_per_sample(compose(f"+recipe={recipe}", "scale=smoke"))
+        assert flops is not None and flops > at_least, (recipe, flops)

@@ -25,11 +25,12 @@ def training_flops_per_sample(cfg) -> Optional[float]:
     from .models import build_module
 
     size = cfg.data.image_size
+    batch = 2  # not 1: BatchNorm in training mode refuses one value per channel (ResNet's last 1x1 maps)
     try:
         with torch.device("meta"):
             module = build_module(cfg)
-            x = torch.empty(1, 3, size, size)
-        return float(measure_flops(module, lambda: module(x), lambda y: y.float().sum()))
+            x = torch.empty(batch, 3, size, size)
+        return float(measure_flops(module, lambda: module(x), lambda y: y.float().sum())) / batch
     except Exception as e:  # a model that cannot be built or run on meta (loads files, no forward, ...)
         log.info("FLOPs not counted (%s: %s): tflops and mfu stay null", type(e).__name__, str(e).splitlines()[0][:160] if str(e) else "")
         return None
