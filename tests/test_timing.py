@@ -73,7 +73,7 @@ def test_flops_per_sample_tflops_and_no_mfu_on_cpu(train):
     assert m["flops_per_sample"] == counter.get_total_flops() > 0
     assert m["tflops"] == pytest.approx(m["flops_per_sample"] * m["samples_per_s"] / 1e12, rel=1e-3)
     assert m["mfu"] is None and m["peak_flops"] is None  # no peak is known for a CPU
-    assert all("tflops" in e for e in m["epochs"])
+    assert m["epochs"] and all("tflops" in e for e in m["epochs"])
 
 
 def test_mfu_arithmetic():

@@ -2,8 +2,9 @@
 
 FLOPs are counted once per run with Lightning's ``measure_flops`` (torch's ``FlopCounterMode``) on a
 copy of the model built on the meta device: no memory, no compute, about the cost of building the
-model. It counts matmuls and convolutions of one forward and backward of one sample (elementwise
-ops, norms and the optimizer step are not counted, as in the usual MFU convention). The peak comes
+model. It counts matmuls and convolutions of one forward and backward (of two samples, halved:
+BatchNorm refuses a batch of one), per sample (elementwise ops, norms and the optimizer step are
+not counted, as in the usual MFU convention). The peak comes
 from Lightning's ``get_available_flops`` table (CUDA GPUs it knows, per dtype); on a CPU or an
 unknown GPU there is no peak and MFU is null.
 """

@@ -226,7 +226,7 @@ def job_names(jobs: List[Job]) -> Dict[int, str]:
     if len(parents) == 1 and len(set(paths)) == len(paths):
         return {id(j): (p.name if p.name.isdigit() else str(j.path)) for j, p in zip(jobs, paths)}
     common = Path(os.path.commonpath([str(p) for p in paths])) if paths else Path(".")
-    return {id(j): (str(p.relative_to(common)) if p != common else p.name) or p.name for j, p in zip(jobs, paths)}
+    return {id(j): str(p.relative_to(common)) if p != common else p.name for j, p in zip(jobs, paths)}
 
 
 def pick_baseline(rows: List[Row], varied: List[str]) -> Optional[Row]:
@@ -285,7 +285,7 @@ def build_rows(jobs: List[Job], acc_drop: float = ACC_DROP_THRESHOLD) -> tuple:
     base_time = base.epoch_time() if base else None
     base_acc = base.median_of("val_acc") if base else None
     repeated = any(len(r.jobs) > 1 for r in rows)
-    optional = [c for c, key in (("tflops", "tflops"), ("mfu", "mfu")) if any(j.metrics.get(key) is not None for j in jobs)]
+    optional = [key for key in ("tflops", "mfu") if any(j.metrics.get(key) is not None for j in jobs)]
     columns = ["job"] + shown + (["world_size"] if "world_size" not in shown else []) + (["repeats"] if repeated else []) + [
         "epoch_time_s", "spread_s", "speedup", "speedup_ci", "samples_per_s", "data_wait_fraction", "transfer_fraction", *optional,
         "peak_memory_mb", "val_acc", "bottleneck", "status", "notes",

@@ -257,16 +257,18 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         num_classes = datamodule.build()
         if num_classes != cfg.data.num_classes:
             if any(o.lstrip("+").split("=", 1)[0] == "data.num_classes" for o in overrides or []):
+                names = [str(c) for c in datamodule.classes or []]
+                listed = f" ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})" if names else ""
                 raise ConfigError(
-                    f"'data.num_classes={cfg.data.num_classes}' was given, but the data ({cfg.data.name}) has {num_classes} classes"
-                    f"{' (' + ', '.join(map(str, (datamodule.classes or [])[:6])) + (', ...' if len(datamodule.classes or []) > 6 else '') + ')' if datamodule.classes else ''}. "
+                    f"'data.num_classes={cfg.data.num_classes}' was given, but the data ({cfg.data.name}) has {num_classes} classes{listed}. "
                     "Drop data.num_classes (it follows the data), or give the number the data has."
                 )
             log.info("data.num_classes set to %d: the dataset has %d classes", num_classes, num_classes)
             with open_dict(cfg):
                 cfg.data.num_classes = num_classes
         module = build_module(cfg)
-        check_user_module(module, cfg, overrides)
+        if user_class is None:  # a factory function may still return a LightningModule of the user's
+            check_user_module(module, cfg, overrides)
         module = switchboard.prepare_model(module, cfg)
         _check_input_size(module, datamodule, cfg)
         with open_dict(cfg):

@@ -35,6 +35,11 @@ FETCH_ACTION = "[_TrainingEpochLoop].train_dataloader_next"
 TRANSFER_SUFFIX = ".batch_to_device"
 
 
+def _is_transfer(action_name: str) -> bool:
+    """The strategy's batch_to_device (not the LightningModule/DataModule hooks nested inside it)."""
+    return action_name.startswith("[Strategy]") and action_name.endswith(TRANSFER_SUFFIX)
+
+
 class StepClock(Profiler):
     def __init__(self) -> None:
         super().__init__()
@@ -44,7 +49,6 @@ class StepClock(Profiler):
 
     def reset(self) -> None:
         self.fetch_s = 0.0
-        self.fetches = 0
         self.transfer_host_s = 0.0
         self.prefetch_transfer_s = 0.0
         self._events: List[Tuple[torch.cuda.Event, torch.cuda.Event]] = []
@@ -58,7 +62,7 @@ class StepClock(Profiler):
             return
         if action_name == FETCH_ACTION:
             self._fetch_t0 = time.perf_counter()
-        elif action_name.startswith("[Strategy]") and action_name.endswith(TRANSFER_SUFFIX):
+        elif _is_transfer(action_name):
             if self.cuda_device is not None:
                 self._event0 = torch.cuda.Event(enable_timing=True)
                 self._event0.record(torch.cuda.current_stream(self.cuda_device))
@@ -67,9 +71,8 @@ class StepClock(Profiler):
     def stop(self, action_name: str) -> None:
         if action_name == FETCH_ACTION and self._fetch_t0 is not None:
             self.fetch_s += time.perf_counter() - self._fetch_t0
-            self.fetches += 1
             self._fetch_t0 = None
-        elif self._transfer_t0 is not None and action_name.endswith(TRANSFER_SUFFIX) and action_name.startswith("[Strategy]"):
+        elif self._transfer_t0 is not None and _is_transfer(action_name):
             self.transfer_host_s += time.perf_counter() - self._transfer_t0
             self._transfer_t0 = None
             if self._event0 is not None:

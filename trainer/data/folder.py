@@ -70,9 +70,6 @@ def skip_none_collate(batch):
     return default_collate([b for b in batch if b is not None])
 
 
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm", ".pgm", ".tif", ".tiff")
-
-
 def check_layout(path: str, key: str) -> None:
     """What ImageFolder would take silently but trains wrong: symlink loops, one class, loose images.
 
@@ -80,8 +77,11 @@ def check_layout(path: str, key: str) -> None:
     same images again and again; a single class folder trains a model that cannot be wrong; images
     directly in DIR are not a class.
     """
-    classes = sorted(e.name for e in os.scandir(path) if e.is_dir())
-    loose = [e.name for e in os.scandir(path) if e.is_file() and e.name.lower().endswith(IMAGE_SUFFIXES)]
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    entries = list(os.scandir(path))
+    classes = sorted(e.name for e in entries if e.is_dir())
+    loose = [e.name for e in entries if e.is_file() and e.name.lower().endswith(IMG_EXTENSIONS)]
     if loose and not classes:
         raise ConfigError(
             f"'{key}' ({path}) holds images ({loose[0]}, ...) but no class folders: the label of an image is the name of "
@@ -107,8 +107,6 @@ def check_layout(path: str, key: str) -> None:
 
 
 def _image_folder(path: str, transform, key: str, on_bad_sample: str = "skip", loader=None):
-    if os.path.isdir(path):
-        check_layout(path, key)
     try:
         dataset = _safe_image_folder_class()(path, transform=transform, **({"loader": loader} if loader else {}))
         dataset.on_bad_sample = on_bad_sample
@@ -150,11 +148,15 @@ def build_image_folders(
         raise ConfigError(f"'{key}' points at {root}, which does not exist or is not a folder. Set {key}=DIR to a folder of class subfolders of images.")
     train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
     if os.path.isdir(train_dir):
+        check_layout(train_dir, key)
+        if os.path.isdir(val_dir):
+            check_layout(val_dir, key)
         train = _image_folder(train_dir, make_transform(image_size, True, augment, keep_uint8), key, on_bad_sample, loader)
         val = _image_folder(val_dir, make_transform(image_size, False, augment, keep_uint8), key, on_bad_sample, loader) if os.path.isdir(val_dir) else None
         if val is not None and val.classes != train.classes:
             raise ConfigError(f"'{key}': {train_dir} and {val_dir} have different class folders; they must match.")
         return train, val, train.classes
+    check_layout(root, key)  # once: the train and val views below read the same folder
     full_train = _image_folder(root, make_transform(image_size, True, augment, keep_uint8), key, on_bad_sample, loader)
     if val_split <= 0:
         return full_train, None, full_train.classes
