@@ -11,7 +11,7 @@ import sys
 from trainer import report
 
 
-def _job(root, name, flags, times, val_acc=0.5, status="ok", error=None, overrides=()):
+def _job(root, name, flags, times, val_acc=0.5, status="ok", error=None, overrides=(), val_samples=None):
     d = root / name
     d.mkdir(parents=True)
     epochs = [{"epoch": i, "time_s": t, "samples": 320, "samples_per_s": 320 / t, "data_wait_s": 0.01, "steps": 20, "warmup": i == 0} for i, t in enumerate(times)]
@@ -22,6 +22,7 @@ def _job(root, name, flags, times, val_acc=0.5, status="ok", error=None, overrid
         "device": {"accelerator": "cpu", "name": "test", "count": 1}, "epochs": epochs,
         "epoch_time_s": steady[len(steady) // 2] if status == "ok" else None, "samples_per_s": 100.0,
         "data_wait_fraction": 0.01, "peak_memory_mb": 100.0, "train_loss": 1.0, "val_acc": val_acc, "overrides": list(overrides),
+        "val_samples": val_samples,
     }
     (d / "metrics.json").write_text(json.dumps(m))
     return d
@@ -44,6 +45,20 @@ def test_rows_baseline_speedup_noise_accuracy_and_failure(tmp_path):
     assert "within noise" in by["2"]["notes"] and "ACCURACY DROP" in by["2"]["notes"]
     assert by["3"]["status"] == "failed" and "RuntimeError: boom" in by["3"]["notes"] and by["3"]["speedup"] is None
     assert "warm-up only" in by["10"]["notes"]
+
+
+def test_an_accuracy_drop_within_the_val_sets_sampling_noise_is_not_called_a_drop(tmp_path):
+    # 0.80 vs 0.75: on 150 val samples each that is about 1 standard error (noise +-0.094);
+    # on 5000 samples it is far outside the noise (+-0.016)
+    for sweep, n in (("small", 150), ("large", 5000)):
+        _job(tmp_path / sweep, "0", {}, [2, 1, 1, 1], val_acc=0.80, val_samples=n)
+        _job(tmp_path / sweep, "1", {"amp": True}, [2, 1, 1, 1], val_acc=0.75, val_samples=n)
+    _, small, _ = report.build_rows(report.load_jobs([str(tmp_path / "small")]))
+    _, large, _ = report.build_rows(report.load_jobs([str(tmp_path / "large")]))
+    assert "ACCURACY DROP" not in small[1]["notes"] and "val_acc -0.050 not a significant drop (+-0.094 on 150 val samples)" in small[1]["notes"]
+    assert "ACCURACY DROP -0.050" in large[1]["notes"] and "not a significant drop" not in large[1]["notes"]
+    assert report.accuracy_noise(0.8, 150, 0.75, 150) == pytest.approx(1.96 * (0.8 * 0.2 / 150 + 0.75 * 0.25 / 150) ** 0.5)
+    assert report.accuracy_noise(0.8, None, 0.75, 150) is None  # older metrics.json: the fixed threshold alone
 
 
 def test_varied_keys_include_overrides(tmp_path):

@@ -124,3 +124,11 @@ def test_flops_are_counted_for_the_recipe_models(compose):
     for recipe, at_least in (("resnet50", 1e8), ("vit", 1e7)):
         flops = training_flops_per_sample(compose(f"+recipe={recipe}", "scale=smoke"))
         assert flops is not None and flops > at_least, (recipe, flops)
+
+
+def test_val_samples_counts_what_the_last_validation_saw(train):
+    # 20 val samples in batches of 8: all of them (8+8+4), then only the first two batches
+    m, _ = train("data.val_samples=20")
+    assert m["val_samples"] == 20
+    m, _ = train("data.val_samples=20", "trainer.limit_val_batches=2")
+    assert m["val_samples"] == 16

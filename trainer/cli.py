@@ -131,12 +131,24 @@ def _record_failure(out_dir: str, cfg, overrides: List[str], error: str) -> None
     metrics.write(path, record)
 
 
+def _log_status(num, overrides: List[str], out_dir: str) -> None:
+    """A launched job's status line, from the metrics.json its rank 0 wrote."""
+    from . import console, metrics
+
+    try:
+        result = metrics.read(os.path.join(out_dir, "metrics.json"))
+    except (OSError, ValueError):
+        return
+    log.info(console.status_line(num, overrides, result, out_dir), extra={console.STATUS_LINE: True})
+
+
 def task(cfg) -> None:
     """One Hydra job: apply the scale, save the effective config, run, record the outcome."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
+    from . import console
     from .model_config import replace_retargeted_model
     from .run import run
     from .scale import apply_scale
@@ -145,6 +157,9 @@ def task(cfg) -> None:
     out_dir = hc.runtime.output_dir
     multirun = hc.mode == RunMode.MULTIRUN
     overrides = list(hc.overrides.task)
+    console.set_sweep(multirun)
+    num = hc.job.num if multirun else 0  # hydra.job.num exists in sweeps only
+    label = console.job_label(num, overrides)
     try:
         cfg = replace_retargeted_model(apply_scale(cfg, overrides), overrides)
         config_path = os.path.join(out_dir, hc.output_subdir, "config.yaml") if hc.output_subdir is not None else None
@@ -170,10 +185,16 @@ def task(cfg) -> None:
                 _record_failure(out_dir, cfg, overrides, f"its processes exited with status {code}; see the logs in {out_dir}")
                 if not multirun:
                     sys.exit(code)
-                log.error("job %s: its processes exited with status %d; see %s", hc.job.num, code, out_dir)
+                log.error("%s: its processes exited with status %d; see %s", label, code, out_dir)
                 _failed_jobs.append(out_dir)
+            elif multirun:
+                _log_status(num, overrides, out_dir)
             return
         result = run(cfg, out_dir, overrides, config_path=config_path)
+        if multirun:
+            log.info(console.status_line(num, overrides, result, out_dir), extra={console.STATUS_LINE: True})
+        else:
+            log.info("results: %s (TensorBoard: tensorboard --logdir %s)", os.path.join(out_dir, "metrics.json"), out_dir)
         if result.get("preempted"):
             from .checkpointing import PREEMPTED_EXIT_CODE
 
@@ -188,16 +209,19 @@ def task(cfg) -> None:
             _record_failure(out_dir, cfg, overrides, str(e))
         if not multirun:
             fail(str(e), e.exit_code)
-        log.error("job %s stopped: %s", hc.job.num, e)
+        log.error("%s stopped: %s", label, e)
         _failed_jobs.append(out_dir)
     except Exception:
         if not multirun:
             raise
-        log.exception("job %s failed; its metrics.json records the error, and the sweep goes on", hc.job.num)
+        log.exception("%s failed; its metrics.json records the error, and the sweep goes on", label)
         _failed_jobs.append(out_dir)
 
 
 def main() -> None:
+    from .console import quiet_known_warnings
+
+    quiet_known_warnings()
     argv = sys.argv[1:]
     overrides = user_overrides(argv)
     if overrides is not None:

@@ -130,6 +130,8 @@ class TrainerConfig:
     # null: show the progress bar only when stderr is a terminal
     enable_progress_bar: Optional[bool] = None
     progress_refresh_rate: int = 20
+    # Lightning's table of layers and parameter counts before training (off: the console stays short)
+    model_summary: bool = False
 
 
 @dataclass

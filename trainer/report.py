@@ -21,6 +21,7 @@ import csv
 import io
 import json
 import logging
+import math
 import os
 import random
 import statistics
@@ -96,6 +97,22 @@ class Row:
     def median_of(self, key: str) -> Optional[float]:
         values = [j.metrics.get(key) for j in self.jobs if j.metrics.get(key) is not None]
         return round(statistics.median(values), 4) if values else None
+
+    def val_samples(self) -> Optional[int]:
+        """Validation samples behind the row's val_acc (its repeats' together); None if a job did not record it."""
+        counts = [j.metrics.get("val_samples") for j in self.jobs]
+        return sum(counts) if counts and all(counts) else None
+
+
+def accuracy_noise(base_acc: float, base_n: Optional[int], acc: float, n: Optional[int]) -> Optional[float]:
+    """Half-width of the 95% interval of a difference of two accuracies measured on n and base_n
+    samples (normal approximation of two binomials): a smaller drop is within sampling noise."""
+    if not base_n or not n:
+        return None
+    variance = base_acc * (1 - base_acc) / base_n + acc * (1 - acc) / n
+    # an accuracy of exactly 0 or 1 still has the resolution of one sample
+    variance = max(variance, 1 / base_n**2 + 1 / n**2)
+    return 1.96 * math.sqrt(variance)
 
 
 def find_metrics(dirs: Sequence[str]) -> List[Path]:
@@ -320,7 +337,11 @@ def build_rows(jobs: List[Job], acc_drop: float = ACC_DROP_THRESHOLD) -> tuple:
             notes.append(f"only {max(steps)} steps/epoch")
         acc = row.median_of("val_acc") if row.ok else m.get("val_acc")
         if row.ok and acc is not None and base_acc is not None and base_acc - acc > acc_drop:
-            notes.append(f"ACCURACY DROP {acc - base_acc:+.3f}")
+            noise = accuracy_noise(base_acc, base.val_samples(), acc, row.val_samples())
+            if noise is not None and base_acc - acc <= noise:
+                notes.append(f"val_acc {acc - base_acc:+.3f} not a significant drop (+-{noise:.3f} on {row.val_samples()} val samples)")
+            else:
+                notes.append(f"ACCURACY DROP {acc - base_acc:+.3f}")
         if m.get("compile_time_s"):
             notes.append(f"compile {m['compile_time_s']:.1f} s")
         if not row.ok:
@@ -457,7 +478,9 @@ def write_report(dirs: Sequence[str], out_dir: str, echo: bool = True) -> Option
         f"a speedup whose interval contains 1.00x is marked 'within noise'. "
         f"Jobs that differ only in seed/repeat are folded into one row. "
         f"data_wait_fraction is time blocked on the data loader; transfer_fraction is batch-to-device plus device-side decode/normalize. "
-        f"Rows whose val_acc fell more than {ACC_DROP_THRESHOLD} below the baseline are marked ACCURACY DROP.\n\n"
+        f"Rows whose val_acc fell more than {ACC_DROP_THRESHOLD} below the baseline are marked ACCURACY DROP, unless the "
+        f"drop is within the sampling noise of the validation set (a 95% interval for the difference of two accuracies, "
+        f"from the number of val samples each job saw): then the note says 'not a significant drop'.\n\n"
     )
     markdown = header + to_markdown(columns, rows)
     out.mkdir(parents=True, exist_ok=True)
@@ -468,8 +491,23 @@ def write_report(dirs: Sequence[str], out_dir: str, echo: bool = True) -> Option
     except Exception as e:  # the chart is a convenience; the table is the product
         log.warning("could not draw ab_report.png: %s", e)
     if echo:
-        print("\n" + to_markdown(columns, rows) + f"\nreport: {out / 'ab_report.md'} (.csv, .png)\n", flush=True)
+        verdicts = verdict_lines(jobs)
+        print(
+            "\n" + to_markdown(columns, rows) + ("\n" + "\n".join(verdicts) + "\n" if verdicts else "")
+            + f"\nreport: {out / 'ab_report.md'} (table), {out / 'ab_report.csv'}, chart: {out / 'ab_report.png'}\n",
+            flush=True,
+        )
     return markdown
+
+
+def verdict_lines(jobs: List[Job]) -> List[str]:
+    """The doctor's verdict per job, jobs with the same verdict on one line."""
+    by_verdict: Dict[str, List[str]] = {}
+    for row in fold_repeats(jobs, varied_keys(jobs)):
+        verdict = (row.first.metrics.get("diagnosis") or {}).get("verdict")
+        if verdict:
+            by_verdict.setdefault(verdict, []).append(row.name)
+    return [f"doctor, job{'s' if len(names) > 1 else ''} {', '.join(names)}: {verdict}" for verdict, names in by_verdict.items()]
 
 
 try:
@@ -488,6 +526,10 @@ class ABReportCallback(_HydraCallback):
             _refuse_taken(lambda outputs: outputs.refuse_finished_run_dir(run_dir, config.get("ckpt_path")))
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        from . import console
+
+        # each job's status line shows the values of what the sweep varies
+        console.set_sweep(True, console.swept_keys(_select(config, "hydra.overrides.task") or []))
         sweep_dir = _select(config, "hydra.sweep.dir")
         if sweep_dir:
             _refuse_taken(lambda outputs: outputs.refuse_used_sweep_dir(sweep_dir, config.get("ckpt_path")))

@@ -192,6 +192,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
                 "peak_flops": peak_flops,
                 "skipped_samples": bad_samples.skipped if bad_samples else 0,
                 "nan_skipped_steps": nan_guard.skipped if nan_guard else 0,
+                "val_samples": earlier.get("val_samples") if earlier else timer.val_samples,
                 "grad_scale": _grad_scale(trainer),
                 **notes,
                 "overrides": list(overrides or []),
@@ -217,6 +218,10 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
     try:
         config_mod.validate(cfg)
         import warnings
+
+        from .console import quiet_known_warnings
+
+        quiet_known_warnings()
 
         import pytorch_lightning as pl
         from pytorch_lightning.loggers import TensorBoardLogger
@@ -309,6 +314,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
             default_root_dir=out_dir,
             enable_checkpointing=cfg.checkpoint.enabled,
             enable_progress_bar=_show_progress_bar(cfg),
+            enable_model_summary=cfg.trainer.model_summary,
         )
         try:
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True if ckpt_path else None)

@@ -37,10 +37,13 @@ class Plan:
 
     def banner(self, cfg, hw: Hardware) -> str:
         dtypes = "bf16" + ("" if hw.bf16_native else " (emulated, slow)") + (", fp16" if hw.fp16 else "")
+        def on(value: bool) -> str:
+            return "true" if value else "false"
+
         flags = (
-            f"amp={'off' if not self.amp_dtype else self.amp_dtype} compile={cfg.compile and cfg.compile_mode} "
-            f"channels_last={cfg.channels_last} accumulate={cfg.accumulate} strategy={cfg.strategy} "
-            f"devices={self.devices} tf32={cfg.tf32} cudnn_benchmark={cfg.cudnn_benchmark} profile={cfg.profile}"
+            f"amp={self.amp_dtype or 'false'} compile={cfg.compile_mode if cfg.compile else 'false'} "
+            f"channels_last={on(cfg.channels_last)} accumulate={cfg.accumulate} strategy={cfg.strategy} "
+            f"devices={self.devices} tf32={on(cfg.tf32)} cudnn_benchmark={on(cfg.cudnn_benchmark)} profile={on(cfg.profile)}"
         )
         cap = f" sm{hw.capability}" if hw.capability else ""
         return f"device: {hw.accelerator} x{hw.count} ({hw.name}{cap}, {hw.cpu_cores} cores) | dtypes: {dtypes} | {flags}"

@@ -65,6 +65,9 @@ class EpochTimer(pl.Callback):
         self.epochs: List[Dict[str, Any]] = []  # this process's epochs
         self.first_step_s: float | None = None
         self.flops_per_sample: float | None = None  # set by run(): model FLOPs per training sample
+        # samples the last validation saw, all ranks (the report judges accuracy differences by it)
+        self.val_samples: int | None = None
+        self._val_count = 0
         self._fresh = True  # the first epoch this process runs is warm-up (also after a resume)
         self._reset()
 
@@ -106,6 +109,17 @@ class EpochTimer(pl.Callback):
             self.first_step_s = now - self._step_start
         self._samples += _batch_size(batch)
         self._steps += 1
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        self._val_count = 0
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._val_count += _batch_size(batch)
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking and self._val_count:
+            # a DistributedSampler gives every rank the same number of samples
+            self.val_samples = self._val_count * trainer.world_size
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit" or self._t0 is None:
