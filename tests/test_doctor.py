@@ -56,13 +56,13 @@ def test_input_bound_on_a_big_machine_names_workers_and_cores():
 
 
 def test_gpu_transfer_overhead_and_memory_verdicts():
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05}, system={"gpu0/util": 90.0}, hardware=H100, flags={}, data={}, is_convnet=True, h2d_share=0.3)
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05}, system={"gpu/util": 90.0}, hardware=H100, flags={}, data={}, is_convnet=True, h2d_share=0.3)
     assert d["bottleneck"] == "host-device transfer" and d["try"] == ["data.pin_memory=true", "data.gpu_normalize=true", "data.device_prefetch=true"]
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05}, system={"gpu0/util": 35.0}, hardware=H100, flags={}, data={}, is_convnet=False)
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05}, system={"gpu/util": 35.0}, hardware=H100, flags={}, data={}, is_convnet=False)
     assert d["bottleneck"] == "CPU-side overhead" and "compile=true" in d["try"]
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05, "peak_memory_mb": 76000}, system={"gpu0/util": 97.0}, hardware=H100, flags={}, data={}, is_convnet=True, device_memory_mb=80000)
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05, "peak_memory_mb": 76000}, system={"gpu/util": 97.0}, hardware=H100, flags={}, data={}, is_convnet=True, device_memory_mb=80000)
     assert d["bottleneck"] == "memory" and "activation_checkpointing=true" in d["try"]
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05, "peak_memory_mb": 9000}, system={"gpu0/util": 97.0}, hardware=H100, flags={"amp": True}, data={}, is_convnet=True, device_memory_mb=80000)
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05, "peak_memory_mb": 9000}, system={"gpu/util": 97.0}, hardware=H100, flags={"amp": True}, data={}, is_convnet=True, device_memory_mb=80000)
     assert d["bottleneck"] == "compute" and "data.batch_size=auto" in d["try"] and "amp=true" not in d["try"] and "tf32=true" not in d["try"]
 
 
@@ -128,10 +128,25 @@ def test_tensorboard_serves_the_profile_and_the_scalars(train):
 
 
 def test_transfer_fraction_alone_gives_a_transfer_verdict():
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.02, "transfer_fraction": 0.35}, system={"gpu0/util": 90.0}, hardware=H100, flags={}, data={"pin_memory": False}, is_convnet=True)
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.02, "transfer_fraction": 0.35}, system={"gpu/util": 90.0}, hardware=H100, flags={}, data={"pin_memory": False}, is_convnet=True)
     assert d["bottleneck"] == "host-device transfer" and d["try"] == ["data.pin_memory=true", "data.gpu_normalize=true", "data.device_prefetch=true"]
     assert "35% of training time" in d["verdict"] and d["evidence"]["transfer_fraction"] == 0.35
     d = doctor.diagnose(metrics={"data_wait_fraction": 0.02, "transfer_fraction": 0.35}, system={}, hardware=CPU, flags={}, data={"gpu_normalize": True}, is_convnet=True)
     assert d["bottleneck"] == "host-device transfer" and d["try"] == ["data.gpu_normalize=false"]
     d = doctor.diagnose(metrics={"data_wait_fraction": 0.02, "transfer_fraction": 0.05}, system={}, hardware=CPU, flags={}, data={}, is_convnet=True)
     assert d["bottleneck"] == "compute"
+
+
+def test_memory_full_is_judged_on_the_allocators_reservation():
+    """76 of 80 GB reserved while only 40 GB allocated: the device is full (fragmentation and cached
+    blocks count); judged on allocated memory it read as half empty."""
+    m = {"data_wait_fraction": 0.05, "peak_memory_mb": 40000, "peak_memory_reserved_mb": 76000}
+    d = doctor.diagnose(metrics=m, system={"gpu/util": 97.0}, hardware=H100, flags={}, data={}, is_convnet=True, device_memory_mb=80000)
+    assert d["bottleneck"] == "memory" and d["evidence"]["memory_used_fraction"] == 0.95
+
+
+def test_no_competition_verdict_under_a_cgroup_quota():
+    busy = {"cpu_busy_cores": 1.9, "process_cpu_cores": 0.9}
+    assert any("other processes" in n for n in doctor.diagnose(metrics={}, system=busy, hardware=CPU, flags={}, data={}, is_convnet=True)["hardware"])
+    quota = dict(CPU, cpu_quota=1.0)
+    assert not any("other processes" in n for n in doctor.diagnose(metrics={}, system=busy, hardware=quota, flags={}, data={}, is_convnet=True)["hardware"])

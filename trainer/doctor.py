@@ -53,8 +53,9 @@ def diagnose(
     cores = int(hardware.get("cpu_cores") or 1)
     cuda = hardware.get("accelerator") == "cuda"
     busy = system.get("cpu_busy_cores")
-    gpu_util = system.get("gpu0/util")
-    peak = metrics.get("peak_memory_mb")
+    gpu_util = system.get("gpu/util")
+    # the allocator's reservation is what fills the device (allocated memory understates it)
+    peak = metrics.get("peak_memory_reserved_mb") or metrics.get("peak_memory_mb")
     workers = int(data.get("num_workers") or 0)
     evidence = {
         "data_wait_fraction": round(wait, 3),
@@ -69,7 +70,9 @@ def diagnose(
     busy_text = f"{busy:.1f} of {cores} cores busy" if busy is not None else f"{cores} cores"
     hw_notes = hardware_notes(hardware, flags)
     own = system.get("process_cpu_cores")  # this run's processes: main + loader workers (+ local ranks)
-    if busy is not None and own is not None:
+    # busy is measured on the CPUs this run may use; under a cgroup quota those CPUs are shared
+    # by design and the quota, not other processes, bounds the run: no verdict on competition there
+    if busy is not None and own is not None and hardware.get("cpu_quota") is None:
         others = busy - own
         if others > max(0.75, 0.4 * cores):
             hw_notes.append(

@@ -8,10 +8,10 @@ build machines).
 
 from __future__ import annotations
 
-import os
 import platform
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class Hardware:
     bf16_native: bool  # bf16 math runs at full speed (CUDA sm80+, or a CPU with AVX512-BF16/AMX)
     fp16: bool  # fp16 autocast with loss scaling is available (CUDA only)
     capability: str = ""  # CUDA compute capability, e.g. "9.0"
+    cpu_quota: Optional[float] = None  # the cgroup's CPU quota in cores (containers, Slurm), None if none
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -51,15 +52,20 @@ def _cpu_name() -> str:
 
 
 def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """CPU cores this run can keep busy: its affinity mask cut to its cgroup's CPU quota (see sysstats)."""
+    from .sysstats import usable_cores as from_affinity_and_quota
+
+    return from_affinity_and_quota()
 
 
 @lru_cache(maxsize=None)
 def detect(accelerator: str = "auto") -> Hardware:
     import torch
 
+    from .sysstats import cgroup_cpu_limit
+
     cores = usable_cores()
+    quota = cgroup_cpu_limit()
     if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(0)
         return Hardware(
@@ -70,6 +76,7 @@ def detect(accelerator: str = "auto") -> Hardware:
             bf16_native=torch.cuda.is_bf16_supported(),
             fp16=True,
             capability=f"{major}.{minor}",
+            cpu_quota=quota,
         )
     flags = _cpu_flags()
     return Hardware(
@@ -79,4 +86,5 @@ def detect(accelerator: str = "auto") -> Hardware:
         cpu_cores=cores,
         bf16_native=bool(flags & {"avx512_bf16", "amx_bf16"}),
         fp16=False,
+        cpu_quota=quota,
     )

@@ -92,6 +92,9 @@ class PeakMemory(pl.Callback):
         self.baseline_mb = 0.0
         self.method = ""
         self.result_mb: Optional[float] = None
+        # CUDA: the caching allocator's peak reservation, which is what fills the device (allocated
+        # plus cached blocks and fragmentation); the "memory full" verdict is judged on it
+        self.reserved_mb: Optional[float] = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self.start()
@@ -100,10 +103,14 @@ class PeakMemory(pl.Callback):
         import torch
 
         peak = self.peak_mb()
+        reserved = torch.cuda.max_memory_reserved() / 2**20 if self.accelerator == "cuda" else None
         if trainer.world_size > 1:
             peak = float(trainer.strategy.reduce(torch.tensor(peak, device=trainer.strategy.root_device), reduce_op="max"))
+            if reserved is not None:
+                reserved = float(trainer.strategy.reduce(torch.tensor(reserved, device=trainer.strategy.root_device), reduce_op="max"))
             self.method += "; max over ranks"
         self.result_mb = round(peak, 1)
+        self.reserved_mb = round(reserved, 1) if reserved is not None else None
 
     def start(self) -> None:
         if self.accelerator == "cuda":

@@ -91,7 +91,7 @@ def _check_input_size(module, datamodule, cfg) -> None:
         module.train(was_training)
 
 
-def _diagnose(result: Dict[str, Any], cfg, hw, trainer, monitor, module) -> Dict[str, Any]:
+def _diagnose(result: Dict[str, Any], cfg, hw, trainer, monitor, module, timer) -> Dict[str, Any]:
     import torch
 
     from . import doctor
@@ -102,11 +102,11 @@ def _diagnose(result: Dict[str, Any], cfg, hw, trainer, monitor, module) -> Dict
     profiler = next((c for c in (trainer.callbacks if trainer else []) if isinstance(c, ProfilerCallback)), None)
     device_memory = None
     if hw.accelerator == "cuda":
-        device_memory = torch.cuda.get_device_properties(0).total_memory / 2**20
-    system = monitor.averages() if monitor else {}
-    if hw.accelerator == "cpu" and "process_cpu_cores" in system:
-        # this node's ranks are separate processes with about the same load: not "other processes"
-        system["process_cpu_cores"] *= max(1, trainer.world_size // max(1, trainer.num_nodes))
+        device_memory = torch.cuda.get_device_properties(trainer.strategy.root_device).total_memory / 2**20
+    # the same epochs data wait is measured on (this process's steady ones); the monitor's tree
+    # holds this node's other ranks too (torchrun), so their CPU is not "other processes"
+    steady = {e["epoch"] for e in timer.epochs if not e.get("warmup") and not e.get("partial")}
+    system = monitor.averages(steady or None) if monitor else {}
     return doctor.diagnose(
         metrics=result,
         system=system,
@@ -189,6 +189,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
                 "batch_size": cfg.data.batch_size,
                 "lr": cfg.optim.lr,
                 "peak_memory_method": peak.method if peak else None,
+                "peak_memory_reserved_mb": earlier.get("peak_memory_reserved_mb") if earlier else (peak.reserved_mb if peak else None),
                 "peak_flops": peak_flops,
                 "skipped_samples": bad_samples.skipped if bad_samples else 0,
                 "nan_skipped_steps": nan_guard.skipped if nan_guard else 0,
@@ -344,7 +345,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         else:
             final = result(status, error)
             if status == "ok" and hw is not None and trainer is not None and trainer.is_global_zero:
-                final["diagnosis"] = _diagnose(final, cfg, hw, trainer, monitor, module)
+                final["diagnosis"] = _diagnose(final, cfg, hw, trainer, monitor, module, timer)
                 log.info("doctor: %s", final["diagnosis"]["verdict"])
                 for note in final["diagnosis"]["hardware"]:
                     log.warning("doctor: %s", note)

@@ -3,151 +3,114 @@
 Why not Lightning's ``DeviceStatsMonitor``: it reads the stats on every step (on CUDA it calls
 ``torch.cuda.memory_stats`` each batch) and has no CPU utilization, disk or NVML readings. Here a
 reading is taken at a step boundary only when ``monitor.interval_s`` seconds have passed since the
-last one, so a step costs one ``time.monotonic()`` call. Readings come from /proc (no psutil) and,
-on NVIDIA GPUs, from NVML (nvidia-ml-py), silently absent where there is none.
+last one, so a step costs one ``time.monotonic()`` call. The readings come from psutil and NVML
+through ``trainer.sysstats``, scoped to what the run can use: busy time of the CPUs in its
+affinity mask, its own process tree (loader workers, and under torchrun every local rank), the
+rank's own GPU.
+
+Every reading covers training time of one epoch only: the window restarts at each epoch's start
+and closes before validation, and each reading records its epoch, so the doctor averages over the
+same steady epochs that data wait is measured on.
 
 Logged tags (TensorBoard, x axis = global step): ``system/cpu_busy_cores``, ``system/cpu_util``,
-``system/process_cpu_cores`` (this run: main process and loader workers), ``system/rss_mb``, ``system/disk_read_mb_s``, ``system/load_avg``,
-and per GPU ``gpu0/util``, ``gpu0/mem_used_mb``, ``gpu0/power_w``, ``gpu0/temp_c``. The averages
-over the run feed the bottleneck doctor.
+``system/process_cpu_cores`` (this run's processes), ``system/processes``, ``system/rss_mb``,
+``system/disk_read_mb_s``, ``system/load_avg``, and for the rank's GPU ``gpu/util``,
+``gpu/mem_used_mb``, ``gpu/reserved_mb``, ``gpu/power_w``, ``gpu/temp_c``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import time
-from typing import Dict, List, Optional
+from typing import Collection, Dict, List, Optional
 
 import pytorch_lightning as pl
 
-from ..memory import rss_mb
+from .. import sysstats
 
+log = logging.getLogger(__name__)
 
-def _read_cpu_times() -> Optional[tuple]:
-    """(busy, total) jiffies of all CPUs from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            parts = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = parts[3] + (parts[4] if len(parts) > 4 else 0)
-    return sum(parts) - idle, sum(parts)
-
-
-def _read_disk_read_bytes() -> Optional[int]:
-    """Bytes read from block devices by the whole machine (sectors x 512, /proc/diskstats)."""
-    try:
-        total = 0
-        with open("/proc/diskstats") as f:
-            for line in f:
-                fields = line.split()
-                name = fields[2]
-                if name.startswith(("loop", "ram")) or (name[-1].isdigit() and not name.startswith("nvme") and name[:-1] and name[-2].isalpha()):
-                    continue  # skip partitions of sdX/vdX (counted in the disk) and loop devices
-                total += int(fields[5]) * 512
-        return total
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _process_tree_cpu_seconds() -> float:
-    """CPU seconds of this process plus its children (DataLoader workers), live and exited."""
-    total = time.process_time()
-    t = os.times()
-    total += t.children_user + t.children_system  # children already reaped
-    me = str(os.getpid())
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    try:
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[1] == me:  # ppid
-                total += (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-    except OSError:
-        pass
-    return total
-
-
-def _nvml_handles():
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml, [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-    except Exception:
-        return None, []
+_MIN_WINDOW_S = 0.05  # shorter windows are all noise
 
 
 class SystemMonitor(pl.Callback):
     def __init__(self, interval_s: float = 5.0) -> None:
         self.interval_s = interval_s
         self.samples: List[Dict[str, float]] = []
-        self._last_t = 0.0
-        self._last_cpu = None
-        self._last_proc_cpu = 0.0
-        self._last_disk = None
-        self._nvml, self._gpus = None, []
+        self._cpus = sysstats.allowed_cpus()
+        self._busy = sysstats.CpuBusy(self._cpus)
+        self._tree = sysstats.ProcessTree()
+        self._gpu: Optional[sysstats.GpuReader] = None
+        self._epoch = 0
+        self._open = False
+        self._baseline()
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if trainer.strategy.root_device.type == "cuda":
-            self._nvml, self._gpus = _nvml_handles()
-        self._baseline()
+        device = trainer.strategy.root_device
+        if device.type == "cuda":
+            self._gpu = sysstats.GpuReader(device.index or 0)
+            if self._gpu.note:
+                log.info("system monitor: %s", self._gpu.note)
 
     def _baseline(self) -> None:
         self._last_t = time.monotonic()
-        self._last_cpu = _read_cpu_times()
-        self._last_proc_cpu = _process_tree_cpu_seconds()
-        self._last_disk = _read_disk_read_bytes()
+        self._busy.cores()  # restart the CPU window
+        self._last_proc_cpu = self._tree.cpu_seconds()
+        self._last_disk = sysstats.disk_read_bytes()
+
+    # ---- windows: training time of one epoch
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._epoch = trainer.current_epoch
+        self._open = True
+        self._baseline()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if time.monotonic() - self._last_t >= self.interval_s:
+        if self._open and time.monotonic() - self._last_t >= self.interval_s:
             self.sample(trainer)
 
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if self._open and not trainer.sanity_checking:
+            self._close(trainer)
+
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if time.monotonic() - self._last_t >= min(1.0, self.interval_s):
-            self.sample(trainer)  # short runs still get a reading per epoch
+        if self._open:
+            self._close(trainer)
+
+    def _close(self, trainer) -> None:
+        """End the epoch's window: a last reading unless it would cover almost no time."""
+        self._open = False
+        if time.monotonic() - self._last_t >= _MIN_WINDOW_S:
+            self.sample(trainer)
 
     def sample(self, trainer=None) -> Dict[str, float]:
         now = time.monotonic()
         dt = max(1e-6, now - self._last_t)
-        reading: Dict[str, float] = {}
-        cpu = _read_cpu_times()
-        cores = os.cpu_count() or 1
-        if cpu and self._last_cpu:
-            busy, total = cpu[0] - self._last_cpu[0], cpu[1] - self._last_cpu[1]
-            if total > 0:
-                reading["cpu_util"] = busy / total
-                reading["cpu_busy_cores"] = busy / total * cores
-        proc_cpu = _process_tree_cpu_seconds()
-        reading["process_cpu_cores"] = max(0.0, proc_cpu - self._last_proc_cpu) / dt  # this run: main process + loader workers
-        reading["rss_mb"] = rss_mb() or 0.0
-        disk = _read_disk_read_bytes()
+        reading: Dict[str, float] = {"epoch": float(self._epoch)}
+        busy = self._busy.cores()
+        if busy is not None:
+            reading["cpu_busy_cores"] = busy
+            reading["cpu_util"] = busy / len(self._cpus)
+        proc_cpu = self._tree.cpu_seconds()
+        reading["process_cpu_cores"] = max(0.0, proc_cpu - self._last_proc_cpu) / dt
+        reading["processes"] = float(self._tree.count())
+        reading["rss_mb"] = sysstats.rss_mb()
+        disk = sysstats.disk_read_bytes()
         if disk is not None and self._last_disk is not None:
-            reading["disk_read_mb_s"] = (disk - self._last_disk) / dt / 2**20
+            reading["disk_read_mb_s"] = max(0, disk - self._last_disk) / dt / 2**20
         reading["load_avg"] = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-        for i, handle in enumerate(self._gpus):
-            try:
-                nv = self._nvml
-                reading[f"gpu{i}/util"] = float(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
-                reading[f"gpu{i}/mem_used_mb"] = nv.nvmlDeviceGetMemoryInfo(handle).used / 2**20
-                reading[f"gpu{i}/mem_total_mb"] = nv.nvmlDeviceGetMemoryInfo(handle).total / 2**20
-                reading[f"gpu{i}/power_w"] = nv.nvmlDeviceGetPowerUsage(handle) / 1000
-                reading[f"gpu{i}/temp_c"] = float(nv.nvmlDeviceGetTemperature(handle, nv.NVML_TEMPERATURE_GPU))
-            except Exception:
-                pass
+        if self._gpu is not None:
+            reading.update(self._gpu.read())
         self.samples.append(reading)
-        self._baseline()
+        self._last_t, self._last_proc_cpu, self._last_disk = time.monotonic(), proc_cpu, disk
         if trainer is not None and trainer.logger is not None and trainer.is_global_zero:
-            trainer.logger.log_metrics({(k if "/" in k else f"system/{k}"): v for k, v in reading.items()}, step=trainer.global_step)
+            logged = {(k if "/" in k else f"system/{k}"): v for k, v in reading.items() if k != "epoch"}
+            trainer.logger.log_metrics(logged, step=trainer.global_step)
         return reading
 
-    def averages(self) -> Dict[str, float]:
-        keys = {k for s in self.samples for k in s}
-        return {k: round(statistics.mean(s[k] for s in self.samples if k in s), 4) for k in sorted(keys)}
-
+    def averages(self, epochs: Optional[Collection[int]] = None) -> Dict[str, float]:
+        """Means over the readings of ``epochs`` (the steady ones); over all readings when none of them has one."""
+        chosen = [s for s in self.samples if epochs is None or int(s["epoch"]) in epochs] or self.samples
+        keys = {k for s in chosen for k in s if k != "epoch"}
+        return {k: round(statistics.mean(s[k] for s in chosen if k in s), 4) for k in sorted(keys)}
