@@ -34,7 +34,7 @@ def loader_images_per_s(overrides, batches: int, repeats: int) -> dict:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from trainer.cli import CONFIG_DIR
+    from trainer.paths import CONFIG_DIR
     from trainer.config import register_schema
     from trainer.data import ImageDataModule
     from trainer.model_config import replace_retargeted_model

@@ -59,7 +59,7 @@ TARGET_RATIO = 1.03  # the trainer may cost at most 3% more per epoch than the p
 BUSY_LOAD = 0.5  # a 1-minute load average above this before the start: something else is running
 
 # What both sides train. The trainer gets all of these on its command line, so a change to the
-# config defaults cannot make the two sides drift apart; they match configs/train.yaml today.
+# config defaults cannot make the two sides drift apart; they match the schema defaults (trainer/config.py) today.
 SEED = 42
 IMAGE_SIZE = 32
 BATCH_SIZE = 32

@@ -46,7 +46,7 @@ def compose():
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from trainer.cli import CONFIG_DIR
+    from trainer.paths import CONFIG_DIR
     from omegaconf import OmegaConf
 
     from trainer.config import register_schema

@@ -128,3 +128,58 @@ def test_train_until_stopped_runs_until_stopped(train):
     finally:
         pl.Trainer.__init__ = original
     assert m["status"] == "ok" and [e["epoch"] for e in m["epochs"]] == [0, 1]
+
+
+def test_defaults_are_defined_once_in_the_schema(compose):
+    """configs/train.yaml picks groups and sets Hydra up; every value's default is the schema's, so
+    what runs and what the report calls "off" (the schema default) cannot disagree."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from trainer.paths import CONFIG_DIR
+    from trainer.config import TrainSchema
+
+    assert set(yaml.safe_load((CONFIG_DIR / "train.yaml").read_text())) == {"defaults", "hydra"}
+    schema = OmegaConf.to_container(OmegaConf.structured(TrainSchema))
+    composed = OmegaConf.to_container(compose(), resolve=True)
+    for section in ("optim", "sched", "trainer", "loss", "checkpoint"):
+        assert composed[section] == schema[section], section
+    assert {k: v for k, v in composed.items() if not isinstance(v, dict)} == {k: v for k, v in schema.items() if not isinstance(v, dict)}
+
+
+def test_the_package_has_no_import_cycles():
+    """Modules import each other one way only (cli -> run -> launch, never back), checked on the
+    source: every ``from .x import`` / ``from . import x``, at module level or inside functions."""
+    import ast
+
+    from trainer.paths import ROOT
+
+    package = ROOT / "trainer"
+    graph = {}
+    for path in package.rglob("*.py"):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        base = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                anchor = base.rsplit(".", node.level - 1)[0] if node.level > 1 else base
+                target = f"{anchor}.{node.module}" if node.module else anchor
+                deps |= {f"{target}.{a.name}" for a in node.names} | {target}
+        graph[module] = deps
+    # a package's __init__ re-exports its modules: that is naming, not a cycle of behaviour
+    packages = {".".join(p.relative_to(ROOT).parent.parts) for p in package.rglob("__init__.py")}
+    graph = {m: {d for d in deps if d in graph and d != m and d not in packages} for m, deps in graph.items() if m not in packages}
+
+    def cycle_from(start):
+        stack = [(start, [start])]
+        while stack:
+            node, trail = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    return trail + [start]
+                if nxt not in trail:
+                    stack.append((nxt, trail + [nxt]))
+        return None
+
+    cycles = [c for c in map(cycle_from, graph) if c]
+    assert not cycles, cycles[0]

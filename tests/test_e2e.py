@@ -114,3 +114,38 @@ def test_console_scripts_are_installed_and_answer():
         assert os.path.exists(path), f"{script} is not installed next to {sys.executable}"
         r = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and says in r.stdout, (script, r.stdout[-500:], r.stderr[-500:])
+
+
+def test_installing_the_package_keeps_the_torch_already_there():
+    """pyproject.toml holds ranges: pip's resolver, asked to install this project into an
+    environment that has a torch of the lowest tested version or newer (a CUDA build, say),
+    installs only the project. And every exact version CI uses lies inside those ranges."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from packaging.requirements import Requirement
+
+    from trainer.paths import ROOT
+
+    with tempfile.TemporaryDirectory() as tmp:
+        report = os.path.join(tmp, "report.json")
+        r = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", report, "--no-build-isolation",
+             "--no-index", "--disable-pip-version-check", str(ROOT)],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert r.returncode == 0, r.stderr[-2000:]
+        installs = [item["metadata"]["name"] for item in json.loads(open(report).read())["install"]]
+    assert installs == ["trainer-switchboard"], installs
+
+    import tomllib
+
+    requirements = [Requirement(s) for s in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines() if "==" in line and not line.startswith("#"))
+    pins = {k.lower().replace("_", "-"): v for k, v in pins.items()}
+    for req in requirements:
+        assert req.name.lower() in pins, f"{req.name} has no exact version in constraints.txt"
+        assert req.specifier.contains(pins[req.name.lower()]), f"constraints.txt pins {req.name}=={pins[req.name.lower()]}, outside {req}"

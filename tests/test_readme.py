@@ -177,3 +177,23 @@ def test_the_readme_has_the_commands_this_test_expects():
     assert any(c.expected_error and c.expected_error.startswith("Unknown config key 'ampp'") for c in found)
     assert any(c.marker == "gpu" for c in found) and any(c.marker == "slurm" for c in found)
     assert len(found) >= 12
+
+
+def test_tab_completion_as_the_readme_installs_it(tmp_path):
+    """The README's bash completion, installed with its eval line and asked the way bash asks."""
+    line = next(l for block in _code_blocks((ROOT / "README.md").read_text()) for l in block.splitlines() if "-sc install=bash" in l)
+    install = line.split("  #", 1)[0].strip()
+    script = f"""
+{install}
+complete_for() {{
+    COMP_LINE="$1"; COMP_POINT=${{#COMP_LINE}}; read -r -a COMP_WORDS <<< "$COMP_LINE"
+    COMP_CWORD=$(( ${{#COMP_WORDS[@]}} - 1 )); COMPREPLY=(); hydra_bash_completion; echo "${{COMPREPLY[*]}}"
+}}
+complete_for "python train.py am"
+complete_for "python train.py +recipe="
+"""
+    env = clean_env(PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
+    r = subprocess.run(["bash", "-c", script], cwd=_workdir(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    keys, recipes = r.stdout.strip().splitlines()[-2:]
+    assert set(keys.split()) == {"amp=", "amp_dtype="}, r.stdout + r.stderr
+    assert set(recipes.split()) == {"+recipe=resnet50", "+recipe=vit"}, r.stdout + r.stderr

@@ -15,12 +15,9 @@ from pathlib import Path
 from typing import List
 
 from .errors import ConfigError, UserFacingError
+from .paths import CONFIG_DIR, RECIPE_DIR
 
 log = logging.getLogger("trainer")
-
-ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = ROOT / "configs"
-RECIPE_DIR = ROOT / "recipes"
 
 # Hydra options that take a value as the next argument
 _OPTS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}

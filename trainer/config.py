@@ -137,13 +137,13 @@ class TrainerConfig:
 @dataclass
 class OptimConfig:
     name: str = "sgd"
-    lr: float = 0.1
+    lr: float = 0.05  # at ref_batch_size (with lr_scaling); the recipes set their own
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 5e-5
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
     # the batch size ``lr`` was tuned for: with lr_scaling, lr follows the effective batch size
-    ref_batch_size: int = 256
+    ref_batch_size: int = 32
     # optimizer implementation: auto (torch's choice), true (fused kernels), foreach, false (per-parameter loop)
     fused: Any = "auto"
     zero_grad_to_none: bool = True

@@ -135,7 +135,7 @@ def _free_port() -> int:
 
 def launch(cfg, out_dir: str, overrides: List[str]) -> int:
     """Run this job in fresh processes (torchrun's ranks, or one child for the allocator); return the exit code."""
-    from .cli import ROOT
+    from .paths import ROOT
 
     kept = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir", "hydra.sweep.dir", "hydra.job.num"))]
     job = [str(ROOT / "train.py"), *kept, f"hydra.run.dir={out_dir}"]
