@@ -45,9 +45,12 @@ def test_the_model_summary_comes_back_on_request(tmp_path):
 
 def test_a_sweep_prints_one_status_line_per_job_then_the_table(tmp_path):
     sweep = tmp_path / "sweep"
-    r = run_cli("-m", f"hydra.sweep.dir={sweep}", "amp=false,true", "trainer.max_epochs=2", "trainer.limit_train_batches=2", "checkpoint.enabled=false")
+    # data.device_prefetch=true on a CPU: every job warns that it does nothing here
+    r = run_cli("-m", f"hydra.sweep.dir={sweep}", "amp=false,true", "data.device_prefetch=true", "trainer.max_epochs=2", "trainer.limit_train_batches=2", "checkpoint.enabled=false")
     assert r.returncode == 0, r.stderr[-3000:]
-    out = [line for line in r.stdout.splitlines() if line.strip()]
+    lines = [line for line in r.stdout.splitlines() if line.strip()]
+    warnings = [line for line in lines + r.stderr.splitlines() if line.startswith("warning:")]
+    out = [line for line in lines if not line.startswith("warning:")]
     assert out[0] == "Launching 2 jobs locally"
     assert re.fullmatch(r"#0 amp=false: [\d.]+ s/epoch, [\d.]+ samples/s, val_acc [\d.]+, bottleneck: .+", out[1]), out[1]
     assert re.fullmatch(r"#1 amp=true: [\d.]+ s/epoch, [\d.]+ samples/s, val_acc [\d.]+, bottleneck: .+", out[2]), out[2]
@@ -57,9 +60,9 @@ def test_a_sweep_prints_one_status_line_per_job_then_the_table(tmp_path):
     # per-epoch lines went to each job's train.log only
     assert not any(line.startswith("epoch ") for line in out)
     assert "epoch 1:" in (sweep / "1" / "train.log").read_text()
-    # the same warning from both jobs was shown once (on this CPU amp=true may warn about bf16)
-    warnings = [line for line in r.stderr.splitlines() + out if line.startswith("warning:")]
-    assert len(warnings) == len(set(warnings))
+    # the same warning from both jobs is shown once
+    assert len([w for w in warnings if "data.device_prefetch=true needs a CUDA GPU" in w]) == 1, warnings
+    assert len(warnings) == len(set(warnings)), warnings
     assert read_metrics(sweep / "1")["status"] == "ok"
 
 
@@ -89,6 +92,22 @@ def test_console_filter_rules(fresh_console):
     assert keep(_record("trainer.run", logging.WARNING, "bf16 is emulated"))
     assert not keep(_record("trainer.run", logging.WARNING, "bf16 is emulated"))  # once per sweep
     assert keep(_record("trainer.cli", logging.ERROR, "#1 failed"))
+    # a fit that stopped for another reason than its planned length is said
+    console.set_sweep(False)
+    assert not keep(_record("pytorch_lightning.utilities.rank_zero", logging.INFO, "`Trainer.fit` stopped: `max_epochs=3` reached."))
+    assert keep(_record("pytorch_lightning.utilities.rank_zero", logging.INFO, "`Trainer.fit` stopped: No training batches."))
+
+
+def test_other_ranks_and_launched_sweep_processes_keep_quiet(fresh_console, monkeypatch):
+    keep = console.ConsoleFilter().filter
+    monkeypatch.setenv("RANK", "1")
+    assert not keep(_record("trainer.callbacks.epoch_timer", logging.INFO, "epoch 0: ..."))
+    assert not keep(_record("trainer.run", logging.WARNING, "a warning rank 0 gives too"))
+    assert keep(_record("trainer.run", logging.ERROR, "rank 1 failed"))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv(console.QUIET_ENV, "1")
+    console.set_sweep(False)  # a single run, but launched for a sweep job
+    assert not keep(_record("trainer.callbacks.epoch_timer", logging.INFO, "epoch 0: ..."))
 
 
 def test_status_lines_name_the_swept_values(fresh_console):

@@ -148,5 +148,7 @@ def test_memory_full_is_judged_on_the_allocators_reservation():
 def test_no_competition_verdict_under_a_cgroup_quota():
     busy = {"cpu_busy_cores": 1.9, "process_cpu_cores": 0.9}
     assert any("other processes" in n for n in doctor.diagnose(metrics={}, system=busy, hardware=CPU, flags={}, data={}, is_convnet=True)["hardware"])
-    quota = dict(CPU, cpu_quota=1.0)
-    assert not any("other processes" in n for n in doctor.diagnose(metrics={}, system=busy, hardware=quota, flags={}, data={}, is_convnet=True)["hardware"])
+    quota = dict(CPU, cpu_quota=1.5, cpu_cores=1)
+    d = doctor.diagnose(metrics={}, system=busy, hardware=quota, flags={}, data={}, is_convnet=True)
+    assert not any("other processes" in n for n in d["hardware"])
+    assert "this run using 0.9 of its 1.5-core quota" in d["verdict"] and "1.9 of" not in d["verdict"]

@@ -68,7 +68,22 @@ def test_cgroup_quota_v2_and_v1_cut_the_usable_cores(tmp_path):
     assert sysstats.usable_cores(cpus=list(range(16)), limit=4.0) == 4
     assert sysstats.usable_cores(cpus=[0, 1], limit=8.0) == 2
     assert sysstats.usable_cores(cpus=[0, 1, 2], detect_limit=False) == 3
+    (v2 / "outer" / "cpu.max").write_text("garbage\n")  # unreadable: no quota, no crash
+    assert sysstats.cgroup_cpu_limit(str(tmp_path / "cgroup2"), str(v2)) is None
 
+
+def test_busy_time_is_read_from_the_right_cpus_when_some_are_offline(tmp_path, monkeypatch):
+    (tmp_path / "online").write_text("0-1,3\n")
+    assert sysstats.online_cpus(str(tmp_path / "online")) == [0, 1, 3]
+    from collections import namedtuple
+
+    T = namedtuple("T", "user nice system idle iowait irq softirq steal guest guest_nice")
+    times = {"now": [T(0, 0, 0, 100, 0, 0, 0, 0, 0, 0), T(0, 0, 0, 100, 0, 0, 0, 0, 0, 0), T(50, 0, 0, 50, 0, 0, 0, 0, 0, 0)]}
+    monkeypatch.setattr(sysstats.psutil, "cpu_times", lambda percpu: times["now"])
+    monkeypatch.setattr(sysstats, "online_cpus", lambda: [0, 1, 3])  # CPU 2 is offline: psutil lists 0, 1, 3
+    busy = sysstats.CpuBusy(cpus=[3])
+    times["now"] = [T(0, 0, 0, 200, 0, 0, 0, 0, 0, 0), T(0, 0, 0, 200, 0, 0, 0, 0, 0, 0), T(150, 0, 0, 50, 0, 0, 0, 0, 0, 0)]
+    assert busy.cores() == 1.0  # CPU 3 (third in psutil's list) was busy all the time; 0 and 1 idle
 
 class _Burn:
     """A dataset whose every item costs CPU time in the loader worker."""
@@ -99,10 +114,14 @@ def test_the_process_tree_holds_the_loader_workers_and_their_cpu():
     del it, loader
 
 
-def test_under_torchrun_the_tree_is_the_agents_every_local_rank():
+def test_under_torchrun_or_srun_the_tree_is_the_launchers_every_local_rank():
     code = "import os; from trainer import sysstats; print(sysstats.ProcessTree().root.pid == os.getppid(), sysstats.ProcessTree().root.pid)"
     r = subprocess.run([sys.executable, "-c", code], env=clean_env(TORCHELASTIC_RUN_ID="x"), capture_output=True, text=True, timeout=60)
     assert r.stdout.split()[0] == "True", r.stderr
+    r = subprocess.run([sys.executable, "-c", code], env=clean_env(SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="2"), capture_output=True, text=True, timeout=60)
+    assert r.stdout.split()[0] == "True", r.stderr
+    r = subprocess.run([sys.executable, "-c", code], env=clean_env(SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="1"), capture_output=True, text=True, timeout=60)
+    assert r.stdout.split()[0] == "False", r.stderr  # a single-task step: its own tree
     r = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True, timeout=60)
     assert r.stdout.split()[0] == "False", r.stderr
 
@@ -129,6 +148,7 @@ class FakeNVML:
 
     def __init__(self, uuids):
         self.uuids = uuids
+        self.buses = [f"00000000:{0x10 * (i + 1):02X}:00.0" for i in range(len(uuids))]
 
     def nvmlDeviceGetCount(self):
         return len(self.uuids)
@@ -142,6 +162,11 @@ class FakeNVML:
         if uuid not in self.uuids:
             raise ValueError("NVML_ERROR_NOT_FOUND")
         return self.uuids.index(uuid)
+
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id):
+        if bus_id not in self.buses:
+            raise ValueError("NVML_ERROR_NOT_FOUND")
+        return self.buses.index(bus_id)
 
     def nvmlDeviceGetUUID(self, handle):
         return self.uuids[handle].encode()  # older nvidia-ml-py returns bytes
@@ -159,7 +184,7 @@ class FakeNVML:
         return 40 + handle
 
 
-UUIDS = ["GPU-aaaa1111", "GPU-bbbb2222", "GPU-cccc3333", "GPU-cccc4444"]
+UUIDS = ["GPU-aaaa1111", "GPU-bbbb2222", "GPU-cccc3333", "GPU-cccc4444", "MIG-dddd5555"]
 
 
 def test_a_ranks_gpu_is_found_in_nvmls_numbering():
@@ -169,6 +194,8 @@ def test_a_ranks_gpu_is_found_in_nvmls_numbering():
     assert sysstats.nvml_handle(nv, 0, visible="GPU-bbbb") == 1  # a UUID prefix
     assert sysstats.nvml_handle(nv, 0, visible="bbbb2222") == 1
     assert sysstats.nvml_handle(nv, 0, uuid="cccc4444", visible="0,1") == 3  # torch's UUID beats any ordering
+    assert sysstats.nvml_handle(nv, 0, uuid="dddd5555") == 4  # a MIG slice's UUID
+    assert sysstats.nvml_handle(nv, 0, uuid="ffff", pci_bus_id="00000000:30:00.0") == 2  # else the PCI bus id
     with pytest.raises(LookupError):
         sysstats.nvml_handle(nv, 0, visible="GPU-cccc")  # ambiguous prefix
     with pytest.raises(LookupError):
@@ -185,10 +212,13 @@ def test_the_gpu_reader_reads_the_ranks_own_gpu(monkeypatch):
 
 def test_the_monitor_averages_the_steady_epochs_only():
     monitor = SystemMonitor(interval_s=60)
-    monitor.samples = [{"epoch": 0.0, "cpu_busy_cores": 2.0}, {"epoch": 1.0, "cpu_busy_cores": 1.0}, {"epoch": 2.0, "cpu_busy_cores": 0.5}]
+    samples = [{"epoch": 0.0, "cpu_busy_cores": 2.0}, {"epoch": 1.0, "cpu_busy_cores": 1.0}, {"epoch": 2.0, "cpu_busy_cores": 0.5}]
+    monitor.samples = samples
     assert monitor.averages({1, 2}) == {"cpu_busy_cores": 0.75}
-    assert monitor.averages({7}) == {"cpu_busy_cores": round(3.5 / 3, 4)}  # no reading there: all of them
-    assert monitor.averages() == {"cpu_busy_cores": round(3.5 / 3, 4)}
+    assert monitor.averages({7}) == monitor.averages() == {"cpu_busy_cores": round(3.5 / 3, 4)}  # none there: all
+    # weighted by the time each reading covers: a 0.1 s tail of an epoch barely counts
+    monitor.samples = [{"epoch": 1.0, "window_s": 4.9, "cpu_busy_cores": 1.0}, {"epoch": 1.0, "window_s": 0.1, "cpu_busy_cores": 2.0}]
+    assert monitor.averages({1}) == {"cpu_busy_cores": round((4.9 + 0.2) / 5, 4)}
 
 
 def test_a_run_takes_one_reading_per_epoch_when_the_interval_is_longer(train):

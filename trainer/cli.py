@@ -135,8 +135,15 @@ def _log_status(num, overrides: List[str], out_dir: str) -> None:
     try:
         result = metrics.read(os.path.join(out_dir, "metrics.json"))
     except (OSError, ValueError):
-        return
-    log.info(console.status_line(num, overrides, result, out_dir), extra={console.STATUS_LINE: True})
+        result = {}
+    _status(console.status_line(num, overrides, result, out_dir), ok=result.get("status") == "ok")
+
+
+def _status(line: str, ok: bool) -> None:
+    """A sweep job's status line (a warning when the job did not finish)."""
+    from . import console
+
+    log.log(logging.INFO if ok else logging.WARNING, line, extra={console.STATUS_LINE: True})
 
 
 def task(cfg) -> None:
@@ -177,7 +184,7 @@ def task(cfg) -> None:
             validate(cfg)
             switchboard.resolve(cfg, hardware.detect(cfg.accelerator))
             # the child processes run this job in this job's dir; (rank 0 of) them writes metrics.json
-            code = launch(cfg, out_dir, overrides)
+            code = launch(cfg, out_dir, overrides, quiet=multirun)
             if code != 0:
                 _record_failure(out_dir, cfg, overrides, f"its processes exited with status {code}; see the logs in {out_dir}")
                 if not multirun:
@@ -189,7 +196,7 @@ def task(cfg) -> None:
             return
         result = run(cfg, out_dir, overrides, config_path=config_path)
         if multirun:
-            log.info(console.status_line(num, overrides, result, out_dir), extra={console.STATUS_LINE: True})
+            _status(console.status_line(num, overrides, result, out_dir), ok=result.get("status") == "ok")
         else:
             log.info("results: %s (TensorBoard: tensorboard --logdir %s)", os.path.join(out_dir, "metrics.json"), out_dir)
         if result.get("preempted"):

@@ -9,6 +9,7 @@ run dir's ``train.log`` in full: the filter and formatter here sit on the consol
 from __future__ import annotations
 
 import logging
+import os
 import re
 import warnings
 from typing import Any, Dict, Iterable, List, Optional, Set
@@ -26,10 +27,14 @@ STATUS_LINE = "trainer_status_line"
 
 _state: Dict[str, Any] = {"sweep": False, "swept_keys": None, "warned": set()}
 
+# Set for the processes a sweep job launches (its ranks, or a child for runtime.allocator): the
+# sweep's own process prints the job's status line, so they stay as quiet as a sweep job.
+QUIET_ENV = "TRAINER_QUIET_CONSOLE"
+
 
 def set_sweep(on: bool, swept_keys: Optional[Iterable[str]] = None) -> None:
     """In a sweep the console shows only each job's status line, warnings (once each) and errors."""
-    _state["sweep"] = on
+    _state["sweep"] = on or os.environ.get(QUIET_ENV) == "1"
     if swept_keys is not None:
         _state["swept_keys"] = list(swept_keys)
 
@@ -48,9 +53,13 @@ class ConsoleFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, STATUS_LINE, False):
             return True
+        if record.levelno < logging.ERROR and os.environ.get("RANK", "0") != "0":
+            return False  # the other ranks say the same as rank 0 (their logs are in the run dir)
         if record.levelno < logging.WARNING:
             if record.name.split(".", 1)[0] in _CHATTY_LOGGERS and record.name != _MODEL_SUMMARY_LOGGER:
-                return False
+                # ...except a fit that stopped early for a reason other than its planned length
+                message = record.getMessage()
+                return "stopped:" in message and not re.search(r"`max_(epochs|steps)=[-\d]+` reached", message)
             return not _state["sweep"]
         if _state["sweep"] and record.levelno == logging.WARNING:
             # the same warning from every job of a sweep ("bf16 is emulated here") is said once
@@ -95,6 +104,10 @@ def quiet_known_warnings() -> None:
     # builds LeafSpec() (pytorch_lightning/utilities/_pytree.py). Lightning's bug to fix, not ours
     # nor the user's: nothing they can change.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+    if "SLURM_JOB_ID" not in os.environ:
+        # Lightning warns on every run that `srun` exists but is not used whenever Slurm's client is
+        # installed. Outside a Slurm job that is a machine that merely has Slurm: not a mistake.
+        warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
 
 
 def job_label(num: Any, overrides: Iterable[str]) -> str:
@@ -114,6 +127,8 @@ def _lower_bools(override: str) -> str:
 def status_line(num: Any, overrides: Iterable[str], result: Dict[str, Any], out_dir: str) -> str:
     """One line that says how a sweep job went."""
     label = job_label(num, overrides)
+    if not result:
+        return f"{label}: no metrics.json was written; see {out_dir}"
     if result.get("status") != "ok":
         return f"{label}: {result.get('status', 'failed')}: {result.get('error') or 'see its metrics.json'} ({out_dir})"
     parts = []

@@ -67,9 +67,13 @@ def diagnose(
         "h2d_share": h2d_share,
         "memory_used_fraction": round(peak / device_memory_mb, 3) if (peak and device_memory_mb) else None,
     }
-    busy_text = f"{busy:.1f} of {cores} cores busy" if busy is not None else f"{cores} cores"
-    hw_notes = hardware_notes(hardware, flags)
     own = system.get("process_cpu_cores")  # this run's processes: main + loader workers (+ local ranks)
+    if hardware.get("cpu_quota") is not None and own is not None:
+        # under a quota the allowed CPUs are shared by design: say what this run itself used
+        busy_text = f"this run using {own:.1f} of its {hardware['cpu_quota']:g}-core quota"
+    else:
+        busy_text = f"{busy:.1f} of {cores} cores busy" if busy is not None else f"{cores} cores"
+    hw_notes = hardware_notes(hardware, flags)
     # busy is measured on the CPUs this run may use; under a cgroup quota those CPUs are shared
     # by design and the quota, not other processes, bounds the run: no verdict on competition there
     if busy is not None and own is not None and hardware.get("cpu_quota") is None:

@@ -23,7 +23,7 @@ class Hardware:
     bf16_native: bool  # bf16 math runs at full speed (CUDA sm80+, or a CPU with AVX512-BF16/AMX)
     fp16: bool  # fp16 autocast with loss scaling is available (CUDA only)
     capability: str = ""  # CUDA compute capability, e.g. "9.0"
-    cpu_quota: Optional[float] = None  # the cgroup's CPU quota in cores (containers, Slurm), None if none
+    cpu_quota: Optional[float] = None  # the cgroup's CPU quota in cores where it allows fewer than the affinity mask
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -62,10 +62,10 @@ def usable_cores() -> int:
 def detect(accelerator: str = "auto") -> Hardware:
     import torch
 
-    from .sysstats import cgroup_cpu_limit
+    from .sysstats import quota_limit
 
     cores = usable_cores()
-    quota = cgroup_cpu_limit()
+    quota = quota_limit()
     if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(0)
         return Hardware(

@@ -133,8 +133,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(cfg, out_dir: str, overrides: List[str]) -> int:
-    """Run this job in fresh processes (torchrun's ranks, or one child for the allocator); return the exit code."""
+def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False) -> int:
+    """Run this job in fresh processes (torchrun's ranks, or one child for the allocator); return the exit code.
+
+    ``quiet``: a sweep's job; its processes keep the console to warnings and errors.
+    """
+    from .console import QUIET_ENV
     from .paths import ROOT
 
     kept = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir", "hydra.sweep.dir", "hydra.job.num"))]
@@ -147,5 +151,7 @@ def launch(cfg, out_dir: str, overrides: List[str]) -> int:
     else:
         cmd = [sys.executable, *job]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])), **allocator_env(cfg))
+    if quiet:
+        env[QUIET_ENV] = "1"
     log.info("launching: %s%s", f"LD_PRELOAD={env['LD_PRELOAD']} " if "LD_PRELOAD" in env else "", " ".join(cmd))
     return subprocess.call(cmd, env=env)

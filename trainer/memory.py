@@ -40,8 +40,12 @@ def mem_available_mb() -> float:
 
 
 def rss_mb() -> Optional[float]:
-    kb = _status_kb("VmRSS")
-    return kb / 1024 if kb is not None else None
+    import psutil
+
+    try:
+        return psutil.Process().memory_info().rss / 2**20
+    except psutil.Error:
+        return None
 
 
 def _release_free_memory() -> None:

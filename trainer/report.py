@@ -99,9 +99,10 @@ class Row:
         return round(statistics.median(values), 4) if values else None
 
     def val_samples(self) -> Optional[int]:
-        """Validation samples behind the row's val_acc (its repeats' together); None if a job did not record it."""
+        """Validation samples behind the row's val_acc; None if a job did not record it. Repeats
+        validate on the same samples and the row shows their median, so one job's count, not their sum."""
         counts = [j.metrics.get("val_samples") for j in self.jobs]
-        return sum(counts) if counts and all(counts) else None
+        return min(counts) if counts and all(counts) else None
 
 
 def accuracy_noise(base_acc: float, base_n: Optional[int], acc: float, n: Optional[int]) -> Optional[float]:

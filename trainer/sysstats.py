@@ -45,17 +45,30 @@ def cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/f
     for _, controllers, path in (parts for parts in lines if len(parts) == 3):
         if controllers == "":  # v2 unified hierarchy
             for d in _self_and_ancestors(root, path):
-                quota = _read(os.path.join(d, "cpu.max"))
-                if quota and quota.split()[0] != "max":
-                    q, period = quota.split()[:2]
-                    limits.append(int(q) / int(period))
+                quota = (_read(os.path.join(d, "cpu.max")) or "max").split()
+                if quota[0] != "max":
+                    limits += _ratio(quota[0], quota[1] if len(quota) > 1 else None)
         elif "cpu" in controllers.split(","):
             base = os.path.join(root, controllers) if os.path.isdir(os.path.join(root, controllers)) else os.path.join(root, "cpu")
             for d in _self_and_ancestors(base, path):
-                quota, period = _read(os.path.join(d, "cpu.cfs_quota_us")), _read(os.path.join(d, "cpu.cfs_period_us"))
-                if quota and period and int(quota) > 0:
-                    limits.append(int(quota) / int(period))
+                limits += _ratio(_read(os.path.join(d, "cpu.cfs_quota_us")), _read(os.path.join(d, "cpu.cfs_period_us")))
     return min(limits) if limits else None
+
+
+def _ratio(quota: Optional[str], period: Optional[str]) -> List[float]:
+    """[quota / period] in cores, or [] for no quota (v1's -1) or an unreadable file."""
+    try:
+        q, p = int(quota or ""), int(period or "")
+    except ValueError:
+        return []
+    return [q / p] if q > 0 and p > 0 else []
+
+
+def quota_limit(cpus: Optional[List[int]] = None) -> Optional[float]:
+    """The cgroup quota when it allows fewer cores than the affinity mask (else None: it limits nothing)."""
+    limit = cgroup_cpu_limit()
+    n = len(cpus if cpus is not None else allowed_cpus())
+    return limit if limit is not None and limit < n else None
 
 
 def _self_and_ancestors(root: str, path: str) -> Iterable[str]:
@@ -86,6 +99,21 @@ def usable_cores(cpus: Optional[List[int]] = None, limit: Optional[float] = None
     return n
 
 
+def online_cpus(path: str = "/sys/devices/system/cpu/online") -> Optional[List[int]]:
+    """The online CPUs' numbers (``0-3,6,8-9``), None where the file cannot be read."""
+    text = _read(path)
+    if not text:
+        return None
+    cpus: List[int] = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.partition("-")
+            cpus += range(int(first), int(last or first) + 1)
+    except ValueError:
+        return None
+    return cpus
+
+
 class CpuBusy:
     """Busy time of the allowed CPUs between two readings, in cores (host-wide time of CPUs this
     process may not use is someone else's business, not competition)."""
@@ -99,10 +127,13 @@ class CpuBusy:
             per_cpu = psutil.cpu_times(percpu=True)
         except (psutil.Error, OSError):
             return None
+        # psutil lists the online CPUs in order: with some offline, list position is not the CPU number
+        online = online_cpus()
+        position = {cpu: i for i, cpu in enumerate(online)} if online and len(online) == len(per_cpu) else {i: i for i in range(len(per_cpu))}
         busy = total = 0.0
-        for i in self.cpus:
-            if i < len(per_cpu):
-                t = per_cpu[i]
+        for cpu in self.cpus:
+            if cpu in position:
+                t = per_cpu[position[cpu]]
                 idle = t.idle + getattr(t, "iowait", 0.0)
                 all_ = sum(t)
                 # guest time is already inside user time on Linux: psutil's fields add it twice
@@ -123,16 +154,21 @@ class CpuBusy:
 class ProcessTree:
     """CPU time and disk reads of a run's processes.
 
-    The tree is this process and all its descendants (DataLoader workers). Under torchrun
-    (``TORCHELASTIC_RUN_ID`` set) it is the elastic agent's whole tree: every local rank and its
-    workers, so the other ranks of a multi-process run on this node count as this run, not as
-    "other processes". Exited children count through their parent's reaped-children times.
+    The tree is this process and all its descendants (DataLoader workers). When this process is
+    one of several ranks started by a launcher, it is the launcher's whole tree on this node: under
+    torchrun (``TORCHELASTIC_RUN_ID``) the elastic agent's, under ``srun`` with several tasks the
+    step daemon's (slurmstepd). So the other ranks of a multi-process run on this node count as
+    this run, not as "other processes". Exited children count through their parent's reaped times.
     """
 
     def __init__(self, root: Optional[psutil.Process] = None) -> None:
         me = psutil.Process()
-        if root is None and os.environ.get("TORCHELASTIC_RUN_ID"):
-            root = me.parent()
+        srun_task = os.environ.get("SLURM_STEP_ID") is not None and int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
+        if root is None and (os.environ.get("TORCHELASTIC_RUN_ID") or srun_task):
+            try:
+                root = me.parent()
+            except psutil.Error:
+                root = None
         self.root = root or me
 
     def processes(self) -> List[psutil.Process]:
@@ -153,10 +189,6 @@ class ProcessTree:
 
     def count(self) -> int:
         return len(self.processes())
-
-
-def rss_mb() -> float:
-    return psutil.Process().memory_info().rss / 2**20
 
 
 def counted_disks(names: Iterable[str], sys_block: str = "/sys/block") -> Set[str]:
@@ -183,16 +215,24 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def nvml_handle(nvml, cuda_index: int, uuid: Optional[str] = None, visible: Optional[str] = None):
+def nvml_handle(nvml, cuda_index: int, uuid: Optional[str] = None, visible: Optional[str] = None, pci_bus_id: Optional[str] = None):
     """The NVML handle of the GPU that torch calls ``cuda:<cuda_index>``.
 
-    By the device's UUID when torch gives it (exact whatever the ordering); else through
-    ``CUDA_VISIBLE_DEVICES``: its N-th entry is an NVML index or a (prefix of a) GPU UUID.
-    Raises LookupError when the device cannot be found (e.g. a MIG slice).
+    Exact whatever the ordering: by the device's UUID when torch gives it (a GPU's or a MIG
+    slice's), else by its PCI bus id. Else through ``CUDA_VISIBLE_DEVICES``: its N-th entry is an
+    NVML index (the same GPU only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, CUDA's own order being
+    fastest first) or a (prefix of a) UUID. Raises LookupError when the device cannot be found.
     """
     if uuid:
+        bare = uuid.split("-", 1)[1] if uuid.startswith(("GPU-", "MIG-")) else uuid
+        for candidate in (f"GPU-{bare}", f"MIG-{bare}"):
+            try:
+                return nvml.nvmlDeviceGetHandleByUUID(candidate)
+            except Exception:
+                continue
+    if pci_bus_id:
         try:
-            return nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
+            return nvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
         except Exception:
             pass  # fall back to the visible-devices mapping
     entries = [e.strip() for e in (visible or "").split(",") if e.strip()] if visible is not None else None
@@ -233,13 +273,15 @@ class GpuReader:
             except Exception as e:  # no nvidia-ml-py, or no NVIDIA driver
                 self.note = f"no NVML ({type(e).__name__}); install nvidia-ml-py for GPU utilization, power and temperature"
                 return
-        uuid = None
+        uuid = pci = None
         try:
-            uuid = str(torch.cuda.get_device_properties(cuda_index).uuid)
+            props = torch.cuda.get_device_properties(cuda_index)
+            uuid = str(props.uuid)
+            pci = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"  # NVML's busId form
         except Exception:
             pass
         try:
-            self.handle = nvml_handle(self.nvml, cuda_index, uuid, os.environ.get("CUDA_VISIBLE_DEVICES"))
+            self.handle = nvml_handle(self.nvml, cuda_index, uuid, os.environ.get("CUDA_VISIBLE_DEVICES"), pci)
         except Exception as e:
             self.note = f"no NVML device for cuda:{cuda_index} ({e})"
 

@@ -29,10 +29,12 @@ from typing import Collection, Dict, List, Optional
 import pytorch_lightning as pl
 
 from .. import sysstats
+from ..memory import rss_mb
 
 log = logging.getLogger(__name__)
 
 _MIN_WINDOW_S = 0.05  # shorter windows are all noise
+_BOOKKEEPING = ("epoch", "window_s")  # what a reading records about itself, not a measurement
 
 
 class SystemMonitor(pl.Callback):
@@ -87,7 +89,7 @@ class SystemMonitor(pl.Callback):
     def sample(self, trainer=None) -> Dict[str, float]:
         now = time.monotonic()
         dt = max(1e-6, now - self._last_t)
-        reading: Dict[str, float] = {"epoch": float(self._epoch)}
+        reading: Dict[str, float] = {"epoch": float(self._epoch), "window_s": dt}
         busy = self._busy.cores()
         if busy is not None:
             reading["cpu_busy_cores"] = busy
@@ -95,7 +97,7 @@ class SystemMonitor(pl.Callback):
         proc_cpu = self._tree.cpu_seconds()
         reading["process_cpu_cores"] = max(0.0, proc_cpu - self._last_proc_cpu) / dt
         reading["processes"] = float(self._tree.count())
-        reading["rss_mb"] = sysstats.rss_mb()
+        reading["rss_mb"] = rss_mb() or 0.0
         disk = sysstats.disk_read_bytes()
         if disk is not None and self._last_disk is not None:
             reading["disk_read_mb_s"] = max(0, disk - self._last_disk) / dt / 2**20
@@ -105,12 +107,19 @@ class SystemMonitor(pl.Callback):
         self.samples.append(reading)
         self._last_t, self._last_proc_cpu, self._last_disk = time.monotonic(), proc_cpu, disk
         if trainer is not None and trainer.logger is not None and trainer.is_global_zero:
-            logged = {(k if "/" in k else f"system/{k}"): v for k, v in reading.items() if k != "epoch"}
+            logged = {(k if "/" in k else f"system/{k}"): v for k, v in reading.items() if k not in _BOOKKEEPING}
             trainer.logger.log_metrics(logged, step=trainer.global_step)
         return reading
 
     def averages(self, epochs: Optional[Collection[int]] = None) -> Dict[str, float]:
-        """Means over the readings of ``epochs`` (the steady ones); over all readings when none of them has one."""
+        """Time-weighted means over the readings of ``epochs`` (the steady ones); over all readings
+        when none of them has one. Weighted by each reading's window, so an epoch's short last
+        window (and its coarse CPU-time ticks) counts for the little time it covers."""
         chosen = [s for s in self.samples if epochs is None or int(s["epoch"]) in epochs] or self.samples
-        keys = {k for s in chosen for k in s if k != "epoch"}
-        return {k: round(statistics.mean(s[k] for s in chosen if k in s), 4) for k in sorted(keys)}
+        keys = {k for s in chosen for k in s if k not in _BOOKKEEPING}
+        out = {}
+        for k in sorted(keys):
+            pairs = [(s[k], s.get("window_s", 1.0)) for s in chosen if k in s]
+            weight = sum(w for _, w in pairs)
+            out[k] = round(sum(v * w for v, w in pairs) / weight if weight > 0 else statistics.mean(v for v, _ in pairs), 4)
+        return out

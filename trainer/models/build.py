@@ -44,14 +44,28 @@ def build_module(cfg) -> pl.LightningModule:
     raise ConfigError(f"'model._target_={target}' built a {type(obj).__name__}, not an nn.Module or LightningModule.")
 
 
+def _peek(path: str):
+    """``hydra.utils.get_object`` without the ERROR line it logs for a bad path: these lookups only
+    peek, and ``build_module`` reports a bad ``model._target_`` in one paragraph of its own."""
+    import logging
+
+    from hydra.utils import get_object
+
+    hydra_log = logging.getLogger("hydra.utils")
+    was = hydra_log.disabled
+    hydra_log.disabled = True
+    try:
+        return get_object(path)
+    finally:
+        hydra_log.disabled = was
+
+
 def _takes(target, argument: str) -> bool:
     """Whether the class or function named by ``target`` accepts ``argument`` (or any keyword)."""
     import inspect
 
     try:
-        from hydra.utils import get_object
-
-        fn = get_object(str(target))
+        fn = _peek(str(target))
         params = inspect.signature(fn).parameters.values()
     except Exception:
         return True  # cannot tell: pass it, and let instantiation say what is wrong
@@ -73,9 +87,7 @@ def user_lightning_module_class(cfg):
     import inspect
 
     try:
-        from hydra.utils import get_object
-
-        target = get_object(str(cfg.model.get("_target_")))
+        target = _peek(str(cfg.model.get("_target_")))
     except Exception:
         return None  # build_module says what is wrong with it
     if inspect.isclass(target) and issubclass(target, pl.LightningModule) and not issubclass(target, ImageClassifier):
