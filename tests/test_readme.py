@@ -11,6 +11,7 @@ for a Slurm cluster (tested with the cluster). Each command runs in a fresh dir 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -85,10 +86,17 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@functools.lru_cache(maxsize=None)
+def _slurm_problem():
+    from test_slurm import cluster_problem
+
+    return cluster_problem()
+
+
 def _param(c: Command):
     marks = {
         "gpu": [pytest.mark.gpu, pytest.mark.skipif(not _cuda(), reason="[needs GPU]: scripts/gpu_check.sh runs it on a CUDA machine")],
-        "slurm": [pytest.mark.skip(reason="[needs Slurm]: a Slurm cluster (scripts/slurm/local_cluster.sh)")],
+        "slurm": [pytest.mark.slurm, pytest.mark.skipif(_slurm_problem() is not None, reason=f"[needs Slurm]: {_slurm_problem()}")],
     }.get(c.marker, [])
     if c.text.startswith("python -m trainer.tune"):
         marks = [pytest.mark.skip(reason="python -m trainer.tune is specified (autotune) but not built yet")]
@@ -126,6 +134,9 @@ def _args(c: Command) -> List[str]:
         import torch
 
         args = [f"devices={min(int(a.split('=')[1]), torch.cuda.device_count())}" if a.startswith("devices=") and a.split("=")[1].isdigit() else a for a in args]
+    if "hydra.launcher.partition=P" in args:  # the SPEC's placeholder: the local test cluster (CPU only)
+        args = [a for a in args if a != "hydra.launcher.partition=P"]
+        args = ["hydra/launcher=slurm_local" if a == "hydra/launcher=slurm" else a for a in args]
     if args[:2] == ["-m", "trainer.report"]:
         return [*args[:2], *[("multirun/2026-11-22/10-00-00" if a == "DIR" else a) for a in args[2:]]]
     if args[:2] == ["-m", "trainer.pack"]:

@@ -166,6 +166,12 @@ def resolve_ckpt_path(ckpt_path: Optional[str], run_dir: str) -> Optional[str]:
     raise ConfigError("'ckpt_path=last': no checkpoint in the run dir could be loaded. " + " ".join(problems))
 
 
+def _single_device(trainer) -> bool:
+    from pytorch_lightning.strategies import SingleDeviceStrategy
+
+    return isinstance(trainer.strategy, SingleDeviceStrategy)
+
+
 class ResumableState(pl.Callback):
     """What Lightning does not save: RNG states and the position inside the epoch.
 
@@ -188,9 +194,10 @@ class ResumableState(pl.Callback):
         if self._trainer is not None:
             loop = self._trainer.fit_loop
             batches = loop.epoch_loop.batch_progress.current.processed
-            # saved inside an epoch, not at its end; exact skipping is single-process (a distributed
-            # sampler pads and shards the full epoch, so it cannot start mid-way)
-            if batches < self._trainer.num_training_batches and self._trainer.world_size == 1:
+            # saved inside an epoch, not at its end; exact skipping needs our sampler as it is (a
+            # distributed strategy wraps it in a sampler that pads, shards and reshuffles the whole
+            # epoch, also with one process, so it cannot start mid-way)
+            if batches < self._trainer.num_training_batches and _single_device(self._trainer):
                 position = [loop.epoch_progress.current.processed, batches]
         state = {
             "position": position,
@@ -207,7 +214,7 @@ class ResumableState(pl.Callback):
 
         epoch, batches = state.get("position", (0, 0))
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer else None
-        if batches and datamodule is not None and hasattr(datamodule, "resume_position"):
+        if batches and datamodule is not None and hasattr(datamodule, "resume_position") and _single_device(self._trainer):
             datamodule.resume_position = (int(epoch), int(batches))
         torch.set_rng_state(state["torch"])
         random.setstate(_tuples(state["python"]))
@@ -238,22 +245,34 @@ def _tuples(value):
 
 
 class PreemptionCallback(pl.Callback):
-    """Checkpoint at the next step boundary after SIGTERM/SIGUSR1, then stop cleanly."""
+    """Checkpoint at the next step boundary after SIGTERM/SIGUSR1, then stop cleanly.
+
+    SIGUSR2 too where the process already handles it in Python: submitit's jobs do (Hydra's Slurm
+    launcher), it is their preemption/time-limit signal. That handler (submitit's) runs after the
+    checkpoint is saved: submitit then requeues the job and exits, and the requeued job resumes
+    from last.ckpt (trainer/slurm.py).
+    """
 
     SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGUSR1", None)) if s is not None)
+    CHAINED_ONLY = tuple(s for s in (getattr(signal, "SIGUSR2", None),) if s is not None)
 
     def __init__(self, last_path: str) -> None:
         self.last_path = last_path
         self.received: Optional[str] = None
         self.saved_at_step: Optional[int] = None
+        self.exit_requested = False  # a chained handler (submitit's) asked the process to exit
+        self._signum: Optional[int] = None
         self._previous: Dict[int, Any] = {}
 
     def _handler(self, signum, frame) -> None:
         self.received = signal.Signals(signum).name
+        self._signum = signum
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        for s in self.SIGNALS:
+        for s in self.SIGNALS + self.CHAINED_ONLY:
             try:
+                if s in self.CHAINED_ONLY and not callable(signal.getsignal(s)):
+                    continue  # nobody in this process listens for it: leave its default
                 self._previous[s] = signal.signal(s, self._handler)
             except ValueError:  # not the main thread
                 pass
@@ -263,7 +282,21 @@ class PreemptionCallback(pl.Callback):
             trainer.save_checkpoint(self.last_path)
             self.saved_at_step = trainer.global_step
             log.warning("%s received: saved %s at step %d; stopping. Resume with ckpt_path=last.", self.received, self.last_path, trainer.global_step)
-            trainer.should_stop = True
+            # only the signals we listen to for someone else; Lightning's own SIGTERM/SIGUSR1 handlers
+            # (its SIGTERM exception, its Slurm auto-requeue with an hpc checkpoint) stay replaced
+            previous = self._previous.get(self._signum) if self._signum in self.CHAINED_ONLY else None
+            if callable(previous):
+                try:
+                    previous(self._signum, None)  # e.g. submitit: requeue this job, then exit
+                except SystemExit:
+                    self.exit_requested = True
+                    raise
+            # Stop now, as Lightning does on SIGTERM: ending the epoch instead (should_stop) would run
+            # the epoch-end checkpoint, which records the cut-short epoch as finished, and the
+            # resumed run would skip the rest of it.
+            from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+            raise SIGTERMException(0)
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self._restore()

@@ -16,6 +16,7 @@ from typing import List
 
 from .errors import ConfigError, UserFacingError
 from .paths import CONFIG_DIR, RECIPE_DIR
+from .rank import global_rank
 
 log = logging.getLogger("trainer")
 
@@ -167,12 +168,15 @@ def task(cfg) -> None:
     try:
         cfg = replace_retargeted_model(apply_scale(cfg, overrides), overrides)
         config_path = os.path.join(out_dir, hc.output_subdir, "config.yaml") if hc.output_subdir is not None else None
-        if config_path and os.environ.get("RANK", "0") == "0":
+        if config_path and global_rank() == 0:
             # Hydra saved the config before scale= was applied; keep the one that actually runs
             # (run() rewrites it again once the batch size, lr and class count are settled).
             OmegaConf.save(cfg, config_path, resolve=True)
         from .launch import inside_launcher, launch, needs_launch
         from .outputs import refuse_finished_run_dir
+        from .slurm import resume_if_requeued
+
+        resume_if_requeued(cfg, out_dir)
 
         if not inside_launcher():  # a launched rank's dir is its parent's, which checked it
             refuse_finished_run_dir(out_dir, cfg.ckpt_path, "hydra.sweep.dir" if multirun else "hydra.run.dir")
@@ -195,6 +199,9 @@ def task(cfg) -> None:
                 _log_status(num, overrides, out_dir)
             return
         result = run(cfg, out_dir, overrides, config_path=config_path)
+        from .slurm import leave_for_requeue
+
+        leave_for_requeue(result)
         if multirun:
             _status(console.status_line(num, overrides, result, out_dir), ok=result.get("status") == "ok")
         else:
@@ -245,7 +252,7 @@ def main() -> None:
     from .config import register_schema
 
     register_schema()
-    rank = os.environ.get("RANK", "0")
+    rank = str(global_rank())
     OmegaConf.register_new_resolver("trainer_rank_suffix", lambda: "" if rank == "0" else f"_rank{rank}", replace=True)
     OmegaConf.register_new_resolver("trainer_rank0_only", lambda value: value if rank == "0" else None, replace=True)
     try:

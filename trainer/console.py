@@ -14,6 +14,8 @@ import re
 import warnings
 from typing import Any, Dict, Iterable, List, Optional, Set
 
+from .rank import global_rank
+
 # Lightning's INFO lines ("GPU available: ...", "TPU available: ...", the LitLogger tip, "Loading
 # `train_dataloader` to estimate ...", "`Trainer.fit` stopped: ...") say nothing a user of this
 # trainer needs: the header already names the device. They stay in train.log.
@@ -53,7 +55,7 @@ class ConsoleFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, STATUS_LINE, False):
             return True
-        if record.levelno < logging.ERROR and os.environ.get("RANK", "0") != "0":
+        if record.levelno < logging.ERROR and global_rank() != 0:
             return False  # the other ranks say the same as rank 0 (their logs are in the run dir)
         if record.levelno < logging.WARNING:
             if record.name.split(".", 1)[0] in _CHATTY_LOGGERS and record.name != _MODEL_SUMMARY_LOGGER:

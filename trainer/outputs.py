@@ -30,8 +30,10 @@ def _resumes_this_dir(out_dir: str, ckpt_path: Optional[str]) -> bool:
 
 
 def refuse_finished_run_dir(out_dir: str, ckpt_path: Optional[str], key: str = "hydra.run.dir") -> None:
-    if _resumes_this_dir(out_dir, ckpt_path):
-        return
+    from .slurm import restart_count
+
+    if _resumes_this_dir(out_dir, ckpt_path) or restart_count() > 0:
+        return  # (a job Slurm requeued reruns in its own dir: the first run was checked; see trainer/slurm.py)
     held = []
     try:
         status = json.loads(Path(out_dir, "metrics.json").read_text()).get("status")

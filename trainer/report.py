@@ -535,7 +535,8 @@ class ABReportCallback(_HydraCallback):
         if sweep_dir:
             _refuse_taken(lambda outputs: outputs.refuse_used_sweep_dir(sweep_dir, config.get("ckpt_path")))
         launcher = str(config.hydra.launcher.get("_target_", ""))
-        if "BasicLauncher" not in launcher:
+        one_at_a_time = "BasicLauncher" in launcher or config.hydra.launcher.get("array_parallelism") == 1
+        if not one_at_a_time:
             log.warning(
                 "hydra/launcher=%s may run jobs in parallel: their epoch times would interfere with each other. "
                 "For timing sweeps keep the default launcher (jobs one after another).",

@@ -23,6 +23,7 @@ from .flops import training_flops_per_sample
 from .launch import allocator_loaded
 from .outputs import refuse_finished_run_dir
 from .memory import PeakMemory
+from .rank import global_rank
 
 log = logging.getLogger(__name__)
 
@@ -287,7 +288,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
                 pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the search consumed random numbers
             notes["lr_note"] = switchboard.scale_lr(cfg, plan.world_size(hw))
         log.info(notes["lr_note"])
-        if os.environ.get("RANK", "0") == "0":
+        if global_rank() == 0:
             save_config(cfg, config_path)  # what runs from here on: chosen batch size, scaled lr, classes
         timer.flops_per_sample = training_flops_per_sample(cfg)
         peak_flops = peak_flops_of(plan.accelerator, plan.precision)
@@ -324,14 +325,18 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
             # step in which our PreemptionCallback saved last.ckpt: that is a preemption, not a crash
             if not preemption.received:
                 raise
+            _preempted(notes, preemption)
+            if preemption.exit_requested:
+                raise  # submitit requeued the job and exits this process: let it
         if preemption.received:
-            status = "failed"
-            error = f"preempted by {preemption.received} at step {preemption.saved_at_step}; resume with ckpt_path=last"
-            notes["preempted"] = True
+            status, error = _preempted(notes, preemption)
         elif trainer.interrupted:
             status, error = "failed", "interrupted (KeyboardInterrupt or signal) before the last epoch finished"
     except BaseException as e:
-        status, error = "failed", (str(e) if isinstance(e, UserFacingError) else metrics_mod.one_line(e))
+        if notes.get("preempted"):
+            status, error = _preempted(notes, preemption)
+        else:
+            status, error = "failed", (str(e) if isinstance(e, UserFacingError) else metrics_mod.one_line(e))
         raise
     finally:
         kept = _already_finished(previous, timer, status)
@@ -352,6 +357,11 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
             if trainer is None or trainer.is_global_zero:
                 metrics_mod.write(metrics_path, final)
     return final
+
+
+def _preempted(notes: Dict[str, Any], preemption) -> tuple:
+    notes["preempted"] = True
+    return "failed", f"preempted by {preemption.received} at step {preemption.saved_at_step}; resume with ckpt_path=last"
 
 
 def _already_finished(previous: Optional[Dict[str, Any]], timer, status: str) -> bool:

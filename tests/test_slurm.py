@@ -1,0 +1,184 @@
+"""The Slurm path on a live cluster: sweeps through hydra/launcher=slurm_local, preemption by
+``scontrol requeue`` and by the time-limit signal (submitit's and the batch script's), each
+resuming by itself to the same weights as an uninterrupted run, and DDP with two Slurm tasks.
+
+They need a live cluster whose slurm.conf ``SLURM_CONF`` names (``.ci/run`` starts one with
+``scripts/slurm/local_cluster.sh up``); without one they skip, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, clean_env, final_loss, read_metrics, run_cli
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+# ~4 s of training in 512 steps, a checkpoint every 7 steps: a preemption lands mid-run
+RUN = ["seed=42", "data.num_samples=1024", "data.batch_size=8", "data.image_size=16", "data.val_samples=16",
+       "trainer.max_epochs=4", "trainer.log_every_n_steps=8", "model.width=8", "checkpoint.every_n_steps=7"]
+
+
+def cluster_problem() -> str | None:
+    conf = os.environ.get("SLURM_CONF")
+    if not conf or not Path(conf).exists():
+        return "no Slurm cluster: SLURM_CONF is not set (sudo scripts/slurm/local_cluster.sh up, then export SLURM_CONF=...)"
+    try:
+        r = subprocess.run(["sinfo", "-h", "-o", "%a"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"no Slurm cluster answering ({e})"
+    return None if r.returncode == 0 and "up" in r.stdout else f"the Slurm cluster of {conf} does not answer: {r.stderr.strip()[:200]}"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    problem = cluster_problem()
+    if problem:
+        pytest.skip(problem)
+    return os.environ["SLURM_CONF"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, cluster):
+    """The final loss of the same run, straight through, on this machine."""
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    r = run_cli(f"hydra.run.dir={run_dir}", *RUN)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return final_loss(run_dir / "checkpoints" / "last.ckpt")
+
+
+def _slurm(*args: str, timeout: int = 60) -> str:
+    r = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, (args, r.stderr)
+    return r.stdout
+
+
+def _job_ids() -> list:
+    return [line.strip() for line in _slurm("squeue", "-h", "-o", "%A").splitlines() if line.strip()]
+
+
+def _wait_for(path: Path, proc: subprocess.Popen | None, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.exists():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"ended before {path} appeared: {proc.stdout.read()[-3000:] if proc.stdout else ''}")
+        time.sleep(0.1)
+    raise AssertionError(f"{path} did not appear within {timeout} s")
+
+
+def _sweep(sweep: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=slurm_local", f"hydra.sweep.dir={sweep}", *args],
+        cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def _assert_whole_history(m: dict, epochs: int) -> None:
+    assert m["status"] == "ok", m.get("error")
+    assert [e["epoch"] for e in m["epochs"]] == list(range(epochs)), m["epochs"]
+
+
+def test_a_sweep_on_slurm_writes_its_report_and_a_failed_job_keeps_its_row(tmp_path, cluster):
+    sweep = tmp_path / "sweep"
+    proc = _sweep(sweep, "model._target_=probe.ProbeNet", "~model.width", "+model.fail_in_forward=true,false", "trainer.max_epochs=2",
+                  "data.num_samples=64", "data.image_size=16", "checkpoint.enabled=false")
+    out, _ = proc.communicate(timeout=300)
+    rows = (sweep / "ab_report.csv").read_text().splitlines()
+    assert len(rows) == 3 and ",failed," in rows[1] and ",ok," in rows[2], out[-3000:]
+    assert "forward failed on purpose" in read_metrics(sweep / "0")["error"]
+
+
+def test_scontrol_requeue_of_a_sweep_job_resumes_it_to_the_same_weights(tmp_path, cluster, uninterrupted):
+    sweep = tmp_path / "sweep"
+    proc = _sweep(sweep, *RUN)
+    _wait_for(sweep / "0" / "checkpoints" / "last.ckpt", proc)
+    (job,) = _job_ids()
+    _slurm("scontrol", "requeue", job)  # what a preemption with PreemptMode=REQUEUE does
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    m = read_metrics(sweep / "0")
+    _assert_whole_history(m, 4)
+    log = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.out"))
+    assert "SIGTERM received: saved" in log and "requeued by Slurm (restart 1)" in log, log[-3000:]
+    assert final_loss(sweep / "0" / "checkpoints" / "last.ckpt") == pytest.approx(uninterrupted, rel=1e-4, abs=1e-5)
+    assert ",ok," in (sweep / "ab_report.csv").read_text()  # the report waited for the requeued job
+
+
+def test_the_time_limit_signal_of_a_sweep_job_requeues_and_resumes_it(tmp_path, cluster, uninterrupted):
+    """SIGUSR2 is what submitit's jobs get signal_delay_s before their time limit (timeout_min <= 10:
+    submitit treats it as a time-out): the trainer saves, submitit requeues, the job resumes."""
+    sweep = tmp_path / "sweep"
+    proc = _sweep(sweep, *RUN, "hydra.launcher.timeout_min=5")
+    _wait_for(sweep / "0" / "checkpoints" / "last.ckpt", proc)
+    (job,) = _job_ids()
+    _slurm("scancel", "--signal=USR2", job)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    _assert_whole_history(read_metrics(sweep / "0"), 4)
+    log = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.*"))
+    assert "SIGUSR2 received: saved" in log and "this job is timed-out" in log and "requeued by Slurm (restart 1)" in log, log[-3000:]
+    assert final_loss(sweep / "0" / "checkpoints" / "last.ckpt") == pytest.approx(uninterrupted, rel=1e-4, abs=1e-5)
+
+
+def _sbatch(tmp_path: Path, *args: str, tasks: int = 1) -> tuple:
+    out = _slurm("sbatch", "--parsable", "--partition=debug", "--nodes=1", f"--ntasks-per-node={tasks}", "--gpus-per-node=0",
+                 "--cpus-per-task=1", "--time=10", f"--output={tmp_path}/slurm-%j.out", str(ROOT / "scripts/slurm/train.sbatch"),
+                 "accelerator=cpu", *args)
+    job = out.strip().split(";")[0]
+    return job, ROOT / "outputs" / f"slurm-{job}"
+
+
+def _wait_job_gone(job: str, timeout: float = 240) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if job not in _job_ids():
+            return _slurm("sacct", "-X", "-n", "-j", job, "-o", "State,ExitCode").strip()
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} still queued after {timeout} s")
+
+
+def test_the_batch_script_requeues_itself_at_the_time_limit_signal_and_resumes(tmp_path, cluster):
+    """train.sbatch: SIGUSR1 to the job step (what --signal=USR1@120 sends) -> last.ckpt, exit 75,
+    the script requeues the job, the rerun resumes; the same weights as straight through."""
+    straight = tmp_path / "straight"
+    r = run_cli(f"hydra.run.dir={straight}", *RUN, "accelerator=cpu")
+    assert r.returncode == 0, r.stderr[-3000:]
+    job, run_dir = _sbatch(tmp_path, *RUN)
+    try:
+        _wait_for(run_dir / "checkpoints" / "last.ckpt", None)
+        _slurm("scancel", "--signal=USR1", job)
+        state = _wait_job_gone(job)
+        script_log = (tmp_path / f"slurm-{job}.out").read_text()
+        assert state.split()[0] == "COMPLETED", (state, script_log[-3000:])
+        assert "requeueing job" in script_log and "(restart 1)" in script_log, script_log[-3000:]
+        _assert_whole_history(read_metrics(run_dir), 4)
+        a, b = final_loss(straight / "checkpoints" / "last.ckpt"), final_loss(run_dir / "checkpoints" / "last.ckpt")
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
+    finally:
+        import shutil
+
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_ddp_with_two_slurm_tasks_and_no_torchrun(tmp_path, cluster):
+    job, run_dir = _sbatch(tmp_path, "data.num_samples=256", "data.image_size=16", "trainer.max_epochs=2", "checkpoint.enabled=false", tasks=2)
+    try:
+        state = _wait_job_gone(job)
+        script_log = (tmp_path / f"slurm-{job}.out").read_text()
+        assert state.split()[0] == "COMPLETED", (state, script_log[-3000:])
+        m = read_metrics(run_dir)
+        assert m["status"] == "ok" and m["device"]["count"] == 2 and m["flags"]["strategy"] == "ddp"
+        assert not (run_dir / "ranks").exists()  # the ranks are Slurm's tasks: no torchrun of ours
+        assert (run_dir / "train_rank1.log").exists()
+    finally:
+        import shutil
+
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -1,0 +1,18 @@
+"""Which process of a multi-process run this is, before Lightning is there to say.
+
+torchrun sets ``RANK``; ``srun`` with several tasks sets ``SLURM_PROCID`` (Lightning's
+SLURMEnvironment reads the same). Logging, the saved config and the console need it at start-up.
+"""
+
+import os
+
+
+def global_rank() -> int:
+    for key in ("RANK", "SLURM_PROCID"):
+        value = os.environ.get(key)
+        if value is not None and (key == "RANK" or int(os.environ.get("SLURM_NTASKS", "1")) > 1):
+            try:
+                return int(value)
+            except ValueError:
+                continue
+    return 0
