@@ -26,7 +26,7 @@ SINGLE_RUN_LINES = [
 
 def test_a_smoke_run_prints_a_header_one_line_per_epoch_and_the_verdict(tmp_path):
     run_dir = tmp_path / "run"
-    r = run_cli(f"hydra.run.dir={run_dir}", "+recipe=resnet50", "scale=smoke", "checkpoint.enabled=false")
+    r = run_cli(f"hydra.run.dir={run_dir}", "scale=smoke", "checkpoint.enabled=false")
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [line for line in (r.stdout + r.stderr).splitlines() if line.strip()]
     assert len(lines) == len(SINGLE_RUN_LINES), "\n".join(lines)

@@ -302,6 +302,12 @@ class PreemptionCallback(pl.Callback):
         self._restore()
 
     def on_exception(self, trainer, pl_module, exception) -> None:
+        # Lightning's own SIGTERM handling raises at the start of the next step: a signal that
+        # lands after our step-end check is saved here, still at a step boundary
+        if self.received and self.saved_at_step is None and isinstance(exception, SystemExit):
+            trainer.save_checkpoint(self.last_path)
+            self.saved_at_step = trainer.global_step
+            log.warning("%s received: saved %s at step %d; stopping. Resume with ckpt_path=last.", self.received, self.last_path, trainer.global_step)
         self._restore()
 
     def _restore(self) -> None:

@@ -32,13 +32,15 @@ def _resumes_this_dir(out_dir: str, ckpt_path: Optional[str]) -> bool:
 def refuse_finished_run_dir(out_dir: str, ckpt_path: Optional[str], key: str = "hydra.run.dir") -> None:
     from .slurm import restart_count
 
-    if _resumes_this_dir(out_dir, ckpt_path) or restart_count() > 0:
-        return  # (a job Slurm requeued reruns in its own dir: the first run was checked; see trainer/slurm.py)
+    if _resumes_this_dir(out_dir, ckpt_path):
+        return
     held = []
     try:
         status = json.loads(Path(out_dir, "metrics.json").read_text()).get("status")
     except (OSError, ValueError, AttributeError):
         status = None
+    if restart_count() > 0 and status != "ok":
+        return  # a job Slurm requeued before it finished reruns in its own dir (trainer/slurm.py)
     if status == "ok":
         held.append("metrics.json of a finished run")
     elif status == "running":

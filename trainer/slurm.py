@@ -34,28 +34,44 @@ def resume_if_requeued(cfg, out_dir: str) -> bool:
     restarts = restart_count()
     if not restarts:
         return False
-    if cfg.get("ckpt_path"):
-        return True  # the user chose what to resume from
     if checkpoint_candidates(out_dir):
+        # its own progress, also when it was first started from a given ckpt_path=<file>: else
+        # every requeue would start from that file again
         with open_dict(cfg):
             cfg.ckpt_path = "last"
         log.warning("requeued by Slurm (restart %d): resuming from the newest checkpoint in %s", restarts, out_dir)
-    else:
+    elif not cfg.get("ckpt_path"):
         log.warning("requeued by Slurm (restart %d) before a checkpoint was saved: starting over in %s", restarts, out_dir)
     return True
 
 
+def requeue_pending() -> bool:
+    """Whether Slurm has requeued this job while it still runs: its controller counts one more
+    restart than this attempt was started with (a cancelled job does not; both are COMPLETING at
+    SIGTERM time). True where scontrol cannot say: the rerun then finds last.ckpt anyway."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["scontrol", "show", "job", "-o", os.environ.get("SLURM_JOB_ID", "")], capture_output=True, text=True, timeout=20).stdout
+        restarts = next(int(f.split("=", 1)[1]) for f in out.split() if f.startswith("Restarts="))
+    except (OSError, subprocess.TimeoutExpired, StopIteration, ValueError):
+        return True
+    return restarts > restart_count()
+
+
 def leave_for_requeue(result) -> None:
     """A submitit job stopped by SIGTERM (``scontrol requeue``, a preemption past its grace time):
-    last.ckpt is saved and Slurm is requeueing or cancelling the job. Returning would make submitit
-    write this attempt's result, which ends the sweep's wait before the requeued job has run; so
-    the process leaves without one (as submitit's own SIGTERM handling intends), and the requeued
-    job's result is the one the sweep gets."""
+    last.ckpt is saved. If Slurm is requeueing the job, returning would make submitit write this
+    attempt's result, which ends the sweep's wait before the requeued job has run; so the process
+    leaves without one (as submitit's own SIGTERM handling intends), and the requeued job's result
+    is the one the sweep gets. A cancelled job returns: its failed row is its result."""
     from .checkpointing import PREEMPTED_EXIT_CODE
 
     if not (result.get("preempted") and os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and "SIGTERM" in str(result.get("error"))):
         return
-    log.warning("preempted: Slurm requeues this job and it resumes from last.ckpt (or it was cancelled); leaving without a result")
+    if not requeue_pending():
+        return  # scancel: no rerun comes, so this attempt's result (a failed row) is the job's
+    log.warning("preempted: Slurm requeues this job and it resumes from last.ckpt; leaving without a result for this attempt")
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

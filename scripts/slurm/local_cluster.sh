@@ -2,7 +2,7 @@
 # A one-node Slurm cluster on this machine, to try the Slurm path (sweeps through
 # hydra/launcher=slurm, preemption and requeue, DDP with Slurm tasks) and for the slurm-marked tests.
 #
-#   sudo scripts/slurm/local_cluster.sh up      # prints the line to export; about 15 s
+#   sudo scripts/slurm/local_cluster.sh up      # prints the line to export; a few seconds (plus the install)
 #   sudo scripts/slurm/local_cluster.sh down    # stops what `up` started (by PID)
 #   scripts/slurm/local_cluster.sh status
 #
@@ -16,7 +16,7 @@
 # What the settings are for (found by running it here):
 #   accounting (slurmdbd): without it, submitit waits forever on a job that died without a result
 #   GraceTime on the preemptible partition: else Slurm's requeue races submitit's own
-#   AuthInfo=cred_expire=10: a requeued job starts again after ~11 s instead of 120 s
+#   AuthInfo=cred_expire=5: a requeued job starts again after ~6 s instead of 120 s
 #   sched_interval=2,bf_interval=2: a job starts within 2 s
 #   partition priority preemption: a job in `high` requeues the jobs of `debug` (the default)
 set -euo pipefail
@@ -50,7 +50,7 @@ install_packages() {
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   command -v apt-get >/dev/null 2>&1 || die "missing ${missing[*]} and no apt-get to install them ($PACKAGES)"
-  echo "local_cluster: installing $PACKAGES"
+  echo "local_cluster: installing $PACKAGES" >&2  # stdout carries only the export line
   apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $PACKAGES >/dev/null
 }
@@ -70,7 +70,7 @@ SlurmdPort=$((PORT_BASE + 1))
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=cred_expire=10
+AuthInfo=cred_expire=5
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/spool
 SlurmctldPidFile=$STATE/slurmctld.daemon.pid
@@ -141,6 +141,7 @@ up() {
   [ "$(id -u)" = 0 ] || die "needs root (the daemons run as root on this test cluster)"
   if status >/dev/null 2>&1; then echo "export SLURM_CONF=$CONF"; return 0; fi
   local t0=$SECONDS
+  BRINGING_UP=1
   install_packages
   mkdir -p "$STATE"
   write_configs
@@ -149,10 +150,11 @@ up() {
   # slurmdbd reads slurmdbd.conf from the dir of SLURM_CONF
   start slurmdbd env SLURM_CONF="$CONF" /usr/sbin/slurmdbd -D
   wait_for 30 slurmdbd bash -c "exec 3<>/dev/tcp/127.0.0.1/$((PORT_BASE + 2))"
-  start slurmctld /usr/sbin/slurmctld -D -i -f "$CONF"
+  start slurmctld /usr/sbin/slurmctld -D -c -f "$CONF"   # -c: no jobs left over from an earlier cluster
   wait_for 30 slurmctld env SLURM_CONF="$CONF" scontrol ping
   start slurmd /usr/sbin/slurmd -D -f "$CONF"
   wait_for 60 "the node" bash -c "SLURM_CONF='$CONF' sinfo -h -N -o %t | grep -qx idle"
+  BRINGING_UP=0
   echo "local_cluster: up in $((SECONDS - t0)) s ($(nproc) CPUs, partitions debug (default, preemptible) and high)" >&2
   echo "export SLURM_CONF=$CONF"
 }
@@ -162,15 +164,14 @@ down() {
   for name in slurmd slurmctld slurmdbd mariadb munged; do
     [ -f "$STATE/$name.pid" ] || continue
     pid=$(cat "$STATE/$name.pid")
-    if kill -0 "$pid" 2>/dev/null; then
+    # only a process this script started (a stale PID file may name someone else's by now)
+    if kill -0 "$pid" 2>/dev/null && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -e "$name" -e "runuser"; then
       kill "$pid" 2>/dev/null || true
       for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
       kill -9 "$pid" 2>/dev/null || true
     fi
     rm -f "$STATE/$name.pid"
   done
-  # slurmd's step daemons of jobs still running
-  pkill -f "slurmstepd.*" 2>/dev/null || true
   echo "local_cluster: down" >&2
 }
 
@@ -180,7 +181,8 @@ status() {
 }
 
 case "${1:-}" in
-  up) up ;;
+  # a bring-up that fails half-way stops what it started
+  up) trap '[ "${BRINGING_UP:-0}" = 1 ] && down' EXIT; up ;;
   down) down ;;
   status) status ;;
   *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
