@@ -81,6 +81,7 @@ def test_good_overrides_pass():
         (["amp=true", "amp_dtype=fp16"], "amp_dtype=fp16"),
         (["data=imagefolder", "data.root=/does/not/exist"], "data.root"),
         (["model._target_=no_such_pkg.Net"], "model._target_"),
+        (["-m", "amp=false,true", "--cfg", "job"], "--cfg and --multirun cannot be combined"),
     ],
 )
 def test_bad_input_reaches_the_user_without_a_traceback(tmp_path, args, expected):

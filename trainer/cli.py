@@ -31,6 +31,20 @@ def recipes() -> List[str]:
     return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
 
 
+# Hydra modes that exclude each other ("Only one of --run, --multirun, --cfg, ..." is a ValueError traceback)
+_MODES = {"-m": "--multirun", "--multirun": "--multirun", "--cfg": "--cfg", "-c": "--cfg", "--info": "--info", "-i": "--info",
+          "--shell-completion": "--shell-completion", "-sc": "--shell-completion"}
+
+
+def check_modes(argv: List[str]) -> None:
+    modes = sorted({_MODES[a] for a in argv if a in _MODES})
+    if len(modes) > 1:
+        raise ConfigError(
+            f"{' and '.join(modes)} cannot be combined: Hydra runs one mode at a time. To see a sweep job's config, "
+            "give one job's values with --cfg job (e.g. python train.py amp=true --cfg job); to run the sweep, use -m alone."
+        )
+
+
 def user_overrides(argv: List[str]) -> List[str] | None:
     """The key=value overrides in ``argv`` (Hydra's own options skipped); None for --help and the like."""
     out, skip = [], False
@@ -234,6 +248,10 @@ def main() -> None:
 
     quiet_known_warnings()
     argv = sys.argv[1:]
+    try:
+        check_modes(argv)
+    except ConfigError as e:
+        fail(str(e))
     overrides = user_overrides(argv)
     if overrides is not None:
         from .config import check_overrides
