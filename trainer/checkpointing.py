@@ -245,7 +245,8 @@ def _tuples(value):
 
 
 class PreemptionCallback(pl.Callback):
-    """Checkpoint at the next step boundary after SIGTERM/SIGUSR1, then stop cleanly.
+    """Checkpoint at the next step boundary after SIGTERM/SIGUSR1, then stop at once (the run's
+    status says preempted; exit code 75).
 
     SIGUSR2 too where the process already handles it in Python: submitit's jobs do (Hydra's Slurm
     launcher), it is their preemption/time-limit signal. That handler (submitit's) runs after the

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+
 from omegaconf import open_dict
 
 log = logging.getLogger(__name__)
