@@ -278,11 +278,14 @@ class PreemptionCallback(pl.Callback):
             except ValueError:  # not the main thread
                 pass
 
+    def _save(self, trainer) -> None:
+        trainer.save_checkpoint(self.last_path)
+        self.saved_at_step = trainer.global_step
+        log.warning("%s received: saved %s at step %d; stopping. Resume with ckpt_path=last.", self.received, self.last_path, trainer.global_step)
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.received and self.saved_at_step is None:
-            trainer.save_checkpoint(self.last_path)
-            self.saved_at_step = trainer.global_step
-            log.warning("%s received: saved %s at step %d; stopping. Resume with ckpt_path=last.", self.received, self.last_path, trainer.global_step)
+            self._save(trainer)
             # only the signals we listen to for someone else; Lightning's own SIGTERM/SIGUSR1 handlers
             # (its SIGTERM exception, its Slurm auto-requeue with an hpc checkpoint) stay replaced
             previous = self._previous.get(self._signum) if self._signum in self.CHAINED_ONLY else None
@@ -306,9 +309,7 @@ class PreemptionCallback(pl.Callback):
         # Lightning's own SIGTERM handling raises at the start of the next step: a signal that
         # lands after our step-end check is saved here, still at a step boundary
         if self.received and self.saved_at_step is None and isinstance(exception, SystemExit):
-            trainer.save_checkpoint(self.last_path)
-            self.saved_at_step = trainer.global_step
-            log.warning("%s received: saved %s at step %d; stopping. Resume with ckpt_path=last.", self.received, self.last_path, trainer.global_step)
+            self._save(trainer)
         self._restore()
 
     def _restore(self) -> None:

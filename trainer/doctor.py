@@ -68,15 +68,16 @@ def diagnose(
         "memory_used_fraction": round(peak / device_memory_mb, 3) if (peak and device_memory_mb) else None,
     }
     own = system.get("process_cpu_cores")  # this run's processes: main + loader workers (+ local ranks)
-    if hardware.get("cpu_quota") is not None and own is not None:
+    quota = hardware.get("cpu_quota")
+    if quota is not None and own is not None:
         # under a quota the allowed CPUs are shared by design: say what this run itself used
-        busy_text = f"this run using {own:.1f} of its {hardware['cpu_quota']:g}-core quota"
+        busy_text = f"this run using {own:.1f} of its {quota:g}-core quota"
     else:
         busy_text = f"{busy:.1f} of {cores} cores busy" if busy is not None else f"{cores} cores"
     hw_notes = hardware_notes(hardware, flags)
     # busy is measured on the CPUs this run may use; under a cgroup quota those CPUs are shared
     # by design and the quota, not other processes, bounds the run: no verdict on competition there
-    if busy is not None and own is not None and hardware.get("cpu_quota") is None:
+    if busy is not None and own is not None and quota is None:
         others = busy - own
         if others > max(0.75, 0.4 * cores):
             hw_notes.append(

@@ -62,10 +62,11 @@ def usable_cores() -> int:
 def detect(accelerator: str = "auto") -> Hardware:
     import torch
 
-    from .sysstats import quota_limit
+    from . import sysstats
 
-    cores = usable_cores()
-    quota = quota_limit()
+    cpus, limit = sysstats.allowed_cpus(), sysstats.cgroup_cpu_limit()  # read once for both
+    cores = sysstats.usable_cores(cpus, limit)
+    quota = sysstats.quota_limit(cpus, limit)
     if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(0)
         return Hardware(

@@ -109,9 +109,12 @@ class PeakMemory(pl.Callback):
         peak = self.peak_mb()
         reserved = torch.cuda.max_memory_reserved() / 2**20 if self.accelerator == "cuda" else None
         if trainer.world_size > 1:
-            peak = float(trainer.strategy.reduce(torch.tensor(peak, device=trainer.strategy.root_device), reduce_op="max"))
-            if reserved is not None:
-                reserved = float(trainer.strategy.reduce(torch.tensor(reserved, device=trainer.strategy.root_device), reduce_op="max"))
+
+            def max_over_ranks(value: float) -> float:
+                return float(trainer.strategy.reduce(torch.tensor(value, device=trainer.strategy.root_device), reduce_op="max"))
+
+            peak = max_over_ranks(peak)
+            reserved = max_over_ranks(reserved) if reserved is not None else None
             self.method += "; max over ranks"
         self.result_mb = round(peak, 1)
         self.reserved_mb = round(reserved, 1) if reserved is not None else None

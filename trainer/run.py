@@ -323,17 +323,14 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         except SystemExit:
             # Lightning turns SIGTERM into SIGTERMException (a SystemExit with status 0) after the
             # step in which our PreemptionCallback saved last.ckpt: that is a preemption, not a crash
-            if not preemption.received:
-                raise
-            _preempted(notes, preemption)
-            if preemption.exit_requested:
-                raise  # submitit requeued the job and exits this process: let it
+            if not preemption.received or preemption.exit_requested:
+                raise  # a crash; or submitit requeued the job and exits this process: let it
         if preemption.received:
             status, error = _preempted(notes, preemption)
         elif trainer.interrupted:
             status, error = "failed", "interrupted (KeyboardInterrupt or signal) before the last epoch finished"
     except BaseException as e:
-        if notes.get("preempted"):
+        if preemption is not None and preemption.exit_requested:
             status, error = _preempted(notes, preemption)
         else:
             status, error = "failed", (str(e) if isinstance(e, UserFacingError) else metrics_mod.one_line(e))

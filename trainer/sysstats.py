@@ -64,11 +64,9 @@ def _ratio(quota: Optional[str], period: Optional[str]) -> List[float]:
     return [q / p] if q > 0 and p > 0 else []
 
 
-def quota_limit(cpus: Optional[List[int]] = None) -> Optional[float]:
-    """The cgroup quota when it allows fewer cores than the affinity mask (else None: it limits nothing)."""
-    limit = cgroup_cpu_limit()
-    n = len(cpus if cpus is not None else allowed_cpus())
-    return limit if limit is not None and limit < n else None
+def quota_limit(cpus: List[int], limit: Optional[float]) -> Optional[float]:
+    """The cgroup quota ``limit`` when it allows fewer cores than the affinity mask ``cpus`` (else None: it limits nothing)."""
+    return limit if limit is not None and limit < len(cpus) else None
 
 
 def _self_and_ancestors(root: str, path: str) -> Iterable[str]:
@@ -177,9 +175,10 @@ class ProcessTree:
         except psutil.Error:
             return [self.root]
 
-    def cpu_seconds(self) -> float:
+    def cpu_seconds(self, processes: Optional[List[psutil.Process]] = None) -> float:
+        """CPU seconds of the tree (of ``processes``, a listing already taken, if given)."""
         total = 0.0
-        for p in self.processes():
+        for p in processes if processes is not None else self.processes():
             try:
                 t = p.cpu_times()
             except psutil.Error:  # exited between listing and reading: its parent reaps its time

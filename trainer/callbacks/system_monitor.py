@@ -94,9 +94,10 @@ class SystemMonitor(pl.Callback):
         if busy is not None:
             reading["cpu_busy_cores"] = busy
             reading["cpu_util"] = busy / len(self._cpus)
-        proc_cpu = self._tree.cpu_seconds()
+        processes = self._tree.processes()  # one walk of the tree for both readings
+        proc_cpu = self._tree.cpu_seconds(processes)
         reading["process_cpu_cores"] = max(0.0, proc_cpu - self._last_proc_cpu) / dt
-        reading["processes"] = float(self._tree.count())
+        reading["processes"] = float(len(processes))
         reading["rss_mb"] = rss_mb() or 0.0
         disk = sysstats.disk_read_bytes()
         if disk is not None and self._last_disk is not None:
