@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -337,6 +338,37 @@ def test_data_cache_copies_once_checksummed_resumable_and_locked(tmp_path, monke
     dm = ImageDataModule(cfg.data, cfg.seed)
     dm.build()
     assert str(dm.train_set.dataset.root).startswith(str(local))
+
+
+def test_a_rank_waits_for_a_copy_another_rank_is_making_instead_of_calling_it_foreign(tmp_path):
+    """Rank 1 arrives while rank 0 holds the lock and has made the folder but not yet its marker:
+    rank 1 waits, then uses the finished copy (it used to refuse the folder as the user's files)."""
+    import fcntl
+    import hashlib
+    import multiprocessing as mp
+
+    from trainer.data import cache
+
+    src = _jpeg_folder(tmp_path / "remote", per_class=2)
+    name = f"remote-{hashlib.sha1(str(src.resolve()).encode()).hexdigest()[:8]}"
+    local = tmp_path / "local"
+    dst = local / name
+    local.mkdir()
+    with open(local / f".{name}.lock", "a") as lock:  # "rank 0", mid-copy
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        (dst / "a").mkdir(parents=True)
+        (dst / "a" / ".0.jpg.part").write_bytes(b"half")
+        ctx = mp.get_context("fork")
+        with ctx.Pool(1) as pool:
+            waiting = pool.apply_async(_copy_in_child, ((str(src), str(local)),))
+            time.sleep(1.0)
+            assert not waiting.ready()  # blocked on the lock, not refused
+            (dst / cache.MARKER).touch()
+            (dst / "a" / ".0.jpg.part").unlink()
+            cache._copy(src.resolve(), dst)
+            (dst / "DONE").write_text("{}")
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            assert waiting.get(timeout=60) == str(dst)
 
 
 @pytest.mark.parametrize("name", ["jemalloc", "tcmalloc"])

@@ -148,13 +148,21 @@ def _sbatch(tmp_path: Path, *args: str, tasks: int = 1) -> tuple:
     return job, ROOT / "outputs" / f"slurm-{job}"
 
 
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+
+
 def _wait_job_gone(job: str, timeout: float = 240) -> str:
+    """The job's final accounting line, once it has left the queue *and* the accounting database has
+    its end (slurmdbd records it a moment after squeue stops listing the job)."""
     deadline = time.time() + timeout
+    state = ""
     while time.time() < deadline:
         if job not in _job_ids():
-            return _slurm("sacct", "-X", "-n", "-j", job, "-o", "State,ExitCode").strip()
+            state = _slurm("sacct", "-X", "-n", "-j", job, "-o", "State,ExitCode").strip()
+            if state and state.split()[0] in ENDED:
+                return state
         time.sleep(0.5)
-    raise AssertionError(f"job {job} still queued after {timeout} s")
+    raise AssertionError(f"job {job} not ended after {timeout} s (sacct: {state!r})")
 
 
 def test_the_batch_script_requeues_itself_at_the_time_limit_signal_and_resumes(tmp_path, cluster, uninterrupted):

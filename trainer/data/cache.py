@@ -4,8 +4,9 @@
   only if its size and hash match, so a torn copy is never read as data;
 - resumable: files already present and matching are not copied again, so an interrupted copy
   continues where it stopped;
-- safe under concurrent ranks: the copy runs under an exclusive lock file in DIR; one process
-  copies, the others block on the lock and then find the finished copy (its DONE marker).
+- safe under concurrent ranks: the checks and the copy run under an exclusive lock file beside the
+  copy in DIR; one process copies, the others block on the lock and then find the finished copy
+  (its DONE marker).
 """
 
 from __future__ import annotations
@@ -33,36 +34,45 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _ours(dst: Path) -> bool:
+    """A folder this cache made (the marker; copies from before it have MANIFEST.json and DONE)."""
+    return (dst / MARKER).exists() or ((dst / "MANIFEST.json").exists() and (dst / "DONE").exists())
+
+
 def cached_copy(src: str, cache_dir: str) -> str:
     """Return the local copy of ``src`` under ``cache_dir`` (made on first use)."""
     src_path = Path(os.path.expanduser(src)).resolve()
     if not src_path.is_dir():
         raise ConfigError(f"'data.root' points at {src}, which does not exist or is not a folder; data.cache can only copy a folder.")
     name = f"{src_path.name}-{hashlib.sha1(str(src_path).encode()).hexdigest()[:8]}"
-    dst = Path(os.path.expanduser(cache_dir)) / name
+    root = Path(os.path.expanduser(cache_dir))
+    dst, done = root / name, root / name / "DONE"
+    if done.exists() and _ours(dst):
+        return str(dst)
     try:
-        ours = (dst / MARKER).exists() or ((dst / "MANIFEST.json").exists() and (dst / "DONE").exists())
-        if dst.is_dir() and any(dst.iterdir()) and not ours:
+        root.mkdir(parents=True, exist_ok=True)
+        # The lock lives beside the copy, not in it: every check of dst happens under it, so a rank
+        # never sees another rank's half-made folder (made, marker not yet written) as foreign files.
+        lock = open(root / f".{name}.lock", "a")
+    except OSError as e:
+        raise ConfigError(f"'data.cache={cache_dir}' cannot be created ({e.strerror}). Point it at a writable local folder.") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one process copies; the others wait here
+        if done.exists() and _ours(dst):
+            return str(dst)
+        if dst.is_dir() and any(dst.iterdir()) and not _ours(dst):
             raise ConfigError(
                 f"'data.cache={cache_dir}': {dst} already exists and holds files this cache did not write; "
                 "copying into it could overwrite them, so nothing was changed. Point data.cache at another folder."
             )
-        dst.mkdir(parents=True, exist_ok=True)
-        (dst / MARKER).touch()
-    except OSError as e:
-        raise ConfigError(f"'data.cache={cache_dir}' cannot be created ({e.strerror}). Point it at a writable local folder.") from None
-    done = dst / "DONE"
-    if done.exists():
-        return str(dst)
-    with open(dst / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one process copies; the others wait here
         try:
-            if not done.exists():
-                _copy(src_path, dst)
-                done.write_text(json.dumps({"source": str(src_path)}))
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    return str(dst)
+            dst.mkdir(exist_ok=True)
+            (dst / MARKER).touch()
+        except OSError as e:
+            raise ConfigError(f"'data.cache={cache_dir}' cannot be written ({e.strerror}). Point it at a writable local folder.") from None
+        _copy(src_path, dst)
+        done.write_text(json.dumps({"source": str(src_path)}))
+    return str(dst)  # the lock is released when its file closes
 
 
 def _copy(src: Path, dst: Path) -> None:
