@@ -110,7 +110,7 @@ def test_console_scripts_are_installed_and_answer():
     import sys
 
     bin_dir = os.path.dirname(sys.executable)
-    for script, says in (("trainer-report", "Rebuild the A/B report"), ("trainer-pack", "packed"), ("trainer-train", "train")):
+    for script, says in (("trainer-report", "Rebuild the A/B report"), ("trainer-pack", "packed"), ("trainer-train", "train"), ("trainer-tune", "tune")):
         path = os.path.join(bin_dir, script)
         assert os.path.exists(path), f"{script} is not installed next to {sys.executable}"
         r = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=120)

@@ -27,6 +27,10 @@ from conftest import ROOT, clean_env
 
 # appended to every command: any recipe at smoke scale, one short epoch, no checkpoints
 SMOKE = ["scale=smoke", "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "checkpoint.enabled=false"]
+# and to a tune: the shortest probes, one candidate that a CPU skips (the search itself is tested in test_tune)
+TUNE_SMOKE = ["tune.only=[pin_memory]", "tune.probe_batches=2", "tune.probe_epochs=3", "tune.verify_epochs=1"]
+# the best.yaml the README's +tuned= example reads
+TUNED_EXAMPLE = "outputs/tune/best.yaml"
 MARKERS = {"[needs GPU]": "gpu", "[needs Slurm]": "slurm"}
 
 
@@ -98,8 +102,6 @@ def _param(c: Command):
         "gpu": [pytest.mark.gpu, pytest.mark.skipif(not _cuda(), reason="[needs GPU]: scripts/gpu_check.sh runs it on a CUDA machine")],
         "slurm": [pytest.mark.slurm, pytest.mark.skipif(_slurm_problem() is not None, reason=f"[needs Slurm]: {_slurm_problem()}")],
     }.get(c.marker, [])
-    if c.text.startswith("python -m trainer.tune"):
-        marks = [pytest.mark.skip(reason="python -m trainer.tune is specified (autotune) but not built yet")]
     return pytest.param(c, id=f"{c.source}: {c.text}", marks=[pytest.mark.slow, *marks])
 
 
@@ -119,6 +121,8 @@ def _workdir(tmp_path: Path) -> Path:
     (work / "train.py").symlink_to(ROOT / "train.py")
     _fake_job(work / "multirun/2026-11-22/10-00-00", "0", {}, [2.0, 1.0, 1.0])
     _fake_job(work / "multirun/2026-11-23/09-30-00", "0", {"amp": True}, [2.0, 0.5, 0.5])
+    (work / TUNED_EXAMPLE).parent.mkdir(parents=True)
+    (work / TUNED_EXAMPLE).write_text("overrides:\n  - \"channels_last=true\"\n")
     from PIL import Image
 
     for c in range(2):
@@ -141,6 +145,8 @@ def _args(c: Command) -> List[str]:
         return [*args[:2], *[("multirun/2026-11-22/10-00-00" if a == "DIR" else a) for a in args[2:]]]
     if args[:2] == ["-m", "trainer.pack"]:
         return args + ["--size", "16"]
+    if args[:2] == ["-m", "trainer.tune"]:
+        return args + SMOKE + TUNE_SMOKE + ["hydra.run.dir=run"]
     if args[0] == "train.py" and c.expected_error is None:
         # the suffix's sizes replace any the command gives (the demo's six epochs); other keys as written
         sizes = {s.split("=", 1)[0]: s for s in SMOKE if s.startswith("trainer.")}

@@ -104,6 +104,24 @@ def expand_repeats(argv: List[str]) -> List[str]:
     return rest[:first] + [f"repeat=range({n})"] + rest[first:]
 
 
+def expand_tuned(argv: List[str]) -> List[str]:
+    """``+tuned=PATH`` (a best.yaml of python -m trainer.tune) becomes its overrides, in its place.
+
+    Hydra cannot include a file of overrides, and a config group would not reach the processes a
+    launcher starts (Slurm jobs compose again from the overrides): plain overrides reach them all,
+    and ``.hydra/overrides.yaml`` records what ran."""
+    out: List[str] = []
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+") == "tuned" and not arg.startswith("-"):
+            from .tune.output import load_tuned
+
+            out += load_tuned(value)
+        else:
+            out.append(arg)
+    return out
+
+
 def check_config_files(dirs=None) -> None:
     """Every YAML file of the config tree parses (Hydra would answer a broken one with a yaml traceback)."""
     import yaml
@@ -159,6 +177,18 @@ def _status(line: str, ok: bool) -> None:
     from . import console
 
     log.log(logging.INFO if ok else logging.WARNING, line, extra={console.STATUS_LINE: True})
+
+
+def prepare_hydra() -> None:
+    """The schema in Hydra's ConfigStore and the resolvers configs/train.yaml uses."""
+    from omegaconf import OmegaConf
+
+    from .config import register_schema
+
+    register_schema()
+    rank = str(global_rank())
+    OmegaConf.register_new_resolver("trainer_rank_suffix", lambda: "" if rank == "0" else f"_rank{rank}", replace=True)
+    OmegaConf.register_new_resolver("trainer_rank0_only", lambda value: value if rank == "0" else None, replace=True)
 
 
 def task(cfg) -> None:
@@ -257,6 +287,8 @@ def main() -> None:
         from .config import check_overrides
 
         try:
+            argv = expand_tuned(argv)
+            overrides = user_overrides(argv)
             check_config_files()
             check_overrides(overrides, recipes())
             check_output_dirs(overrides)
@@ -265,14 +297,8 @@ def main() -> None:
             fail(str(e))
 
     import hydra
-    from omegaconf import OmegaConf
 
-    from .config import register_schema
-
-    register_schema()
-    rank = str(global_rank())
-    OmegaConf.register_new_resolver("trainer_rank_suffix", lambda: "" if rank == "0" else f"_rank{rank}", replace=True)
-    OmegaConf.register_new_resolver("trainer_rank0_only", lambda value: value if rank == "0" else None, replace=True)
+    prepare_hydra()
     try:
         hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(task)()
     finally:

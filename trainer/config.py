@@ -242,6 +242,22 @@ class BatchFinderConfig:
 
 
 @dataclass
+class TuneConfig:
+    """``python -m trainer.tune``: the search's budget and its accuracy guard (training ignores these)."""
+
+    budget_min: float = 30.0  # stop probing after this many minutes (the accuracy check still runs)
+    probe_batches: int = 20  # training steps per probe epoch
+    probe_epochs: int = 4  # per probe: 1 warm-up epoch, the rest measured
+    horizon_epochs: int = 10  # compile time is spread over this many full epochs of the real run
+    verify_epochs: int = 3  # the accuracy guard: the winner and the baseline each train this many full epochs
+    acc_tolerance: float = 0.02  # the winner's val_acc may be at most this far below the baseline's
+    # restrict the search to these candidates (names as in the tune report; null: all that apply)
+    only: Optional[List[str]] = None
+    # candidates of your own: name -> overrides, space separated (e.g. tune.extra.narrow='model.width=4')
+    extra: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class TrainSchema:
     seed: int = 42
     # repeats=N (with -m) runs every configuration of the sweep N times, interleaved, and the A/B
@@ -288,6 +304,7 @@ class TrainSchema:
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
 
 def register_schema() -> None:
@@ -316,7 +333,7 @@ def _schema_keys(cls=TrainSchema, prefix: str = "") -> Dict[str, Any]:
 
 SCHEMA_KEYS = _schema_keys()
 # Open nodes: any key below them is allowed (model kwargs, scale overrides).
-OPEN_PREFIXES = ("model.", "scale.overrides.", "scales.", "data.dataset.", "data.val_dataset.")
+OPEN_PREFIXES = ("model.", "scale.overrides.", "scales.", "data.dataset.", "data.val_dataset.", "tune.extra.")
 SECTIONS = sorted({k.split(".")[0] for k in SCHEMA_KEYS if "." in k} | {"model", "scales"})
 TOP_LEVEL_FLAGS = [k for k in SCHEMA_KEYS if "." not in k and k not in SECTIONS and k not in GROUPS]
 

@@ -1,0 +1,176 @@
+"""What the tuner may try: each candidate is a named set of overrides, grouped by the bottleneck it
+addresses, with the reason it is skipped where this hardware or this data cannot use it.
+
+The groups follow the doctor's verdicts (``trainer.doctor``): an input-bound run gets the loader
+candidates first, a transfer-bound one the copy candidates, a compute-bound one the flags that make
+the math cheaper, and memory headroom a larger batch. A candidate is skipped, with the reason said
+in the report, where it cannot pay off here (bf16 without native support, fp16 or pinned memory on
+a CPU, cuDNN flags without CUDA), rather than measured to no purpose.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+INPUT, TRANSFER, COMPUTE, MEMORY, EXTRA = "input pipeline", "host-device transfer", "compute", "memory", "your candidates"
+
+# the doctor's bottleneck -> the groups to try, most relevant first (the rest follow while budget lasts)
+ORDER = {
+    "input pipeline": [INPUT, TRANSFER, COMPUTE, MEMORY],
+    "host-device transfer": [TRANSFER, INPUT, COMPUTE, MEMORY],
+    "CPU-side overhead": [COMPUTE, MEMORY, INPUT, TRANSFER],
+    "memory": [COMPUTE, MEMORY, INPUT, TRANSFER],
+    "compute": [COMPUTE, MEMORY, INPUT, TRANSFER],
+}
+
+IMAGE_FILES = ("imagefolder", "builtin")  # data that is decoded from JPEG/PNG files
+
+
+@dataclass(frozen=True)
+class Context:
+    """What decides whether a candidate can pay off: the hardware and the run's own settings."""
+
+    cuda: bool
+    bf16_native: bool
+    capability: float
+    cores: int
+    data_name: str
+    data_root: Optional[str]
+    allocators: tuple  # installed malloc replacements
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    group: str
+    overrides: tuple
+    skip: Callable[[Context, Dict[str, Any]], Optional[str]] = lambda ctx, cfg: None
+    needs: tuple = ()  # names of candidates that must be kept first (compile modes need compile)
+
+
+def _cuda_only(what: str) -> Callable:
+    return lambda ctx, cfg: None if ctx.cuda else f"{what}; this run is on a CPU"
+
+
+def _image_files(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+    return None if ctx.data_name in IMAGE_FILES else f"data={ctx.data_name} decodes no image files"
+
+
+def _workers(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+    if (cfg.get("data.num_workers") or 0) > 0 or cfg.get("data.auto_workers"):
+        return f"the loader already has workers (data.num_workers={cfg.get('data.num_workers')})"
+    return None if ctx.cores > 1 else "one usable core: loader workers would compete with training for it"
+
+
+def _prefetch(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+    if not cfg.get("data.num_workers") and not cfg.get("data.auto_workers"):
+        return "prefetch_factor needs loader workers (none kept)"
+    return None
+
+
+def _amp(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+    if cfg.get("amp"):
+        return "already on"
+    if ctx.cuda or ctx.bf16_native:
+        return None
+    return "this CPU has no native bf16 (no AVX512-BF16/AMX): emulated bf16 is slower than fp32, and fp16 needs CUDA"
+
+
+def _tf32(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+    if not ctx.cuda:
+        return "TF32 is a GPU format; this run is on a CPU"
+    return None if ctx.capability >= 8.0 else f"this GPU (sm{ctx.capability:g}) has no TF32"
+
+
+def _compile(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+    if cfg.get("compile"):
+        return "already on"
+    if ctx.cuda and ctx.capability < 7.0:
+        return f"torch.compile's GPU backend needs sm70 or newer; this GPU is sm{ctx.capability:g}"
+    return None
+
+
+def _cache(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+    if ctx.data_name != "imagefolder" or not ctx.data_root:
+        return "data.cache copies an imagefolder's data.root; this run has none"
+    if cfg.get("data.cache"):
+        return "already on"
+    return None
+
+
+def _allocator(name: str) -> Callable:
+    def skip(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+        if name not in ctx.allocators:
+            return f"{name} is not installed (Debian: {'libjemalloc2' if name == 'jemalloc' else 'libtcmalloc-minimal4'})"
+        return None if cfg.get("runtime.allocator", "default") == "default" else "another allocator is already set"
+
+    return skip
+
+
+def _bigger_batch(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+    if not ctx.cuda:
+        return "on a CPU the batch is not limited by device memory; batch_size=auto would grow it to gigabytes of RAM"
+    return None if cfg.get("data.batch_size") != "auto" else "already on"
+
+
+def _turbo(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+    if ctx.data_name not in IMAGE_FILES:
+        return f"data={ctx.data_name} decodes no image files"
+    return None if importlib.util.find_spec("simplejpeg") else "needs simplejpeg (pip install simplejpeg)"
+
+
+CATALOGUE: List[Candidate] = [
+    # input pipeline
+    Candidate("workers", INPUT, ("data.auto_workers=true", "data.persistent_workers=true"), _workers),
+    Candidate("decoder_torchvision", INPUT, ("data.decoder=torchvision",), _image_files),
+    Candidate("decoder_turbo", INPUT, ("data.decoder=turbo",), _turbo),
+    Candidate("cache_in_memory", INPUT, ("data.cache_in_memory=true",), _image_files),
+    Candidate("prefetch", INPUT, ("data.prefetch_factor=4",), _prefetch, needs=("workers",)),
+    Candidate("gpu_normalize", INPUT, ("data.gpu_normalize=true",), _cuda_only("it moves normalization from the loader to the GPU")),
+    # host-device transfer
+    Candidate("pin_memory", TRANSFER, ("data.pin_memory=true",), _cuda_only("pinned memory speeds host-to-GPU copies")),
+    Candidate("device_prefetch", TRANSFER, ("data.device_prefetch=true",), _cuda_only("it overlaps the copy to the GPU on a CUDA stream")),
+    Candidate("decoder_nvjpeg", TRANSFER, ("data.decoder=nvjpeg",), _cuda_only("nvJPEG decodes on the GPU")),
+    # compute
+    Candidate("amp", COMPUTE, ("amp=true",), _amp),
+    Candidate("channels_last", COMPUTE, ("channels_last=true",)),
+    Candidate("compile", COMPUTE, ("compile=true",), _compile),
+    Candidate("compile_max_autotune", COMPUTE, ("compile_mode=max-autotune",), _cuda_only("max-autotune tunes GPU kernels"), needs=("compile",)),
+    Candidate("compile_reduce_overhead", COMPUTE, ("compile_mode=reduce-overhead",), _cuda_only("reduce-overhead uses CUDA graphs"), needs=("compile",)),
+    Candidate("cudnn_benchmark", COMPUTE, ("cudnn_benchmark=true",), _cuda_only("cuDNN autotuning is a GPU feature")),
+    Candidate("tf32", COMPUTE, ("tf32=true",), _tf32),
+    Candidate("fused_optimizer", COMPUTE, ("optim.fused=true",)),
+    Candidate("jemalloc", COMPUTE, ("runtime.allocator=jemalloc",), _allocator("jemalloc")),
+    Candidate("tcmalloc", COMPUTE, ("runtime.allocator=tcmalloc",), _allocator("tcmalloc")),
+    # memory headroom: a larger batch, the learning rate scaled with it
+    Candidate("bigger_batch", MEMORY, ("data.batch_size=auto", "lr_scaling=linear"), _bigger_batch),
+]
+
+NAMES = [c.name for c in CATALOGUE]
+
+
+def extra_candidates(extra: Dict[str, str]) -> List[Candidate]:
+    """``tune.extra.NAME='k=v k2=v2'``: the user's own candidates, tried after the built-in ones."""
+    return [Candidate(name, EXTRA, tuple(str(value).split())) for name, value in (extra or {}).items()]
+
+
+def allocators_installed() -> tuple:
+    from ..launch import find_allocator
+
+    return tuple(name for name in ("jemalloc", "tcmalloc") if find_allocator(name))
+
+
+def settings_of(overrides: List[str]) -> Dict[str, Any]:
+    """key -> value of a list of ``key=value`` overrides, values parsed like YAML scalars."""
+    import yaml
+
+    out: Dict[str, Any] = {}
+    for ov in overrides:
+        key, _, value = ov.partition("=")
+        try:
+            out[key.lstrip("+~")] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            out[key.lstrip("+~")] = value
+    return out

@@ -1,0 +1,151 @@
+"""What a tune leaves in its run dir: ``best.yaml`` and ``tune_report.md/.csv/.png``.
+
+``best.yaml`` lists the winning overrides (on top of the command line the tune was given); train.py
+takes it back as ``+tuned=PATH`` (see ``load_tuned``), and its header holds the same as a command
+line to paste. The report has one row per probe: what was tried on which configuration, why (the
+verdict that chose it), its speed-up over the configuration it was tried on with the interval, and
+what was decided and why; then the path taken and the accuracy checks.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import platform
+import shlex
+import time
+from pathlib import Path
+from typing import Any, List
+
+from ..errors import ConfigError
+from ..metrics import atomic_write_text
+from .search import Outcome, Step
+
+COLUMNS = ["step", "candidate", "group", "chosen_by", "tried", "decision", "why", "epoch_time_s", "compile_s", "speedup", "speedup_ci", "vs_baseline", "val_acc", "dir"]
+
+
+def _row(step: Step) -> dict:
+    return {
+        "step": step.n,
+        "candidate": step.candidate,
+        "group": step.group,
+        "chosen_by": step.chosen_by,
+        "tried": " ".join(step.config) or "(as given)",
+        "decision": step.decision,
+        "why": step.why,
+        "epoch_time_s": None if step.epoch_time_s is None else round(step.epoch_time_s, 4),
+        "compile_s": None if not step.compile_s else round(step.compile_s, 2),
+        "speedup": None if step.speedup is None else round(step.speedup, 3),
+        "speedup_ci": f"{step.speedup_ci[0]:.3f}-{step.speedup_ci[1]:.3f}" if step.speedup_ci else None,
+        "vs_baseline": None if step.vs_baseline is None else round(step.vs_baseline, 3),
+        "val_acc": None if step.val_acc is None else round(step.val_acc, 4),
+        "dir": step.dir,
+    }
+
+
+def command_line(user: List[str], winner: List[str]) -> str:
+    return " ".join(["python train.py", *(shlex.quote(a) for a in user), *(shlex.quote(a) for a in winner)])
+
+
+def write_best(run_dir: Path, user: List[str], outcome: Outcome, machine: str) -> Path:
+    path = run_dir / "best.yaml"
+    lines = [
+        f"# trainer.tune on {machine}, {time.strftime('%Y-%m-%d %H:%M')}",
+        f"# {outcome.verdict}",
+        f"# use it:   python train.py {' '.join(shlex.quote(a) for a in user)} +tuned={path}".replace("  ", " "),
+        f"# or paste: {command_line(user, outcome.winner)}",
+        "overrides:" + ("" if outcome.winner else " []"),
+        *[f"  - {_yaml_str(ov)}" for ov in outcome.winner],
+    ]
+    atomic_write_text(path, "\n".join(lines) + "\n")
+    return path
+
+
+def _yaml_str(text: str) -> str:
+    import json
+
+    return json.dumps(text)  # a JSON string is a YAML string, quoted where it must be
+
+
+def write_report(run_dir: Path, user: List[str], outcome: Outcome, machine: str, tune_cfg: Any, wall_s: float) -> List[Path]:
+    rows = [_row(s) for s in outcome.steps]
+    md = [
+        "# Tune report",
+        "",
+        f"Machine: {machine}. Command line: `{command_line(user, [])}`. Tune time: {wall_s / 60:.1f} min (budget {tune_cfg.budget_min:g} min).",
+        f"Probes: {tune_cfg.probe_epochs} epochs of {tune_cfg.probe_batches} steps each, the first a warm-up; times are scaled to a full "
+        f"epoch of the run, compile time spread over {tune_cfg.horizon_epochs} epochs. A candidate is kept when the 95% bootstrap "
+        "interval of its speed-up over the configuration it was tried on lies above 1.00, measured twice.",
+        "",
+        f"**Verdict:** {outcome.verdict}",
+        "",
+        "## Path taken",
+        "",
+    ]
+    for i, config in enumerate(outcome.path):
+        md.append(f"{i}. {' '.join(config) or '(the configuration as given)'}")
+    md += ["", "## Every probe", "", "| " + " | ".join(COLUMNS[:-1]) + " |", "|" + "---|" * (len(COLUMNS) - 1)]
+    for r in rows:
+        md.append("| " + " | ".join("" if r[c] is None else str(r[c]).replace("|", "/") for c in COLUMNS[:-1]) + " |")
+    md += ["", "Run dirs of the probes are in tune_report.csv (column `dir`)."]
+    out = [run_dir / "tune_report.md", run_dir / "tune_report.csv", run_dir / "tune_report.png"]
+    atomic_write_text(out[0], "\n".join(md) + "\n")
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(out[1], buf.getvalue())
+    _png(out[2], outcome)
+    return out
+
+
+def _png(path: Path, outcome: Outcome) -> None:
+    """Each probe's speed-up over the configuration it was tried on, coloured by what was decided."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [s for s in outcome.steps if s.speedup is not None]
+    colors = {"kept": "#2e7d32", "dropped": "#9e9e9e", "final": "#1f4e9c"}
+    fig, ax = plt.subplots(figsize=(10, 0.38 * len(steps) + 1.6))
+    labels = [f"{s.n} {s.candidate}" for s in steps]
+    values = [s.speedup for s in steps]
+    errors = [[max(0.0, s.speedup - s.speedup_ci[0]) if s.speedup_ci else 0.0 for s in steps],
+              [max(0.0, s.speedup_ci[1] - s.speedup) if s.speedup_ci else 0.0 for s in steps]]
+    ax.barh(range(len(steps)), values, color=[colors.get(s.decision, "#d9534f") for s in steps], xerr=errors, capsize=3)
+    ax.axvline(1.0, color="#333333", linewidth=1)
+    for y, s in enumerate(steps):
+        ax.text(s.speedup + errors[1][y] + 0.02, y, f"{s.speedup:.2f}x {s.decision}", va="center", fontsize=8)
+    ax.set_yticks(range(len(steps)))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("speed-up over the configuration it was tried on (final: winner vs as given); 95% interval")
+    ax.set_title("trainer.tune: kept (green), dropped (grey), final (blue)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def machine_name(hardware: Any) -> str:
+    return f"{hardware.name} ({hardware.accelerator}, {hardware.cpu_cores} cores usable), {platform.node() or 'this host'}"
+
+
+def load_tuned(path: str) -> List[str]:
+    """The overrides of a ``best.yaml`` (for ``+tuned=PATH``), with a clear error for anything else."""
+    import yaml
+
+    expanded = os.path.expanduser(path)
+    try:
+        data = yaml.safe_load(Path(expanded).read_text())
+    except OSError as e:
+        raise ConfigError(f"'+tuned={path}': cannot read it ({e.strerror}). Give the best.yaml a tune wrote (python -m trainer.tune ... prints its path).") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"'+tuned={path}' is not valid YAML ({' '.join(str(e).split())[:200]}). Give the best.yaml a tune wrote.") from None
+    overrides = data.get("overrides") if isinstance(data, dict) else None
+    if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
+        raise ConfigError(
+            f"'+tuned={path}' has no 'overrides:' list of key=value strings; it must be a best.yaml written by python -m trainer.tune."
+        )
+    return overrides
