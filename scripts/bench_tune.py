@@ -53,11 +53,23 @@ def amortized(metrics: dict, full_samples: float) -> float | None:
     return per_sample * full_samples + float(metrics.get("compile_time_s") or 0.0) / PROBE["horizon_epochs"]
 
 
+def machine() -> str:
+    import torch
+
+    from trainer import hardware
+
+    hw = hardware.detect("auto")
+    native = "native bf16" if hw.bf16_native else "no native bf16"
+    return f"{hw.name} ({hw.accelerator}, {hw.cpu_cores} usable cores, {native}), torch {torch.__version__}, {platform.node()}"
+
+
 def run_case(name: str, out: Path, work_root: Path) -> dict:
     case = CASES[name]
     by_name = {c.name: c for c in CATALOGUE}
     work = work_root / name
-    work.mkdir(parents=True, exist_ok=True)
+    if work.exists():  # a tune would resume from its old journal and train.py refuses finished run dirs
+        raise SystemExit(f"{work} exists: give a new --work folder (old runs would be read instead of measured)")
+    work.mkdir(parents=True)
     env = dict(os.environ, TRAINER_QUIET_CONSOLE="1")
 
     # the tuner first: its baseline training gives the full epoch length the times are scaled to
@@ -87,10 +99,11 @@ def run_case(name: str, out: Path, work_root: Path) -> dict:
             config = merge(config, by_name[f].overrides)
         run_dir = work / "exhaustive" / ("+".join(on) or "baseline")
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "trainer.cli", *case["base"], *config, *probe_settings(), f"hydra.run.dir={run_dir}"],
-                       cwd=ROOT, env=env, capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-m", "trainer.cli", *case["base"], *config, *probe_settings(), f"hydra.run.dir={run_dir}"],
+                              cwd=ROOT, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
-        m = json.loads((run_dir / "metrics.json").read_text()) if (run_dir / "metrics.json").exists() else {"status": "failed"}
+        ok = done.returncode == 0 and (run_dir / "metrics.json").exists()
+        m = json.loads((run_dir / "metrics.json").read_text()) if ok else {"status": "failed"}
         rows.append({"flags": on, "config": config, "time_s": amortized(m, full), "compile_s": m.get("compile_time_s"), "wall_s": round(wall, 1)})
     exhaustive_wall = time.perf_counter() - start
 
@@ -101,7 +114,7 @@ def run_case(name: str, out: Path, work_root: Path) -> dict:
     tuned = next((row for row in rows if sorted(row["config"]) == sorted(winner)), rows[0])
     result = {
         "case": name, "base": case["base"], "flags": case["flags"], "probe": PROBE, "full_epoch_samples": full,
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, {platform.node()}",
+        "machine": machine(),
         "tune": {"winner": winner, "wall_s": round(tune_wall, 1), "own_speedup": final and final["speedup"], "own_ci": final and final["speedup_ci"],
                  "probes": len(journal)},
         "exhaustive": {"configs": len(rows), "wall_s": round(exhaustive_wall, 1), "best": best["flags"], "best_speedup": best["speedup"]},
@@ -145,8 +158,10 @@ def confirm(name: str, out: Path, work_root: Path, rounds: int = 3) -> dict:
     for i in range(rounds):
         for label, config in picks.items():
             run_dir = work_root / name / "confirm" / f"{i}-{label.replace(' ', '_')}"
-            subprocess.run([sys.executable, "-m", "trainer.cli", *case["base"], *config, *probe_settings(), f"hydra.run.dir={run_dir}"],
-                           cwd=ROOT, env=env, capture_output=True, text=True)
+            done = subprocess.run([sys.executable, "-m", "trainer.cli", *case["base"], *config, *probe_settings(), f"hydra.run.dir={run_dir}"],
+                                  cwd=ROOT, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SystemExit(f"{run_dir} failed: {done.stderr[-2000:]}")
             m = json.loads((run_dir / "metrics.json").read_text())
             times[label].append(amortized(m, result["full_epoch_samples"]))
     med = {k: statistics.median(v) for k, v in times.items()}

@@ -9,6 +9,7 @@ refuses sweeps and other launchers: probes that share the machine would time eac
 from __future__ import annotations
 
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -17,10 +18,6 @@ from typing import List
 from ..errors import ConfigError, UserFacingError
 
 log = logging.getLogger("trainer.tune")
-
-# written into the tune's run dir by Hydra and by us; anything else there is not a tune's
-_OURS = {".hydra", "tune.log", "probes", "verify", "tune_journal.jsonl", "best.yaml", "tune_report.md", "tune_report.csv", "tune_report.png"}
-
 
 def check_argv(argv: List[str]) -> None:
     if any(a in ("-m", "--multirun") for a in argv):
@@ -40,9 +37,49 @@ def check_argv(argv: List[str]) -> None:
             f"'{bare[0]}': a candidate of your own is a new key, so it takes a leading + "
             f"(+{bare[0].split('=', 1)[0]}=\"k=v k2=v2\", quoted for Hydra and the shell: '+tune.extra.narrow=\"model.width=4\"')."
         )
-    swept = [a for a in argv if "=" in a and not a.startswith("-") and not a.startswith("hydra.") and ("," in a.split("=", 1)[1] and "[" not in a and "'" not in a)]
+    resume = [a for a in argv if a.split("=", 1)[0].lstrip("+") == "ckpt_path"]
+    if resume:
+        raise ConfigError(
+            f"'{resume[0]}': the tuner's probes each train a few epochs from scratch, so they cannot start from a checkpoint. "
+            "Tune without ckpt_path (the speed of a configuration does not depend on the weights), then resume your run with +tuned=best.yaml."
+        )
+    swept = [a for a in argv if "=" in a and not a.startswith("-") and not a.startswith("hydra.")
+             and ("," in a.split("=", 1)[1] and not any(q in a for q in "[\"'")) or "range(" in a or "choice(" in a]
     if swept:
         raise ConfigError(f"'{swept[0]}' lists several values: the tuner starts from one configuration and picks the values itself. Give one value.")
+
+
+def check_run_dir(argv: List[str]) -> None:
+    """Before Hydra writes .hydra/ and tune.log there: the run dir is new, empty, or a tune's own."""
+    from .probe import JOURNAL
+
+    given = [a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] == "hydra.run.dir" and "${" not in a]
+    if not given:
+        return  # Hydra's default: a new dir named by the time
+    run_dir = Path(given[-1]).expanduser()
+    if not run_dir.is_dir():
+        return
+    if (run_dir / JOURNAL).exists():  # a tune's: it resumes with the same overrides (the journal checks the settings too)
+        import json
+
+        first = (run_dir / JOURNAL).read_text().split("\n", 1)[0]
+        try:
+            theirs = json.loads(first).get("overrides")
+        except ValueError:
+            theirs = None
+        ours = user_run_overrides([a for a in argv if "=" in a and not a.startswith("-")])
+        if theirs != ours:
+            raise ConfigError(
+                f"hydra.run.dir={given[-1]} holds a tune of other overrides ({' '.join(theirs or []) or 'none'}); a tune resumes only "
+                "with the same command line. Give the same overrides, or another hydra.run.dir; nothing was changed."
+            )
+        return
+    foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in (".hydra", "tune.log"))
+    if foreign:
+        raise ConfigError(
+            f"hydra.run.dir={given[-1]} holds files that are not a tune's ({', '.join(foreign[:3])}); a tune writes only into a new "
+            "dir or resumes its own. Point hydra.run.dir elsewhere; nothing was changed."
+        )
 
 
 def user_run_overrides(task_overrides: List[str]) -> List[str]:
@@ -55,7 +92,8 @@ def tune_task(cfg) -> None:
     from omegaconf import OmegaConf
 
     from .. import hardware
-    from ..config import FLAG_KEYS, validate
+    from ..cli import recipes
+    from ..config import FLAG_KEYS, check_overrides, validate
     from ..model_config import replace_retargeted_model
     from ..scale import apply_scale
     from .candidates import CATALOGUE, NAMES, Context, allocators_installed, extra_candidates
@@ -71,10 +109,10 @@ def tune_task(cfg) -> None:
         validate(cfg)
         tune = cfg.tune
         for key, low in (("budget_min", 0), ("probe_batches", 1), ("probe_epochs", 3), ("horizon_epochs", 1), ("verify_epochs", 1)):
-            if tune[key] is None or tune[key] < low or (low == 0 and tune[key] <= 0):
+            if tune[key] is None or not math.isfinite(tune[key]) or tune[key] < low or (low == 0 and tune[key] <= 0):
                 raise ConfigError(f"Bad value for 'tune.{key}': {tune[key]!r}. It must be {'above 0' if low == 0 else f'at least {low}'}"
                                   + (" (one warm-up epoch and at least two measured ones, to judge the noise)" if key == "probe_epochs" else "") + ".")
-        if tune.acc_tolerance is None or tune.acc_tolerance < 0:
+        if tune.acc_tolerance is None or not math.isfinite(tune.acc_tolerance) or tune.acc_tolerance < 0:
             raise ConfigError(f"Bad value for 'tune.acc_tolerance': {tune.acc_tolerance!r}. It must be 0 or more (a val_acc difference, e.g. 0.02).")
         unknown = [n for n in (tune.only or []) if n not in NAMES and n not in (tune.extra or {})]
         if unknown:
@@ -82,12 +120,14 @@ def tune_task(cfg) -> None:
         clash = [n for n in (tune.extra or {}) if n in NAMES]
         if clash:
             raise ConfigError(f"'tune.extra.{clash[0]}' has the name of a built-in candidate; give your candidate another name.")
-        foreign = [p.name for p in run_dir.iterdir() if p.name not in _OURS]
-        if foreign and not (run_dir / JOURNAL).exists():
-            raise ConfigError(
-                f"hydra.run.dir={run_dir} holds files that are not a tune's ({', '.join(sorted(foreign)[:3])}); a tune writes only into "
-                "a new dir or resumes its own. Point hydra.run.dir elsewhere; nothing was changed."
-            )
+        extras = extra_candidates(OmegaConf.to_container(tune.extra) if tune.extra else {})
+        for cand in extras:  # a typo in a candidate of your own is said now, not after a failed probe
+            if not cand.overrides or not all("=" in o for o in cand.overrides):
+                raise ConfigError(f"'tune.extra.{cand.name}' must hold key=value overrides separated by spaces, e.g. +tune.extra.narrow=\"model.width=4\".")
+            try:
+                check_overrides(list(cand.overrides), recipes())
+            except ConfigError as e:
+                raise ConfigError(f"'tune.extra.{cand.name}': {e}") from None
         hw = hardware.detect(cfg.accelerator)
         ctx = Context(
             cuda=hw.accelerator == "cuda",
@@ -98,13 +138,13 @@ def tune_task(cfg) -> None:
             data_root=cfg.data.root,
             allocators=allocators_installed(),
         )
-        candidates = list(CATALOGUE) + extra_candidates(OmegaConf.to_container(tune.extra) if tune.extra else {})
+        candidates = list(CATALOGUE) + extras
         if tune.only:
             candidates = [c for c in candidates if c.name in set(tune.only)]
         base_settings = {k: OmegaConf.select(cfg, k) for k in FLAG_KEYS}
         base_settings.update({"data.pin_memory": cfg.data.pin_memory, "data.prefetch_factor": cfg.data.prefetch_factor,
                               "data.persistent_workers": cfg.data.persistent_workers})
-        journal = Journal(run_dir, user)
+        journal = Journal(run_dir, user, {k: tune[k] for k in ("probe_batches", "probe_epochs", "verify_epochs")})
         prober = Prober(run_dir, user, tune, journal)
         machine = machine_name(hw)
         started = time.time()
@@ -119,7 +159,7 @@ def tune_task(cfg) -> None:
         log.info("best.yaml: %s", best)
         for line in best.read_text().splitlines():
             log.info("  %s", line)
-        log.info("report: %s (also %s, %s); took %.1f min", *paths, (time.time() - started) / 60)
+        log.info("report: %s; took %.1f min", ", ".join(map(str, paths)), (time.time() - started) / 60)
     except UserFacingError as e:
         from ..cli import fail
 
@@ -128,6 +168,10 @@ def tune_task(cfg) -> None:
         from ..cli import fail
 
         fail(f"{e}. Fix the configuration until python train.py with the same overrides trains; the tuner starts from it.", 1)
+    except KeyboardInterrupt:
+        from ..cli import fail
+
+        fail(f"interrupted. Finished probes are in {run_dir / 'tune_journal.jsonl'}: the same command with hydra.run.dir={run_dir} resumes.", 130)
 
 
 def main() -> None:
@@ -146,6 +190,7 @@ def main() -> None:
             from ..config import check_overrides
 
             argv = expand_tuned(argv)
+            check_run_dir(user_overrides(argv))
             check_config_files()
             check_overrides(user_overrides(argv), recipes())
             check_output_dirs(user_overrides(argv))

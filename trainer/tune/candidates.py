@@ -153,7 +153,9 @@ NAMES = [c.name for c in CATALOGUE]
 
 def extra_candidates(extra: Dict[str, str]) -> List[Candidate]:
     """``tune.extra.NAME='k=v k2=v2'``: the user's own candidates, tried after the built-in ones."""
-    return [Candidate(name, EXTRA, tuple(str(value).split())) for name, value in (extra or {}).items()]
+    import shlex
+
+    return [Candidate(name, EXTRA, tuple(shlex.split(str(value)))) for name, value in (extra or {}).items()]
 
 
 def allocators_installed() -> tuple:

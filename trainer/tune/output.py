@@ -96,7 +96,13 @@ def write_report(run_dir: Path, user: List[str], outcome: Outcome, machine: str,
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_text(out[1], buf.getvalue())
-    _png(out[2], outcome)
+    try:
+        _png(out[2], outcome)
+    except Exception as e:  # the chart is a convenience: the table and best.yaml are the result
+        import logging
+
+        logging.getLogger("trainer.tune").warning("tune_report.png was not drawn (%s: %s)", type(e).__name__, e)
+        return out[:2]
     return out
 
 
@@ -141,6 +147,8 @@ def load_tuned(path: str) -> List[str]:
         data = yaml.safe_load(Path(expanded).read_text())
     except OSError as e:
         raise ConfigError(f"'+tuned={path}': cannot read it ({e.strerror}). Give the best.yaml a tune wrote (python -m trainer.tune ... prints its path).") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"'+tuned={path}' is not a text file. Give the best.yaml a tune wrote.") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"'+tuned={path}' is not valid YAML ({' '.join(str(e).split())[:200]}). Give the best.yaml a tune wrote.") from None
     overrides = data.get("overrides") if isinstance(data, dict) else None

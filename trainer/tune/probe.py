@@ -65,8 +65,7 @@ def _from_metrics(kind: str, config: List[str], run_dir: Path, wall_s: float, st
 
     path = run_dir / "metrics.json"
     if not path.exists():
-        tail = " ".join(stderr.strip().splitlines()[-3:])[-400:] if stderr.strip() else "no output"
-        return Result(kind, config, str(run_dir), "failed", error=f"the run wrote no metrics.json ({tail})", wall_s=wall_s)
+        return Result(kind, config, str(run_dir), "failed", error=f"the run wrote no metrics.json ({_last_lines(stderr) or 'no output'})", wall_s=wall_s)
     m = metrics_io.read(str(path))
     epochs = [e for e in m.get("epochs", []) if e.get("time_s") and e.get("samples")]
     steady = [[e["time_s"], e["samples"]] for e in epochs if not e.get("warmup")]
@@ -88,24 +87,56 @@ def _from_metrics(kind: str, config: List[str], run_dir: Path, wall_s: float, st
     )
 
 
+def check_header(line: str, header: Dict[str, Any], run_dir: Path) -> Optional[str]:
+    """Why a journal's first line does not belong to this tune (None if it does)."""
+    try:
+        found = json.loads(line)
+    except ValueError:
+        found = {}
+    if found.get("overrides") != header["overrides"]:
+        return (f"{run_dir} holds a tune of other overrides ({' '.join(found.get('overrides') or []) or 'none'}); "
+                "a tune resumes only with the same command line. Give the same overrides, or another hydra.run.dir.")
+    if found.get("settings") != header["settings"]:
+        return (f"{run_dir} holds a tune with other probe settings ({found.get('settings')}, now {header['settings']}); its "
+                "measurements would not compare. Resume with the same tune.* values, or give another hydra.run.dir.")
+    return None
+
+
+def _record(line: str) -> Dict[str, Any]:
+    record = json.loads(line)
+    Result(**{k: v for k, v in record.items() if k != "key"})  # every field present and named
+    if not isinstance(record["key"], str):
+        raise TypeError("key")
+    return record
+
+
 class Journal:
     """Append-only record of finished probes in the tune's run dir."""
 
-    def __init__(self, run_dir: Path, user_overrides: List[str]) -> None:
+    def __init__(self, run_dir: Path, user_overrides: List[str], settings: Dict[str, Any]) -> None:
         self.path = run_dir / JOURNAL
         self.records: List[Dict[str, Any]] = []
+        header = {"tune": 1, "overrides": user_overrides, "settings": settings}
         if self.path.exists():
-            lines = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-            header = lines[0] if lines else {}
-            if header.get("overrides") != user_overrides:
-                raise ConfigError(
-                    f"{run_dir} holds a tune of other overrides ({' '.join(header.get('overrides') or []) or 'none'}); "
-                    "a tune resumes only with the same command line. Give the same overrides, or another hydra.run.dir."
-                )
-            self.records = lines[1:]
+            lines = self.path.read_text().splitlines()
+            problem = check_header(lines[0] if lines else "", header, run_dir)
+            if problem:
+                raise ConfigError(problem)
+            for i, line in enumerate(lines[1:], start=2):
+                try:
+                    self.records.append(_record(line))
+                except (ValueError, KeyError, TypeError):
+                    if i == len(lines):  # the tune was killed while appending this line: that probe runs again
+                        log.warning("%s: its last line was cut short (a killed tune); that probe runs again", self.path)
+                        continue
+                    raise ConfigError(f"{self.path} line {i} is not a journal record; the tune cannot resume from it. "
+                                      "Give another hydra.run.dir to start a new tune.") from None
+            # rewrite without the cut line, so the next record starts on a line of its own
+            with open(self.path, "w") as f:
+                f.write("\n".join([lines[0], *(json.dumps(r) for r in self.records)]) + "\n")
         else:
             with open(self.path, "w") as f:
-                f.write(json.dumps({"tune": 1, "overrides": user_overrides}) + "\n")
+                f.write(json.dumps(header) + "\n")
         self._served: Dict[str, int] = {}
 
     @staticmethod
@@ -170,19 +201,50 @@ class Prober:
         cmd = [sys.executable, "-m", "trainer.cli", *self.user, *config, *settings, f"hydra.run.dir={run_dir}"]
         env = dict(os.environ, TRAINER_QUIET_CONSOLE="1")
         start = time.perf_counter()
-        # its own session: a timed-out probe is stopped with every process it started (loader workers, ranks)
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-        limit = max(300.0, 60.0 * self.cfg.budget_min)
+        # its own session: a timed-out probe is stopped with every process it started (loader workers,
+        # ranks); and it dies with the tuner, so a killed tune leaves no run behind to slow the next one
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True, preexec_fn=_die_with_parent)
+        # a probe is a few short epochs: one that runs far past the budget is stuck; a verification
+        # trains full epochs and is not bounded by the probes' budget
+        limit = max(300.0, 60.0 * self.cfg.budget_min) if kind == "probe" else None
+        stopped = None
         try:
             _, stderr = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            stderr = f"stopped after {limit:.0f} s"
+            _kill(proc)
+            _, stderr = proc.communicate()
+            stopped = f"stopped after {limit:.0f} s (a probe should take seconds: see {run_dir}/train.log)"
+        except BaseException:
+            _kill(proc)
+            raise
         wall = time.perf_counter() - start
-        result = _from_metrics(kind, config, run_dir, wall, stderr)
-        if result.status == "ok" and proc.returncode not in (0, None):
-            result.status, result.error = "failed", f"exit code {proc.returncode}"
+        result = _from_metrics(kind, config, run_dir, wall, stderr or "")
+        if result.status != "ok" or proc.returncode != 0:
+            reason = stopped or result.error or _last_lines(stderr) or f"exit code {proc.returncode}"
+            result.status, result.error = "failed", reason
         self.spent_s += wall
         self.journal.add(result)
         return result
+
+
+def _last_lines(text: Optional[str]) -> str:
+    lines = [l.strip() for l in (text or "").strip().splitlines() if l.strip()]
+    return " ".join(lines[-3:])[-400:]
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _die_with_parent() -> None:
+    """In the probe's process before exec: SIGKILL it when the tuner dies (Linux prctl PR_SET_PDEATHSIG)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass

@@ -67,6 +67,7 @@ class Outcome:
     path: List[List[str]] = field(default_factory=list)
     verdict: str = ""
     budget_hit: bool = False
+    unconfirmed: Optional[tuple] = None  # (speedup, interval) of a winner the final measurement did not confirm
 
 
 def merge(config: List[str], overrides: tuple) -> List[str]:
@@ -131,12 +132,17 @@ class Search:
     def _eligible(self, cand: Candidate, config: List[str], kept: List[str]) -> Optional[str]:
         """None if ``cand`` can be tried on ``config`` now, else why not."""
         settings = self._settings(config)
-        if all(settings.get(k) == v for k, v in settings_of(list(cand.overrides)).items()):
+        if self._holds(cand, settings):
             return "already set in the configuration"
-        missing = [n for n in cand.needs if n not in kept]
+        by_name = {c.name: c for c in self.candidates}
+        missing = [n for n in cand.needs if n not in kept and not (n in by_name and self._holds(by_name[n], settings))]
         if missing:
             return f"needs {', '.join(missing)} kept first"
         return cand.skip(self.ctx, settings)
+
+    @staticmethod
+    def _holds(cand: Candidate, settings: Dict[str, Any]) -> bool:
+        return all(settings.get(k) == v for k, v in settings_of(list(cand.overrides)).items())
 
     def _next(self, verdict: str, config: List[str], kept: List[str], tried: set) -> Optional[Candidate]:
         groups = ORDER.get(verdict, ORDER["compute"]) + [EXTRA]
@@ -170,7 +176,7 @@ class Search:
             if not self._budget_left():
                 budget_hit = True
                 break
-            verdict = incumbent[-1].bottleneck or "compute"
+            verdict = next((r.bottleneck for r in reversed(incumbent) if r.ok and r.bottleneck), None) or "compute"
             cand = self._next(verdict, config, kept, set(tried))
             if cand is None:  # all tried: once more, those dropped before a later keep
                 retry = [name for name in dropped if tried[name] < len(kept)]
@@ -196,10 +202,11 @@ class Search:
                 dropped.append(cand.name)
             else:
                 again = self.probe("probe", "incumbent-again", config)  # right after: drift cannot fake a speed-up
-                incumbent.append(again)
-                speed, ci = self._compare(incumbent, [result])
-                step.speedup, step.speedup_ci = speed, ci
-                if ci is not None and ci[0] > 1.0:
+                if again.ok:
+                    incumbent.append(again)
+                    speed, ci = self._compare(incumbent, [result])
+                    step.speedup, step.speedup_ci = speed, ci
+                if again.ok and ci is not None and ci[0] > 1.0:
                     step.decision, step.why = "kept", f"{speed:.2f}x over the incumbent, measured twice"
                     config, incumbent = trial, [result]
                     self.kept_results[_key(trial)] = result
@@ -207,7 +214,8 @@ class Search:
                     path.append(list(config))
                 else:
                     step.decision = "dropped"
-                    step.why = "not confirmed when the incumbent was measured again" + (f" (interval {ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+                    step.why = ("not confirmed: measuring the incumbent again failed" if not again.ok else
+                                "not confirmed when the incumbent was measured again" + (f" (interval {ci[0]:.2f}-{ci[1]:.2f})" if ci else ""))
                     dropped.append(cand.name)
             log.info(
                 "probe %d [%s] %s: %.3f s/epoch, %.2fx%s -> %s [%.1f of %g min]",
@@ -255,6 +263,7 @@ class Search:
             log.info("accuracy check %s: val_acc %.3f vs %.3f: REJECTED, checking the configuration before it", name, check.val_acc, base_verify.val_acc)
 
         speed = ci = None
+        unconfirmed = None
         winner_probe: List[Result] = []
         if winner:
             first = self.kept_results[_key(winner)]
@@ -263,9 +272,16 @@ class Search:
             bases = [base] + ([base_again] if base_again.ok else [])
             winner_probe = [first] + ([winner_again] if winner_again.ok else [])
             speed, ci = self._compare(bases, winner_probe)
-            self._add(Step(len(self.steps), "final", "", "", winner, "final",
-                           "the winner and the baseline measured again back to back; speed-up over both measurements of each",
+            confirmed = ci is not None and ci[0] > 1.0
+            self._add(Step(len(self.steps), "final", "", "", winner, "final" if confirmed else "not confirmed",
+                           "the winner and the baseline measured again back to back; speed-up over both measurements of each"
+                           + ("" if confirmed else ": the interval reaches 1.00, so the configuration as given stays"),
                            self._epoch_s(winner_probe), first.compile_s, speed, ci, speed, winner_verify.val_acc, winner_again.dir))
+            if not confirmed:
+                log.info("the winner measured again with the baseline: %.2fx%s: not a measurable speed-up, keeping the configuration as given",
+                         speed or 0.0, _fmt_ci(ci))
+                unconfirmed = (speed, ci)
+                winner, winner_verify, winner_probe, speed, ci = [], base_verify, [], None, None
         outcome = Outcome(
             winner=winner,
             speedup=speed,
@@ -278,6 +294,7 @@ class Search:
             steps=self.steps,
             path=path,
             budget_hit=budget_hit,
+            unconfirmed=unconfirmed,
         )
         outcome.verdict = verdict_text(outcome, self.cfg)
         return outcome
@@ -292,6 +309,11 @@ def _acc(value: Optional[float]) -> str:
 
 
 def verdict_text(o: Outcome, cfg: Any) -> str:
+    if not o.winner and o.unconfirmed:
+        speed, ci = o.unconfirmed
+        return (f"keep the configuration as given: the best configuration found measured {speed or 0:.2f}x{_fmt_ci(ci)} when "
+                "measured again back to back with it, not a measurable speed-up on this machine"
+                + (" (the budget ran out before every candidate was tried)" if o.budget_hit else "") + ".")
     if not o.winner:
         return (
             "keep the configuration as given: no candidate gave a measurable speed-up that kept the accuracy"
