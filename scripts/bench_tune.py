@@ -24,11 +24,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from trainer.tune.candidates import CATALOGUE  # noqa: E402
+from trainer.tune.probe import result_of, run_settings  # noqa: E402
 from trainer.tune.search import merge  # noqa: E402
 
 CASES = {
@@ -40,17 +42,18 @@ CASES = {
 PROBE = {"probe_batches": 10, "probe_epochs": 4, "horizon_epochs": 10, "verify_epochs": 3}
 
 
-def probe_settings() -> list:
-    return [f"trainer.max_epochs={PROBE['probe_epochs']}", f"trainer.limit_train_batches={PROBE['probe_batches']}",
-            "trainer.limit_val_batches=0", "checkpoint.enabled=false"]
-
-
-def amortized(metrics: dict, full_samples: float) -> float | None:
-    steady = [e for e in metrics.get("epochs", []) if not e.get("warmup") and e.get("samples")]
-    if metrics.get("status") != "ok" or not steady:
-        return None
-    per_sample = statistics.median(e["time_s"] / e["samples"] for e in steady)
-    return per_sample * full_samples + float(metrics.get("compile_time_s") or 0.0) / PROBE["horizon_epochs"]
+def probe(base: list, config: list, run_dir: Path, full_samples: float) -> tuple:
+    """One configuration as the tuner probes it (its own process, the tuner's probe settings):
+    (ok, full-epoch time computed the tuner's way or None, compile s, wall s, error)."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "trainer.cli", *base, *config, *run_settings("probe", SimpleNamespace(**PROBE)),
+                           f"hydra.run.dir={run_dir}"], cwd=ROOT, env=dict(os.environ, TRAINER_QUIET_CONSOLE="1"), capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0 or not (run_dir / "metrics.json").exists():
+        return False, None, None, wall, done.stderr[-2000:]
+    r = result_of(run_dir, config)
+    time_s = statistics.median(r.epoch_times(full_samples, PROBE["horizon_epochs"])) if r.ok else None
+    return r.ok, time_s, r.compile_s, wall, r.error
 
 
 def machine() -> str:
@@ -98,13 +101,8 @@ def run_case(name: str, out: Path, work_root: Path) -> dict:
         for f in on:
             config = merge(config, by_name[f].overrides)
         run_dir = work / "exhaustive" / ("+".join(on) or "baseline")
-        t0 = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "trainer.cli", *case["base"], *config, *probe_settings(), f"hydra.run.dir={run_dir}"],
-                              cwd=ROOT, env=env, capture_output=True, text=True)
-        wall = time.perf_counter() - t0
-        ok = done.returncode == 0 and (run_dir / "metrics.json").exists()
-        m = json.loads((run_dir / "metrics.json").read_text()) if ok else {"status": "failed"}
-        rows.append({"flags": on, "config": config, "time_s": amortized(m, full), "compile_s": m.get("compile_time_s"), "wall_s": round(wall, 1)})
+        _, time_s, compile_s, wall, _ = probe(case["base"], config, run_dir, full)
+        rows.append({"flags": on, "config": config, "time_s": time_s, "compile_s": compile_s or None, "wall_s": round(wall, 1)})
     exhaustive_wall = time.perf_counter() - start
 
     base_t = rows[0]["time_s"]
@@ -149,7 +147,6 @@ def confirm(name: str, out: Path, work_root: Path, rounds: int = 3) -> dict:
     three side by side, several rounds, is the fair comparison of the two."""
     result = json.loads((out / f"{name}.json").read_text())
     case = CASES[name]
-    env = dict(os.environ, TRAINER_QUIET_CONSOLE="1")
     rows = {"+".join(r["flags"]) or "baseline": r for r in result["rows"]}
     best = rows["+".join(result["exhaustive"]["best"]) or "baseline"]
     tuned = next((r for r in result["rows"] if sorted(r["config"]) == sorted(result["tune"]["winner"])), rows["baseline"])
@@ -158,12 +155,10 @@ def confirm(name: str, out: Path, work_root: Path, rounds: int = 3) -> dict:
     for i in range(rounds):
         for label, config in picks.items():
             run_dir = work_root / name / "confirm" / f"{i}-{label.replace(' ', '_')}"
-            done = subprocess.run([sys.executable, "-m", "trainer.cli", *case["base"], *config, *probe_settings(), f"hydra.run.dir={run_dir}"],
-                                  cwd=ROOT, env=env, capture_output=True, text=True)
-            if done.returncode != 0:
-                raise SystemExit(f"{run_dir} failed: {done.stderr[-2000:]}")
-            m = json.loads((run_dir / "metrics.json").read_text())
-            times[label].append(amortized(m, result["full_epoch_samples"]))
+            ok, time_s, _, _, error = probe(case["base"], config, run_dir, result["full_epoch_samples"])
+            if not ok:
+                raise SystemExit(f"{run_dir} failed: {error}")
+            times[label].append(time_s)
     med = {k: statistics.median(v) for k, v in times.items()}
     result["confirm"] = {
         "rounds": rounds,

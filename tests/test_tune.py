@@ -186,7 +186,7 @@ def test_the_search_on_planted_measurements():
         return Result(kind, list(config), f"/runs/{len(calls)}", "ok", steady=[[t * f, 100] for f in (0.99, 1.0, 1.01, 1.0)],
                       bottleneck="compute", val_acc=acc if kind == "verify" else None, epoch_samples=100)
 
-    ctx = Context(cuda=False, bf16_native=True, capability=0.0, cores=2, data_name="synthetic", data_root=None, allocators=())
+    ctx = Context(cuda=False, bf16_native=True, capability=0.0, cores=2, data_name="synthetic", allocators=())
     cands = [Candidate("amp", "compute", ("amp=true",)), Candidate("channels_last", "compute", ("channels_last=true",)),
              Candidate("narrow", EXTRA, ("model.width=1",))]
     cfg = SimpleNamespace(budget_min=30, horizon_epochs=10, verify_epochs=1, acc_tolerance=0.02)

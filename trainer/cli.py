@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import List
+from typing import Callable, List
 
 from .errors import ConfigError, UserFacingError
 from .paths import CONFIG_DIR, RECIPE_DIR
@@ -139,6 +139,29 @@ def check_config_files(dirs=None) -> None:
                     f"{path}{where}: not valid YAML ({(context + ': ') if context else ''}{what}). "
                     "Fix the file (a recipe, or a config you edited); nothing ran."
                 ) from None
+
+
+def checked_argv(argv: List[str], first: Callable[[List[str]], None] | None = None,
+                 then: Callable[[List[str]], None] | None = None) -> List[str]:
+    """The command line checked before Hydra composes (train.py's and the tuner's), ``+tuned=`` expanded.
+
+    ``first`` sees the raw arguments after the mode check; ``then`` the expanded overrides before
+    the shared checks (which create the output dir). Raises ConfigError."""
+    check_modes(argv)
+    if first:
+        first(argv)
+    if user_overrides(argv) is None:
+        return argv  # --help and the like: Hydra answers
+    from .config import check_overrides
+
+    argv = expand_tuned(argv)
+    overrides = user_overrides(argv)
+    if then:
+        then(overrides)
+    check_config_files()
+    check_overrides(overrides, recipes())
+    check_output_dirs(overrides)
+    return argv
 
 
 def fail(message: str, code: int = ConfigError.exit_code) -> None:
@@ -277,24 +300,12 @@ def main() -> None:
     from .console import quiet_known_warnings
 
     quiet_known_warnings()
-    argv = sys.argv[1:]
     try:
-        check_modes(argv)
+        argv = checked_argv(sys.argv[1:])
+        if user_overrides(argv) is not None:
+            sys.argv[1:] = expand_repeats(argv)
     except ConfigError as e:
         fail(str(e))
-    overrides = user_overrides(argv)
-    if overrides is not None:
-        from .config import check_overrides
-
-        try:
-            argv = expand_tuned(argv)
-            overrides = user_overrides(argv)
-            check_config_files()
-            check_overrides(overrides, recipes())
-            check_output_dirs(overrides)
-            sys.argv[1:] = expand_repeats(argv)
-        except ConfigError as e:
-            fail(str(e))
 
     import hydra
 

@@ -49,30 +49,21 @@ def check_argv(argv: List[str]) -> None:
         raise ConfigError(f"'{swept[0]}' lists several values: the tuner starts from one configuration and picks the values itself. Give one value.")
 
 
-def check_run_dir(argv: List[str]) -> None:
+def check_run_dir(overrides: List[str]) -> None:
     """Before Hydra writes .hydra/ and tune.log there: the run dir is new, empty, or a tune's own."""
-    from .probe import JOURNAL
+    from .probe import JOURNAL, check_header
 
-    given = [a.split("=", 1)[1] for a in argv if a.split("=", 1)[0] == "hydra.run.dir" and "${" not in a]
+    given = [a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "hydra.run.dir" and "${" not in a]
     if not given:
         return  # Hydra's default: a new dir named by the time
     run_dir = Path(given[-1]).expanduser()
     if not run_dir.is_dir():
         return
     if (run_dir / JOURNAL).exists():  # a tune's: it resumes with the same overrides (the journal checks the settings too)
-        import json
-
         first = (run_dir / JOURNAL).read_text().split("\n", 1)[0]
-        try:
-            theirs = json.loads(first).get("overrides")
-        except ValueError:
-            theirs = None
-        ours = user_run_overrides([a for a in argv if "=" in a and not a.startswith("-")])
-        if theirs != ours:
-            raise ConfigError(
-                f"hydra.run.dir={given[-1]} holds a tune of other overrides ({' '.join(theirs or []) or 'none'}); a tune resumes only "
-                "with the same command line. Give the same overrides, or another hydra.run.dir; nothing was changed."
-            )
+        problem = check_header(first, {"overrides": user_run_overrides(overrides), "settings": None}, run_dir)
+        if problem:
+            raise ConfigError(problem + " Nothing was changed.")
         return
     foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in (".hydra", "tune.log"))
     if foreign:
@@ -135,7 +126,6 @@ def tune_task(cfg) -> None:
             capability=float(hw.capability or 0),
             cores=hw.cpu_cores,
             data_name=str(cfg.data.name),
-            data_root=cfg.data.root,
             allocators=allocators_installed(),
         )
         candidates = list(CATALOGUE) + extras
@@ -175,25 +165,13 @@ def tune_task(cfg) -> None:
 
 
 def main() -> None:
-    from ..cli import check_config_files, check_modes, expand_tuned, fail, prepare_hydra, recipes, user_overrides
+    from ..cli import checked_argv, fail, prepare_hydra
     from ..console import quiet_known_warnings
     from ..paths import CONFIG_DIR
 
     quiet_known_warnings()
-    argv = sys.argv[1:]
-    overrides = user_overrides(argv)
     try:
-        check_modes(argv)
-        check_argv(argv)
-        if overrides is not None:
-            from ..cli import check_output_dirs
-            from ..config import check_overrides
-
-            argv = expand_tuned(argv)
-            check_run_dir(user_overrides(argv))
-            check_config_files()
-            check_overrides(user_overrides(argv), recipes())
-            check_output_dirs(user_overrides(argv))
+        argv = checked_argv(sys.argv[1:], first=check_argv, then=check_run_dir)
     except ConfigError as e:
         fail(str(e))
     # the tune's log file is tune.log, and its run dir is a tune's (not a training run's)

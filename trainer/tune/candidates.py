@@ -37,7 +37,6 @@ class Context:
     capability: float
     cores: int
     data_name: str
-    data_root: Optional[str]
     allocators: tuple  # installed malloc replacements
 
 
@@ -71,8 +70,6 @@ def _prefetch(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
 
 
 def _amp(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
-    if cfg.get("amp"):
-        return "already on"
     if ctx.cuda or ctx.bf16_native:
         return None
     return "this CPU has no native bf16 (no AVX512-BF16/AMX): emulated bf16 is slower than fp32, and fp16 needs CUDA"
@@ -85,18 +82,8 @@ def _tf32(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
 
 
 def _compile(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
-    if cfg.get("compile"):
-        return "already on"
     if ctx.cuda and ctx.capability < 7.0:
         return f"torch.compile's GPU backend needs sm70 or newer; this GPU is sm{ctx.capability:g}"
-    return None
-
-
-def _cache(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
-    if ctx.data_name != "imagefolder" or not ctx.data_root:
-        return "data.cache copies an imagefolder's data.root; this run has none"
-    if cfg.get("data.cache"):
-        return "already on"
     return None
 
 

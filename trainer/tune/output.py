@@ -53,7 +53,7 @@ def write_best(run_dir: Path, user: List[str], outcome: Outcome, machine: str) -
     lines = [
         f"# trainer.tune on {machine}, {time.strftime('%Y-%m-%d %H:%M')}",
         f"# {outcome.verdict}",
-        f"# use it:   python train.py {' '.join(shlex.quote(a) for a in user)} +tuned={path}".replace("  ", " "),
+        f"# use it:   {command_line(user, [f'+tuned={path}'])}",
         f"# or paste: {command_line(user, outcome.winner)}",
         "overrides:" + ("" if outcome.winner else " []"),
         *[f"  - {_yaml_str(ov)}" for ov in outcome.winner],

@@ -88,7 +88,7 @@ def _from_metrics(kind: str, config: List[str], run_dir: Path, wall_s: float, st
 
 
 def check_header(line: str, header: Dict[str, Any], run_dir: Path) -> Optional[str]:
-    """Why a journal's first line does not belong to this tune (None if it does)."""
+    """Why a journal's first line does not belong to this tune (None if it does); settings None: not compared."""
     try:
         found = json.loads(line)
     except ValueError:
@@ -96,7 +96,7 @@ def check_header(line: str, header: Dict[str, Any], run_dir: Path) -> Optional[s
     if found.get("overrides") != header["overrides"]:
         return (f"{run_dir} holds a tune of other overrides ({' '.join(found.get('overrides') or []) or 'none'}); "
                 "a tune resumes only with the same command line. Give the same overrides, or another hydra.run.dir.")
-    if found.get("settings") != header["settings"]:
+    if header["settings"] is not None and found.get("settings") != header["settings"]:
         return (f"{run_dir} holds a tune with other probe settings ({found.get('settings')}, now {header['settings']}); its "
                 "measurements would not compare. Resume with the same tune.* values, or give another hydra.run.dir.")
     return None
@@ -166,6 +166,23 @@ class Journal:
             os.fsync(f.fileno())
 
 
+def run_settings(kind: str, tune_cfg: Any) -> List[str]:
+    """The overrides that make a run a probe (a few short epochs, no validation) or a verification."""
+    if kind == "probe":
+        return [
+            f"trainer.max_epochs={tune_cfg.probe_epochs}",
+            f"trainer.limit_train_batches={tune_cfg.probe_batches}",
+            "trainer.limit_val_batches=0",
+            "checkpoint.enabled=false",
+        ]
+    return [f"trainer.max_epochs={tune_cfg.verify_epochs}", "checkpoint.enabled=false"]
+
+
+def result_of(run_dir: Path, config: List[str]) -> Result:
+    """A finished probe's result, read back from its run dir."""
+    return _from_metrics("probe", config, run_dir, 0.0, "")
+
+
 class Prober:
     """Runs probes and verifications as real training runs, one at a time, under ``run_dir``."""
 
@@ -189,16 +206,7 @@ class Prober:
             self.spent_s += replayed.wall_s
             return replayed
         run_dir = self._next_dir(kind, name)
-        if kind == "probe":
-            settings = [
-                f"trainer.max_epochs={self.cfg.probe_epochs}",
-                f"trainer.limit_train_batches={self.cfg.probe_batches}",
-                "trainer.limit_val_batches=0",
-                "checkpoint.enabled=false",
-            ]
-        else:
-            settings = [f"trainer.max_epochs={self.cfg.verify_epochs}", "checkpoint.enabled=false"]
-        cmd = [sys.executable, "-m", "trainer.cli", *self.user, *config, *settings, f"hydra.run.dir={run_dir}"]
+        cmd = [sys.executable, "-m", "trainer.cli", *self.user, *config, *run_settings(kind, self.cfg), f"hydra.run.dir={run_dir}"]
         env = dict(os.environ, TRAINER_QUIET_CONSOLE="1")
         start = time.perf_counter()
         # its own session: a timed-out probe is stopped with every process it started (loader workers,

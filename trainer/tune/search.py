@@ -94,6 +94,7 @@ class Search:
     ) -> None:
         self.probe = probe
         self.candidates = candidates
+        self.by_name = {c.name: c for c in candidates}
         self.ctx = ctx
         self.base_settings = base_settings
         self.cfg = tune_cfg
@@ -134,8 +135,7 @@ class Search:
         settings = self._settings(config)
         if self._holds(cand, settings):
             return "already set in the configuration"
-        by_name = {c.name: c for c in self.candidates}
-        missing = [n for n in cand.needs if n not in kept and not (n in by_name and self._holds(by_name[n], settings))]
+        missing = [n for n in cand.needs if n not in kept and not (n in self.by_name and self._holds(self.by_name[n], settings))]
         if missing:
             return f"needs {', '.join(missing)} kept first"
         return cand.skip(self.ctx, settings)
