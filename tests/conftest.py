@@ -128,3 +128,36 @@ def final_loss(ckpt, width: int = 8, image_size: int = 16, batchnorm: bool = Tru
     x, y = torch.randn(64, 3, image_size, image_size, generator=g), torch.randint(0, 10, (64,), generator=g)
     with torch.no_grad():
         return float(torch.nn.functional.cross_entropy(net(x), y))
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's S3 server on 127.0.0.1 (authentication on), for the whole session; stopped by PID."""
+    pytest.importorskip("moto.server", reason="the S3 tests need moto[server] (pip install -e '.[test]')")
+    pytest.importorskip("s3fs", reason="the S3 tests need s3fs (pip install -e '.[test]')")
+    from s3server import S3Server
+
+    server = S3Server(tmp_path_factory.getbasetemp() / "moto.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The S3 server with its AWS_* variables set for this test (and the processes it starts)."""
+    import s3fs
+
+    for k, v in s3_server.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    s3fs.S3FileSystem.clear_instance_cache()  # fsspec caches filesystems by arguments, not by environment
+    yield s3_server
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="session")
+def small_images(tmp_path_factory):
+    """The built-in real JPEGs, small: 10 classes, train/ (20 each) and val/ (5 each), 40 px."""
+    from trainer.data.builtin import ensure_builtin
+
+    return ensure_builtin(str(tmp_path_factory.getbasetemp() / "small-images"), 20, 40)

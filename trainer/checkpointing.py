@@ -167,8 +167,11 @@ def resolve_ckpt_path(ckpt_path: Optional[str], run_dir: str) -> Optional[str]:
 
 
 def _single_device(trainer) -> bool:
+    """True where a mid-epoch position can be resumed exactly: one device, or a rank-aware sampler (data=parquet/webdataset)."""
     from pytorch_lightning.strategies import SingleDeviceStrategy
 
+    if getattr(getattr(trainer, "datamodule", None), "resumes_mid_epoch_distributed", False):
+        return True
     return isinstance(trainer.strategy, SingleDeviceStrategy)
 
 

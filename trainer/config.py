@@ -22,7 +22,7 @@ CHOICES: Dict[str, tuple] = {
     "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     "strategy": ("auto", "ddp", "fsdp", "fsdp2"),
     "accelerator": ("auto", "cpu", "gpu", "cuda"),
-    "data.name": ("synthetic", "imagefolder", "builtin", "custom", "packed"),
+    "data.name": ("synthetic", "imagefolder", "builtin", "custom", "packed", "parquet", "webdataset"),
     "data.decoder": ("pil", "torchvision", "turbo", "nvjpeg"),
     "runtime.allocator": ("default", "jemalloc", "tcmalloc"),
     "optim.name": ("sgd", "adamw"),
@@ -106,6 +106,11 @@ class DataConfig:
     decoder: str = "pil"  # pil | torchvision | turbo (libjpeg-turbo via simplejpeg) | nvjpeg (CUDA)
     cache_in_memory: bool = False  # keep the encoded image files in RAM after the first read
     cache: Optional[str] = None  # copy data.root to this local folder once (checksummed, resumable), read from there
+    # data.root as an fsspec URL: passed to fsspec (e.g. {anon: true}, {endpoint_url: ...}); credentials from AWS_* env vars
+    storage_options: Any = None
+    # parquet / webdataset: samples are shuffled within windows of this many consecutive samples
+    # (after shuffling the row groups / shards); a loader worker holds the blocks one window spans
+    shuffle_window: int = 1024
     # data=custom: any map-style Dataset of (image tensor, label) by _target_ (val_dataset optional)
     dataset: Any = None
     val_dataset: Any = None
@@ -333,7 +338,7 @@ def _schema_keys(cls=TrainSchema, prefix: str = "") -> Dict[str, Any]:
 
 SCHEMA_KEYS = _schema_keys()
 # Open nodes: any key below them is allowed (model kwargs, scale overrides).
-OPEN_PREFIXES = ("model.", "scale.overrides.", "scales.", "data.dataset.", "data.val_dataset.", "tune.extra.")
+OPEN_PREFIXES = ("model.", "scale.overrides.", "scales.", "data.dataset.", "data.val_dataset.", "data.storage_options.", "tune.extra.")
 SECTIONS = sorted({k.split(".")[0] for k in SCHEMA_KEYS if "." in k} | {"model", "scales"})
 TOP_LEVEL_FLAGS = [k for k in SCHEMA_KEYS if "." not in k and k not in SECTIONS and k not in GROUPS]
 
@@ -436,6 +441,7 @@ RANGES = {
     "data.prefetch_factor": (lambda v: v is None or v >= 1, "null or an integer >= 1"),
     "data.num_samples": (lambda v: v >= 1, "an integer >= 1"),
     "data.val_split": (lambda v: 0.0 <= v < 1.0, "a fraction in [0, 1)"),
+    "data.shuffle_window": (lambda v: v >= 1, "an integer >= 1 (samples shuffled together; 1: row groups / shards in order, each shuffled inside)"),
     "trainer.max_epochs": (lambda v: v is None or v >= -1, "an integer >= 0, -1 (train until stopped) or null"),
     "trainer.log_every_n_steps": (lambda v: v is None or v >= 0, "an integer >= 0 or null"),
     "trainer.num_sanity_val_steps": (lambda v: v >= -1, "an integer >= 0, or -1 (the whole validation set)"),
@@ -461,6 +467,8 @@ def _check_value(key: str, value: Any) -> None:
             raise ConfigError(f"Bad value for '{key}': {value!r}. It must be {what}.")
     if key == "data.batch_size" and (isinstance(value, bool) or not (value == "auto" or isinstance(value, int))):
         raise ConfigError(f"Bad value for 'data.batch_size': {value!r}. It must be an integer >= 1, or auto (the largest batch that fits).")
+    if key == "data.storage_options" and value is not None and not hasattr(value, "keys"):
+        raise ConfigError(f"Bad value for 'data.storage_options': {value!r}. It must be a mapping passed to fsspec, e.g. +data.storage_options.anon=true.")
     if key == "devices" and not (value == "auto" or (isinstance(value, int) and (value >= 1 or value == -1))):
         raise ConfigError(f"Bad value for 'devices': {value!r}. It must be a positive integer, -1 (all) or auto.")
     if key in ("trainer.limit_train_batches", "trainer.limit_val_batches"):

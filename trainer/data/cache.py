@@ -1,7 +1,10 @@
-"""``data.cache=DIR``: copy a slow or remote dataset folder to fast local storage once, then read from there.
+"""``data.cache=DIR``: copy a slow or remote dataset (a folder or an fsspec URL such as ``s3://bucket/prefix``)
+to fast local storage once, then read from there.
 
-- checksummed: a manifest (relative path, size, sha256) is written with the copy; a file is trusted
-  only if its size and hash match, so a torn copy is never read as data;
+- checksummed: a manifest (relative path, size, sha256, and the object's ETag for a URL) is written
+  with the copy; a file is trusted only if its size and hash match (and its ETag is still the
+  source's), so a torn copy is never read as data; each file is fetched to a ``.part`` name and
+  renamed into place only when whole;
 - resumable: files already present and matching are not copied again, so an interrupted copy
   continues where it stopped;
 - safe under concurrent ranks: the checks and the copy run under an exclusive lock file beside the
@@ -39,12 +42,26 @@ def _ours(dst: Path) -> bool:
     return (dst / MARKER).exists() or ((dst / "MANIFEST.json").exists() and (dst / "DONE").exists())
 
 
-def cached_copy(src: str, cache_dir: str) -> str:
-    """Return the local copy of ``src`` under ``cache_dir`` (made on first use)."""
-    src_path = Path(os.path.expanduser(src)).resolve()
-    if not src_path.is_dir():
+def _source_name(src: str) -> tuple:
+    """(display/identity string, folder name in the cache) for a local path or a URL."""
+    from .storage import is_remote, local_path
+
+    if is_remote(src):
+        ident = src.rstrip("/")
+        base = ident.rsplit("/", 1)[-1] or ident.split("://", 1)[-1].split("/", 1)[0]
+    else:
+        ident = str(Path(local_path(src)).resolve())
+        base = Path(ident).name
+    return ident, f"{base}-{hashlib.sha1(ident.encode()).hexdigest()[:8]}"
+
+
+def cached_copy(src: str, cache_dir: str, storage_options=None) -> str:
+    """Return the local copy of ``src`` (a folder or an fsspec URL) under ``cache_dir`` (made on first use)."""
+    from .storage import is_remote, local_path
+
+    if not is_remote(src) and not Path(local_path(src)).is_dir():
         raise ConfigError(f"'data.root' points at {src}, which does not exist or is not a folder; data.cache can only copy a folder.")
-    name = f"{src_path.name}-{hashlib.sha1(str(src_path).encode()).hexdigest()[:8]}"
+    ident, name = _source_name(src)
     root = Path(os.path.expanduser(cache_dir))
     dst, done = root / name, root / name / "DONE"
     if done.exists() and _ours(dst):
@@ -65,38 +82,107 @@ def cached_copy(src: str, cache_dir: str) -> str:
                 f"'data.cache={cache_dir}': {dst} already exists and holds files this cache did not write; "
                 "copying into it could overwrite them, so nothing was changed. Point data.cache at another folder."
             )
+        source = _RemoteSource(src, storage_options) if is_remote(src) else _LocalSource(Path(ident))
         try:
             dst.mkdir(exist_ok=True)
             (dst / MARKER).touch()
         except OSError as e:
             raise ConfigError(f"'data.cache={cache_dir}' cannot be written ({e.strerror}). Point it at a writable local folder.") from None
-        _copy(src_path, dst)
-        done.write_text(json.dumps({"source": str(src_path)}))
+        _copy(source, dst)
+        done.write_text(json.dumps({"source": ident}))
     return str(dst)  # the lock is released when its file closes
 
 
-def _copy(src: Path, dst: Path) -> None:
+class _LocalSource:
+    """A local folder: files compared by size and sha256, also after the copy (a file changed mid-copy is refused)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def files(self):
+        """rel -> (size, version): version None (local files are checked by content)."""
+        return {str(p.relative_to(self.path)): (p.stat().st_size, None) for p in sorted(self.path.rglob("*")) if p.is_file()}
+
+    def fetch(self, rels, tmps) -> None:
+        for rel, tmp in zip(rels, tmps):
+            shutil.copyfile(self.path / rel, tmp)
+            if _sha256(tmp) != _sha256(self.path / rel):
+                raise ConfigError(f"data.cache: {self.path / rel} changed while it was being copied; run again.")
+
+
+class _RemoteSource:
+    """An object store prefix: files known by size and ETag; fetched many at a time (fsspec's batched get)."""
+
+    def __init__(self, url: str, storage_options) -> None:
+        from .storage import open_root
+
+        self.url = url
+        self.fs, self.path = open_root(url, storage_options)
+
+    def files(self):
+        from .storage import explain
+
+        try:
+            listing = self.fs.find(self.path, detail=True)
+        except Exception as e:  # noqa: BLE001
+            raise explain(e, self.url) from None
+        prefix = self.path.rstrip("/") + "/"
+        return {
+            name[len(prefix):]: (int(info["size"]), str(info.get("ETag") or info.get("etag") or info.get("mtime") or ""))
+            for name, info in sorted(listing.items())
+            if info.get("type") != "directory" and name.startswith(prefix)
+        }
+
+    def fetch(self, rels, tmps) -> None:
+        from .storage import explain
+
+        try:
+            self.fs.get([f"{self.path}/{rel}" for rel in rels], [str(t) for t in tmps])
+        except Exception as e:  # noqa: BLE001
+            raise explain(e, self.url) from None
+
+
+def _copy(source, dst: Path) -> None:
+    import time
+
     manifest_path = dst / "MANIFEST.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    copied = reused = 0
-    for path in sorted(p for p in src.rglob("*") if p.is_file()):
-        rel = str(path.relative_to(src))
+    files = source.files()
+    todo = []
+    for rel, (size, version) in files.items():
         target = dst / rel
-        size = path.stat().st_size
         entry = manifest.get(rel)
-        if entry and target.exists() and target.stat().st_size == size == entry["size"] and _sha256(target) == entry["sha256"]:
-            reused += 1
+        if (
+            entry and target.exists() and target.stat().st_size == size == entry["size"] and entry.get("version") == version
+            and _sha256(target) == entry["sha256"]
+        ):
             continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.part")
-        shutil.copyfile(path, tmp)
-        checksum = _sha256(tmp)
-        if checksum != _sha256(path):
-            raise ConfigError(f"data.cache: {path} changed while it was being copied; run again.")
-        os.replace(tmp, target)
-        manifest[rel] = {"size": size, "sha256": checksum}
-        copied += 1
-        if copied % 500 == 0:  # resumable: the manifest is saved as the copy goes
-            manifest_path.write_text(json.dumps(manifest))
-    manifest_path.write_text(json.dumps(manifest))
-    log.info("data.cache: copied %d files (%d already there) from %s to %s", copied, reused, src, dst)
+        todo.append(rel)
+    reused, copied, saved_at = len(files) - len(todo), 0, time.monotonic()
+    for start in range(0, len(todo), 64):
+        rels = todo[start : start + 64]
+        tmps = []
+        for rel in rels:
+            target = dst / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmps.append(target.with_name(f".{target.name}.part"))
+        source.fetch(rels, tmps)
+        for rel, tmp in zip(rels, tmps):
+            size, version = files[rel]
+            if tmp.stat().st_size != size:  # a torn download is never moved into place
+                raise ConfigError(f"data.cache: {rel} arrived with {tmp.stat().st_size} bytes, not the {size} listed; it may have changed at the source. Run again.")
+            manifest[rel] = {"size": size, "sha256": _sha256(tmp), "version": version}
+            os.replace(tmp, dst / rel)
+            copied += 1
+        # resumable: the manifest is saved as the copy goes (after every batch while it is small, else every 2 s)
+        if len(manifest) <= 5000 or time.monotonic() - saved_at > 2.0:
+            _save(manifest_path, manifest)
+            saved_at = time.monotonic()
+    _save(manifest_path, manifest)
+    log.info("data.cache: copied %d files (%d already there) to %s", copied, reused, dst)
+
+
+def _save(path: Path, manifest: dict) -> None:
+    tmp = path.with_name(f".{path.name}.part")
+    tmp.write_text(json.dumps(manifest))
+    os.replace(tmp, path)  # a kill mid-write leaves the previous manifest, never a torn one

@@ -59,7 +59,7 @@ class ImageDataModule(pl.LightningDataModule):
             return root
         from .cache import cached_copy
 
-        return cached_copy(root, self.cfg.cache)
+        return cached_copy(root, self.cfg.cache, self.cfg.get("storage_options"))
 
     def build(self) -> int:
         """Create the datasets (generating the built-in set if needed); return the number of classes.
@@ -89,8 +89,12 @@ class ImageDataModule(pl.LightningDataModule):
         if c.name == "packed":
             from .packed import build_packed
 
-            self.train_set, self.val_set, self.classes = build_packed(self._local_root(c.root), c.image_size, c.augment, c.val_split, self.seed, bool(c.get("gpu_normalize")))
+            self.train_set, self.val_set, self.classes = build_packed(
+                self._local_root(c.root), c.image_size, c.augment, c.val_split, self.seed, bool(c.get("gpu_normalize")), c.get("storage_options"),
+            )
             return len(self.classes)
+        if c.name in ("parquet", "webdataset"):
+            return self._build_blocks()
         if c.name == "custom":
             from hydra.utils import instantiate
 
@@ -112,7 +116,7 @@ class ImageDataModule(pl.LightningDataModule):
         self.decoder = resolve_decoder(c.decoder, self.accelerator)
         self.train_set, self.val_set, self.classes = build_image_folders(
             root, c.image_size, c.augment, c.val_split, self.seed, key, c.on_bad_sample,
-            decoder=self.decoder, cache_in_memory=c.cache_in_memory, keep_uint8=c.gpu_normalize,
+            decoder=self.decoder, cache_in_memory=c.cache_in_memory, keep_uint8=c.gpu_normalize, storage_options=c.get("storage_options"),
         )
         if len(self.train_set) == 0:
             raise ConfigError(f"'{key}' ({root}) has no training images.")
@@ -130,10 +134,44 @@ class ImageDataModule(pl.LightningDataModule):
             )
         return len(self.classes)
 
+    def _build_blocks(self) -> int:
+        """data=parquet / data=webdataset: samples in blocks (row groups, tar shards), read by BlockSampler's plan."""
+        c = self.cfg
+        if c.decoder == "nvjpeg":
+            raise ConfigError(f"data.decoder=nvjpeg decodes image files on the GPU; with data={c.name} use data.decoder=pil, torchvision or turbo.")
+        from .decoders import resolve_decoder
+
+        self.decoder = resolve_decoder(c.decoder, self.accelerator)
+        if c.name == "parquet":
+            from .parquet import build_parquet as build
+        else:
+            from .webdataset import build_webdataset as build
+        self.train_set, self.val_set, self.classes = build(
+            self._local_root(c.root), c.image_size, c.augment, c.val_split, self.seed, bool(c.gpu_normalize), self.decoder,
+            c.on_bad_sample, c.shuffle_window, c.get("storage_options"),
+        )
+        return len(self.classes)
+
+    def _block_sampler(self, dataset, train: bool):
+        """The sampler for BlockImages: each rank and loader worker reads its own blocks (see shards)."""
+        from .shards import BlockImages, BlockSampler
+
+        if not isinstance(dataset, BlockImages):
+            return None
+        sampler = BlockSampler(dataset.sizes, self.seed, train, self.cfg.batch_size, self.num_workers, self.cfg.shuffle_window)
+        if train:
+            self._apply_resume(sampler)
+        return sampler
+
+    @property
+    def resumes_mid_epoch_distributed(self) -> bool:
+        """The train sampler is rank-aware and can skip the trained batches on every rank (BlockSampler)."""
+        return self.cfg.name in ("parquet", "webdataset")
+
     def _loader(self, dataset, train: bool) -> DataLoader:
         c = self.cfg
         workers = self.num_workers
-        sampler = self._train_sampler(len(dataset)) if train else None
+        sampler = self._block_sampler(dataset, train) or (self._train_sampler(len(dataset)) if train else None)
         if c.get("device_resident") and c.name == "synthetic":
             return self._device_resident_loader(dataset, sampler, train)
         from .folder import skip_none_collate
@@ -164,11 +202,20 @@ class ImageDataModule(pl.LightningDataModule):
         from .sampler import EpochShuffleSampler
 
         sampler = EpochShuffleSampler(length, self.seed)
+        self._apply_resume(sampler)
+        return sampler
+
+    def _apply_resume(self, sampler) -> None:
+        """A mid-epoch resume: skip the batches already trained, starting in the resumed epoch.
+
+        The sampler starts at that epoch, not 0: on a mid-epoch restart Lightning creates the loader's
+        iterator before it calls ``set_epoch``, and with loader workers the iterator draws indices at once.
+        """
         if self.resume_position:
             epoch, batches = self.resume_position
             sampler.skip[epoch] = batches * self.cfg.batch_size
+            sampler.epoch = epoch
             self.resume_position = None
-        return sampler
 
     def _device_resident_loader(self, dataset, sampler, train: bool) -> DataLoader:
         """data.device_resident: batches gathered on the device; no workers, pinning or copies."""

@@ -34,25 +34,32 @@ def resolve_decoder(name: str, accelerator: str) -> str:
 class Loader:
     """A picklable ImageFolder loader: path -> PIL image or uint8 CHW tensor."""
 
-    def __init__(self, decoder: str, cache_in_memory: bool = False) -> None:
+    def __init__(self, decoder: str, cache_in_memory: bool = False, fs=None) -> None:
         self.decoder = decoder
         self.cache = {} if cache_in_memory else None
+        self.fs = fs  # an fsspec filesystem for a data.root URL; None: local files
 
     def _bytes(self, path: str) -> bytes:
         if self.cache is not None and path in self.cache:
             return self.cache[path]
-        with open(path, "rb") as f:
-            data = f.read()
+        if self.fs is not None:
+            data = self.fs.cat_file(path)
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
         if self.cache is not None:
             self.cache[path] = data
         return data
 
     def __call__(self, path: str):
+        return self.decode(self._bytes(path))
+
+    def decode(self, data: bytes):
+        """Encoded image bytes -> PIL image (``pil``) or uint8 CHW tensor (the other decoders)."""
         import io
 
         import torch
 
-        data = self._bytes(path)
         if self.decoder == "pil":
             from PIL import Image
 

@@ -29,14 +29,14 @@ JPEG_MAGIC = b"\xff\xd8"
 class BytesLoader(Loader):
     """path -> (uint8 tensor, path): the file's bytes for a JPEG, else the decoded CHW image."""
 
-    def __init__(self, cache_in_memory: bool = False) -> None:
-        super().__init__("torchvision", cache_in_memory)
+    def __init__(self, cache_in_memory: bool = False, fs=None) -> None:
+        super().__init__("torchvision", cache_in_memory, fs)
 
     def __call__(self, path: str):
         data = self._bytes(path)
         if data[:2] == JPEG_MAGIC:
             return torch.frombuffer(bytearray(data), dtype=torch.uint8), path
-        return super().__call__(path), path  # decoded here, on the CPU
+        return self.decode(data), path  # decoded here, on the CPU
 
 
 class EncodedBatch:

@@ -119,52 +119,124 @@ def _image_folder(path: str, transform, key: str, on_bad_sample: str = "skip", l
         ) from None
 
 
+def _remote_image_folder(fs, path: str, transform, key: str, on_bad_sample: str, loader, root: str):
+    """An image folder in an object store: the same classes, order and split as a local copy of it."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    from .storage import explain
+
+    base = _safe_image_folder_class()
+
+    class RemoteImageFolder(base):
+        def find_classes(self, directory):
+            try:
+                entries = fs.ls(directory, detail=True)
+            except Exception as e:  # noqa: BLE001
+                raise explain(e, root, key) from None
+            classes = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory")
+            loose = [e["name"] for e in entries if e["type"] != "directory" and e["name"].lower().endswith(IMG_EXTENSIONS)]
+            if loose and not classes:
+                raise ConfigError(f"'{key}' ({root}) holds images ({loose[0]}, ...) but no class folders: the label of an image is the name of the folder it is in.")
+            if len(classes) == 1:
+                raise ConfigError(f"'{key}' ({root}) holds one class folder ({classes[0]}): a classifier needs at least 2 classes, one folder each.")
+            return classes, {c: i for i, c in enumerate(classes)}
+
+        def make_dataset(self, directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False):
+            samples = []
+            for cls in sorted(class_to_idx):
+                try:
+                    files = sorted(fs.find(f"{directory}/{cls}"))
+                except Exception as e:  # noqa: BLE001
+                    raise explain(e, root, key) from None
+                samples += [(f, class_to_idx[cls]) for f in files if f.lower().endswith(IMG_EXTENSIONS)]
+            if not samples:
+                raise ConfigError(f"'{key}' ({root}) holds no images in its class folders (.jpg, .jpeg, .png, .bmp, .webp).")
+            return samples
+
+    dataset = RemoteImageFolder(path, transform=transform, loader=loader)
+    dataset.on_bad_sample = on_bad_sample
+    return dataset
+
+
 def build_image_folders(
     root: str, image_size: int, augment: bool, val_split: float, seed: int, key: str = "data.root", on_bad_sample: str = "skip",
-    decoder: str = "pil", cache_in_memory: bool = False, keep_uint8: bool = False,
+    decoder: str = "pil", cache_in_memory: bool = False, keep_uint8: bool = False, storage_options=None,
 ) -> Tuple:
     """Return (train_dataset, val_dataset or None, class_names).
 
-    With ``decoder="nvjpeg"`` the datasets deliver encoded files and no transform runs in the
-    loader: ``device_decode`` decodes and transforms each batch on the device.
+    ``root`` is a local folder or an fsspec URL (read directly, file by file). With
+    ``decoder="nvjpeg"`` the datasets deliver encoded files and no transform runs in the loader:
+    ``device_decode`` decodes and transforms each batch on the device.
     """
     from .decoders import Loader
+    from .storage import is_remote, local_path, open_root
+
+    if not root:
+        raise ConfigError(f"'{key}' is not set. data=imagefolder needs data.root=DIR, a folder of class subfolders of images.")
+    fs = None
+    if is_remote(root):
+        fs, base = open_root(root, storage_options, key)
+        isdir = fs.isdir
+        join = lambda *parts: "/".join(parts)  # noqa: E731
+
+        def make(path, transform):
+            return _remote_image_folder(fs, path, transform, key, on_bad_sample, loader, root)
+
+        def check(path):
+            pass  # no symlinks in an object store; the class checks run in find_classes
+    else:
+        base = local_path(root)
+        if not os.path.isdir(base):
+            raise ConfigError(f"'{key}' points at {base}, which does not exist or is not a folder. Set {key}=DIR to a folder of class subfolders of images.")
+        isdir, join = os.path.isdir, os.path.join
+
+        def make(path, transform):
+            return _image_folder(path, transform, key, on_bad_sample, loader)
+
+        def check(path):
+            check_layout(path, key)
 
     if decoder == "nvjpeg":
         from .device_decode import BytesLoader
 
-        loader = BytesLoader(cache_in_memory)
+        loader = BytesLoader(cache_in_memory, fs=fs)
         make_transform = _no_transform
     else:
-        loader = Loader(decoder, cache_in_memory)
+        loader = Loader(decoder, cache_in_memory, fs=fs)
         make_transform = transforms_for
     import torch
     from torch.utils.data import Subset
 
-    if not root:
-        raise ConfigError(f"'{key}' is not set. data=imagefolder needs data.root=DIR, a folder of class subfolders of images.")
-    root = os.path.expanduser(root)
-    if not os.path.isdir(root):
-        raise ConfigError(f"'{key}' points at {root}, which does not exist or is not a folder. Set {key}=DIR to a folder of class subfolders of images.")
-    train_dir, val_dir = os.path.join(root, "train"), os.path.join(root, "val")
-    if os.path.isdir(train_dir):
-        check_layout(train_dir, key)
-        if os.path.isdir(val_dir):
-            check_layout(val_dir, key)
-        train = _image_folder(train_dir, make_transform(image_size, True, augment, keep_uint8), key, on_bad_sample, loader)
-        val = _image_folder(val_dir, make_transform(image_size, False, augment, keep_uint8), key, on_bad_sample, loader) if os.path.isdir(val_dir) else None
+    train_dir, val_dir = join(base, "train"), join(base, "val")
+    if isdir(train_dir):
+        check(train_dir)
+        if isdir(val_dir):
+            check(val_dir)
+        train = make(train_dir, make_transform(image_size, True, augment, keep_uint8))
+        val = make(val_dir, make_transform(image_size, False, augment, keep_uint8)) if isdir(val_dir) else None
         if val is not None and val.classes != train.classes:
             raise ConfigError(f"'{key}': {train_dir} and {val_dir} have different class folders; they must match.")
         return train, val, train.classes
-    check_layout(root, key)  # once: the train and val views below read the same folder
-    full_train = _image_folder(root, make_transform(image_size, True, augment, keep_uint8), key, on_bad_sample, loader)
+    check(base)  # once: the train and val views below read the same folder
+    full_train = make(base, make_transform(image_size, True, augment, keep_uint8))
     if val_split <= 0:
         return full_train, None, full_train.classes
-    full_val = _image_folder(root, make_transform(image_size, False, augment, keep_uint8), key, on_bad_sample, loader)
-    # a per-class split keeps every class in both halves
+    full_val = make(base, make_transform(image_size, False, augment, keep_uint8))
+    train_idx, val_idx = split_per_class(full_train.targets, val_split, seed)
+    return Subset(full_train, train_idx), Subset(full_val, val_idx), full_train.classes
+
+
+def split_per_class(targets, val_split: float, seed: int):
+    """(train indices, val indices), both sorted: ``val_split`` of each class held out, seeded.
+
+    A per-class split keeps every class in both halves; ``trainer.pack`` uses the same rule, so a
+    packed dataset's val set is the image folder's.
+    """
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     by_class: dict = {}
-    for idx, target in enumerate(full_train.targets):
+    for idx, target in enumerate(targets):
         by_class.setdefault(target, []).append(idx)
     train_idx, val_idx = [], []
     for idxs in by_class.values():
@@ -172,4 +244,4 @@ def build_image_folders(
         n_val = int(round(len(perm) * val_split)) if len(perm) > 1 else 0
         val_idx += perm[:n_val]
         train_idx += perm[n_val:]
-    return Subset(full_train, sorted(train_idx)), Subset(full_val, sorted(val_idx)), full_train.classes
+    return sorted(train_idx), sorted(val_idx)

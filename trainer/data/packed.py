@@ -1,6 +1,8 @@
 """``data=packed``: train from a ``python -m trainer.pack`` array (pre-resized uint8 pixels, memory-mapped).
 
-A sample is a memory read: no file open, no decode, no resize. Augmentation (random crop with
+A sample is a memory read: no file open, no decode, no resize. With a ``data.root`` URL (an
+object store), a sample is one ranged read of its row of ``images.npy`` (or use ``data.cache`` to
+copy the arrays to local disk once and memory-map them there). Augmentation (random crop with
 padding, horizontal flip) and normalization run on the uint8 tensor; with ``data.gpu_normalize``
 the sample stays uint8 and the conversion happens on the device. Map-style, so shuffling is
 global and DistributedSampler/loader workers split it exactly.
@@ -19,16 +21,52 @@ from ..errors import ConfigError
 from .gpu_transforms import normalize_uint8
 
 
-class PackedImages(Dataset):
-    def __init__(self, root: str, image_size: int, train: bool, augment: bool, keep_uint8: bool):
+class RemoteRows:
+    """``images.npy`` in an object store: row ``i`` is one ranged GET of its bytes (no download of the whole array)."""
+
+    def __init__(self, fs, path: str) -> None:
         import numpy as np
 
-        meta_path = os.path.join(root, "meta.json")
-        if not os.path.isfile(meta_path):
-            raise ConfigError(f"'data.root' ({root}) is not a packed dataset (no meta.json). Create one with: python -m trainer.pack SRC {root}")
-        self.meta = json.load(open(meta_path))
-        self.images = np.load(os.path.join(root, "images.npy"), mmap_mode="r")
-        self.labels = np.load(os.path.join(root, "labels.npy"))
+        with fs.open(path, "rb", block_size=1 << 16) as f:
+            version = np.lib.format.read_magic(f)
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read_header(f)
+            self.offset = f.tell()
+        if fortran or dtype != np.uint8:
+            raise ConfigError(f"{path} is not a packed uint8 array (python -m trainer.pack writes one).")
+        self.fs, self.path, self.shape, self.dtype = fs, path, shape, dtype
+        self.row = int(np.prod(shape[1:]))
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, i: int):
+        import numpy as np
+
+        start = self.offset + int(i) * self.row
+        data = self.fs.cat_file(self.path, start=start, end=start + self.row)
+        return np.frombuffer(data, dtype=np.uint8).reshape(self.shape[1:])
+
+
+class PackedImages(Dataset):
+    def __init__(self, root: str, image_size: int, train: bool, augment: bool, keep_uint8: bool, fs=None):
+        import io
+
+        import numpy as np
+
+        meta_path = f"{root}/meta.json"
+        if fs is not None:
+            if not fs.isfile(meta_path):
+                raise ConfigError(f"'data.root' ({root}) is not a packed dataset (no meta.json). Create one with: python -m trainer.pack SRC DST, then upload DST.")
+            self.meta = json.loads(fs.cat_file(meta_path))
+            self.images = RemoteRows(fs, f"{root}/images.npy")
+            self.labels = np.load(io.BytesIO(fs.cat_file(f"{root}/labels.npy")))
+        else:
+            if not os.path.isfile(meta_path):
+                raise ConfigError(f"'data.root' ({root}) is not a packed dataset (no meta.json). Create one with: python -m trainer.pack SRC {root}")
+            self.meta = json.load(open(meta_path))
+            self.images = np.load(os.path.join(root, "images.npy"), mmap_mode="r")
+            self.labels = np.load(os.path.join(root, "labels.npy"))
         self.size = self.meta["size"]
         self.image_size = image_size
         self.train, self.augment, self.keep_uint8 = train, augment, keep_uint8
@@ -57,19 +95,26 @@ class PackedImages(Dataset):
         return x, int(self.labels[index])
 
 
-def build_packed(root: str, image_size: int, augment: bool, val_split: float, seed: int, keep_uint8: bool) -> Tuple[Dataset, Optional[Dataset], list]:
-    if not root or not os.path.isdir(os.path.expanduser(root)):
-        raise ConfigError(f"'data.root' ({root}) does not exist. data=packed needs a folder made by: python -m trainer.pack SRC DST")
-    root = os.path.expanduser(root)
-    if os.path.isfile(os.path.join(root, "train", "meta.json")):
-        train = PackedImages(os.path.join(root, "train"), image_size, True, augment, keep_uint8)
-        val_dir = os.path.join(root, "val")
-        val = PackedImages(val_dir, image_size, False, augment, keep_uint8) if os.path.isfile(os.path.join(val_dir, "meta.json")) else None
+def build_packed(root: str, image_size: int, augment: bool, val_split: float, seed: int, keep_uint8: bool, storage_options=None) -> Tuple[Dataset, Optional[Dataset], list]:
+    from .storage import is_remote, local_path, open_root
+
+    fs = None
+    if is_remote(root):
+        fs, root = open_root(root, storage_options)
+        isfile = fs.isfile
+    else:
+        if not root or not os.path.isdir(local_path(root)):
+            raise ConfigError(f"'data.root' ({root}) does not exist. data=packed needs a folder made by: python -m trainer.pack SRC DST")
+        root, isfile = local_path(root), os.path.isfile
+    if isfile(f"{root}/train/meta.json"):
+        train = PackedImages(f"{root}/train", image_size, True, augment, keep_uint8, fs)
+        val_dir = f"{root}/val"
+        val = PackedImages(val_dir, image_size, False, augment, keep_uint8, fs) if isfile(f"{val_dir}/meta.json") else None
         return train, val, train.classes
-    train_all = PackedImages(root, image_size, True, augment, keep_uint8)
+    train_all = PackedImages(root, image_size, True, augment, keep_uint8, fs)
     if val_split <= 0:
         return train_all, None, train_all.classes
-    val_all = PackedImages(root, image_size, False, augment, keep_uint8)
+    val_all = PackedImages(root, image_size, False, augment, keep_uint8, fs)
     perm = torch.randperm(len(train_all), generator=torch.Generator().manual_seed(seed)).tolist()
     n_val = int(round(len(perm) * val_split))
     return Subset(train_all, sorted(perm[n_val:])), Subset(val_all, sorted(perm[:n_val])), train_all.classes

@@ -1,0 +1,124 @@
+"""``data=webdataset``: streaming tar shards in the WebDataset layout, for datasets bigger than local disk.
+
+A shard is a plain tar of samples grouped by key: ``000123.jpg`` (or .png/.webp) and ``000123.cls``
+(the label as text). ``python -m trainer.pack SRC DST --format webdataset`` writes them with
+WebDataset's own ``TarWriter``, plus ``train.json`` / ``val.json`` in the ``wids`` index format
+(shard list with sample counts), so the dataset's length is known without reading a shard and
+WebDataset's own ``wids.ShardListDataset`` opens the same files.
+
+Why not WebDataset's loaders: its iterable pipeline splits shards, not samples, across ranks
+(unequal batches per rank hang DDP unless epochs are cut or padded by hand) and has no mid-epoch
+resume; its indexed reader ``wids`` fetches S3 shards by running ``aws s3 cp``, downloads into the
+final name (a killed download is later read as a whole shard), and never deletes what it
+downloaded. Here a shard is fetched whole through fsspec (one sequential GET, what object stores
+are fastest at), held in memory while its samples are read, then dropped: nothing is written to
+local disk, so the dataset can be any size. ``shards.BlockSampler`` gives each rank and loader
+worker its own shards and makes the epoch exact and resumable. ``data.cache=DIR`` copies the shards
+to local disk instead, when they fit.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import tarfile
+from typing import List, Optional, Tuple
+
+from ..errors import ConfigError
+from .shards import BlockImages, block_capacity, find_split_files, split_blocks
+
+log = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp")
+
+
+def read_shard(data: bytes, where: str) -> List[Tuple[bytes, int]]:
+    """A WebDataset tar's bytes -> [(encoded image, label)] in the order the samples are stored."""
+    samples = {}
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                base = member.name.rsplit("/", 1)[-1]
+                if "." not in base:
+                    continue
+                key = member.name[: len(member.name) - len(base)] + base.split(".", 1)[0]
+                samples.setdefault(key, {})[base.split(".", 1)[1].lower()] = tar.extractfile(member).read()
+    except tarfile.TarError as e:
+        raise ConfigError(f"{where} is not a readable tar shard ({e}).") from None
+    out = []
+    for key, parts in samples.items():
+        image = next((parts[e] for e in IMAGE_EXTENSIONS if e in parts), None)
+        if image is None or "cls" not in parts:
+            raise ConfigError(f"{where}: sample '{key}' has {sorted(parts)}; data=webdataset needs an image (.jpg, .png, ...) and a .cls label per sample.")
+        out.append((image, int(parts["cls"].decode().strip())))
+    return out
+
+
+class TarShards:
+    """Picklable reader of tar shards (one block each) through fsspec: a whole-object read per shard."""
+
+    def __init__(self, fs, urls: List[str]) -> None:
+        self.fs, self.urls = fs, urls
+
+    def where(self, block: int) -> str:
+        return self.urls[block]
+
+    def __call__(self, block: int):
+        return read_shard(self.fs.cat_file(self.urls[block]), self.urls[block])
+
+
+def _descriptor(fs, path: str, root: str):
+    """(urls, sizes, classes or None) from a wids index JSON."""
+    try:
+        spec = json.loads(fs.cat_file(path))
+        shards = spec["shardlist"]
+        base = path.rsplit("/", 1)[0]
+        urls = [s["url"] if "://" in s["url"] or s["url"].startswith("/") else f"{base}/{s['url']}" for s in shards]
+        return urls, [int(s["nsamples"]) for s in shards], spec.get("classes")
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"'data.root' ({root}): {path} is not a wids shard index ({type(e).__name__}: {e}); expected {{\"shardlist\": [{{\"url\": ..., \"nsamples\": ...}}]}}.") from None
+
+
+def build_webdataset(root: str, image_size: int, augment: bool, val_split: float, seed: int, keep_uint8: bool, decoder: str,
+                     on_bad_sample: str, window: int, storage_options=None) -> Tuple[BlockImages, Optional[BlockImages], list]:
+    from .decoders import Loader
+    from .folder import transforms_for
+    from .storage import open_root
+
+    if not root:
+        raise ConfigError("'data.root' is not set. data=webdataset needs data.root=DIR_OR_URL holding tar shards (python -m trainer.pack SRC DST --format webdataset makes them).")
+    fs, base = open_root(root, storage_options)
+    splits, classes = {}, None
+    for split in ("train", "val"):
+        if fs.isfile(f"{base}/{split}.json"):
+            urls, sizes, names = _descriptor(fs, f"{base}/{split}.json", root)
+            splits[split] = (urls, sizes)
+            classes = classes or names
+    if "train" not in splits:  # no index: count the samples by reading each shard once
+        found = find_split_files(fs, base, ".tar")
+        if not found["train"]:
+            raise ConfigError(f"'data.root' ({root}) holds no .tar shards and no train.json index. Make them with: python -m trainer.pack SRC DST --format webdataset")
+        log.info("data=webdataset: no train.json index in %s; reading every shard once to count its samples", root)
+        for split, urls in found.items():
+            if urls:
+                splits[split] = (urls, [len(TarShards(fs, urls)(b)) for b in range(len(urls))])
+    decode = Loader(decoder).decode
+    if classes is None:
+        urls = splits["train"][0]
+        labels = [lab for b in range(len(urls)) for _, lab in TarShards(fs, urls)(b)]
+        classes = [str(i) for i in range(max(labels) + 1)]
+
+    def dataset(urls, sizes, train):
+        reader = TarShards(fs, urls)
+        return BlockImages(sizes, reader, classes, transforms_for(image_size, train, augment, keep_uint8), decode, on_bad_sample,
+                           block_capacity(sizes, window), reader.where)
+
+    urls, sizes = splits["train"]
+    if "val" in splits:
+        return dataset(urls, sizes, True), dataset(*splits["val"], False), classes
+    train_b, val_b = split_blocks(sizes, val_split, seed)
+    val = dataset([urls[b] for b in val_b], [sizes[b] for b in val_b], False) if val_b else None
+    return dataset([urls[b] for b in train_b], [sizes[b] for b in train_b], True), val, classes
