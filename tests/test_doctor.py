@@ -152,3 +152,14 @@ def test_no_competition_verdict_under_a_cgroup_quota():
     d = doctor.diagnose(metrics={}, system=busy, hardware=quota, flags={}, data={}, is_convnet=True)
     assert not any("other processes" in n for n in d["hardware"])
     assert "this run using 0.9 of its 1.5-core quota" in d["verdict"] and "1.9 of" not in d["verdict"]
+
+
+def test_input_bound_on_an_object_store_read_directly_says_cache_it_first():
+    remote = {"name": "parquet", "root": "s3://bucket/ds", "decoder": "pil", "num_workers": 1, "cache": None}
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.8}, system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5}, hardware=CPU, flags={}, data=remote, is_convnet=True)
+    assert d["bottleneck"] == "input pipeline" and d["try"][0] == "data.cache=DIR" and "object store" in d["verdict"], d
+    assert "data.decoder=nvjpeg" not in d["try"]  # shard bytes are not decoded on the GPU
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.8}, system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5}, hardware=CPU, flags={}, data=dict(remote, cache="/nvme/cache"), is_convnet=True)
+    assert "data.cache=DIR" not in d["try"] and "object store" not in d["verdict"]
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.8}, system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5}, hardware=CPU, flags={}, data=dict(remote, root="/local/ds"), is_convnet=True)
+    assert "data.cache=DIR" not in d["try"]

@@ -144,7 +144,7 @@ def _args(c: Command) -> List[str]:
     if args[:2] == ["-m", "trainer.report"]:
         return [*args[:2], *[("multirun/2026-11-22/10-00-00" if a == "DIR" else a) for a in args[2:]]]
     if args[:2] == ["-m", "trainer.pack"]:
-        return args + ["--size", "16"]
+        return args + (["--size", "16"] if "--format" not in args or "npy" in args else [])
     if args[:2] == ["-m", "trainer.tune"]:
         return args + SMOKE + TUNE_SMOKE + ["hydra.run.dir=run"]
     if args[0] == "train.py" and c.expected_error is None:

@@ -94,7 +94,10 @@ def diagnose(
         if cuda and not data.get("pin_memory"):
             suggestions.append("data.pin_memory=true")
         suggestions += decode_suggestions(data, cuda)
-        if saturated:
+        if _reads_object_store(data):  # every sample (or block) a request to the store: copy it once, read locally after
+            suggestions.insert(0, "data.cache=DIR")
+            why = "data.root is read from an object store, a request per sample or block: copy it to local disk once with data.cache=DIR (checksummed, shared by the ranks of a node)"
+        elif saturated:
             why = "the CPU is saturated, so more workers will not help: make each sample cheaper to load (smaller stored images, less augmentation) or use more cores; data=synthetic shows the model's own ceiling"
         else:
             why = "the model waits for data"
@@ -146,12 +149,19 @@ def _transfer_advice(transfer: float, h2d_share: Optional[float], cuda: bool, da
     return text, suggestions
 
 
+def _reads_object_store(data: Dict[str, Any]) -> bool:
+    from .data.storage import is_remote
+
+    return data.get("name") in ("imagefolder", "packed", "parquet", "webdataset") and is_remote(data.get("root")) and not data.get("cache")
+
+
 def decode_suggestions(data: Dict[str, Any], cuda: bool) -> List[str]:
-    """Cheaper per-sample loading for image files: a faster decoder, GPU decode, or no decode at all."""
-    if data.get("name") not in ("imagefolder", "builtin"):
+    """Cheaper per-sample loading for encoded images: a faster decoder, GPU decode, or no decode at all."""
+    if data.get("name") not in ("imagefolder", "builtin", "parquet", "webdataset"):
         return []
     out = []
-    if cuda and data.get("decoder") != "nvjpeg":
+    files = data.get("name") in ("imagefolder", "builtin")  # nvjpeg decodes image files (not shard bytes)
+    if cuda and files and data.get("decoder") != "nvjpeg":
         out.append("data.decoder=nvjpeg")
     elif not cuda and data.get("decoder") in ("pil", None):
         out.append("data.decoder=turbo")
