@@ -4,7 +4,9 @@ fraction, the doctor's verdict and val_acc, one table.
 
 The data is the built-in real JPEGs (10 classes, 1000 train + 250 val images stored at 160 px),
 trained by the tiny CNN at 64 px crops, batch 32, 4 epochs (the first is warm-up), 0 loader
-workers (on 2 cores a worker competes with the training process; see builtin_pipeline/). The S3
+workers (on 2 cores a worker competes with the training process; see builtin_pipeline/). Parquet:
+4 files of 5 row groups of 50 images; WebDataset: 20 shards of 50; ``data.shuffle_window=100``, so
+a process holds 4 blocks at a time and reads every block again each epoch. The S3
 endpoint is moto's server on 127.0.0.1 (in-memory, loopback): it shows the cost of going through
 an object-store API (request overhead, no page cache), not a real network's latency. Each
 configuration runs ``--rounds`` times, interleaved, and the table gives the median epoch time.
@@ -30,7 +32,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 FORMATS = ("imagefolder", "packed", "parquet", "webdataset")
 SOURCES = ("local disk", "S3 direct", "S3 + data.cache")
-COMMON = ["data.image_size=64", "data.batch_size=32", "trainer.max_epochs=4", "data.num_workers=0", "checkpoint.enabled=false", "trainer.enable_progress_bar=false"]
+# shuffle_window 100 over blocks of 50: a process holds 4 of the 20 blocks at a time, so every epoch
+# reads its blocks again (a window as large as this small dataset would keep all of it in memory and
+# hide the storage)
+COMMON = ["data.image_size=64", "data.batch_size=32", "trainer.max_epochs=4", "data.num_workers=0", "data.shuffle_window=100",
+          "checkpoint.enabled=false", "trainer.enable_progress_bar=false"]
 
 
 def _cpu() -> str:
@@ -56,7 +62,7 @@ def main() -> int:
     roots = {"imagefolder": source}
     pack(source, str(work / "packed"), 64)
     pack(source, str(work / "parquet"), fmt="parquet", shard_samples=250, group_rows=50)
-    pack(source, str(work / "webdataset"), fmt="webdataset", shard_samples=250)
+    pack(source, str(work / "webdataset"), fmt="webdataset", shard_samples=50)
     roots.update(packed=str(work / "packed"), parquet=str(work / "parquet"), webdataset=str(work / "webdataset"))
 
     server = S3Server(work / "moto.log")
@@ -109,7 +115,8 @@ def main() -> int:
         "",
         f"Machine: {machine}; {time.strftime('%Y-%m-%d')}. Made by `python scripts/bench_formats.py` ({args.rounds} rounds, interleaved; "
         "median epoch time of the steady epochs, min-max over rounds). Built-in JPEGs (1000 train / 250 val, stored at 160 px), tiny CNN, "
-        "64 px crops, batch 32, 4 epochs (1 warm-up), 0 loader workers. S3 = moto's server on 127.0.0.1 (in memory, loopback): the cost of "
+        "64 px crops, batch 32, 4 epochs (1 warm-up), 0 loader workers; Parquet row groups and WebDataset shards of 50 images, "
+        "data.shuffle_window=100 (a process holds 4 of the 20 blocks, so each epoch reads them again). S3 = moto's server on 127.0.0.1 (in memory, loopback): the cost of "
         "the object-store API, not of a real network. \"wall\" is the whole first-round process (with S3 + data.cache it includes the copy).",
         "",
         "| format | source | s/epoch (min-max) | vs image folder on disk | data wait | val_acc | doctor | wall (s) |",

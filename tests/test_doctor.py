@@ -158,7 +158,8 @@ def test_input_bound_on_an_object_store_read_directly_says_cache_it_first():
     remote = {"name": "parquet", "root": "s3://bucket/ds", "decoder": "pil", "num_workers": 1, "cache": None}
     d = doctor.diagnose(metrics={"data_wait_fraction": 0.8}, system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5}, hardware=CPU, flags={}, data=remote, is_convnet=True)
     assert d["bottleneck"] == "input pipeline" and d["try"][0] == "data.cache=DIR" and "object store" in d["verdict"], d
-    assert "data.decoder=nvjpeg" not in d["try"]  # shard bytes are not decoded on the GPU
+    d = doctor.diagnose(metrics={"data_wait_fraction": 0.8}, system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5}, hardware=H100, flags={}, data=remote, is_convnet=True)
+    assert "data.decoder=nvjpeg" not in d["try"] and "data.decoder=turbo" in d["try"]  # shard bytes are not decoded on the GPU
     d = doctor.diagnose(metrics={"data_wait_fraction": 0.8}, system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5}, hardware=CPU, flags={}, data=dict(remote, cache="/nvme/cache"), is_convnet=True)
     assert "data.cache=DIR" not in d["try"] and "object store" not in d["verdict"]
     d = doctor.diagnose(metrics={"data_wait_fraction": 0.8}, system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5}, hardware=CPU, flags={}, data=dict(remote, root="/local/ds"), is_convnet=True)

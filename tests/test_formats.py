@@ -164,3 +164,36 @@ def test_every_format_trains_to_the_image_folders_accuracy(packed, small_images,
     assert acc["imagefolder"] > 0.6, acc  # well above chance (0.1): the comparison means something
     for name, value in acc.items():
         assert abs(value - acc["imagefolder"]) <= 0.06, acc
+
+
+@pytest.mark.slow
+def test_resumed_at_an_epoch_boundary_with_loader_workers_reads_the_next_epochs_order(small_images, tmp_path):
+    # Lightning creates the loader's iterator before set_epoch on a restart; with workers it draws
+    # indices at once, so without the checkpoint's epoch the first resumed epoch replayed epoch 0's order
+    args = [f"data.root={small_images}", "data=imagefolder", "data.augment=false", "data.image_size=16", "data.batch_size=10", "data.num_workers=2",
+            "trainer.max_epochs=2", "model.width=8", "monitor.enabled=false"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    r = run_cli(f"hydra.run.dir={straight}", *args, "checkpoint.keep_last_k=-1")
+    assert r.returncode == 0, r.stderr[-3000:]
+    first = next((straight / "checkpoints").glob("epoch000-*.ckpt"))
+    r = run_cli(f"hydra.run.dir={resumed}", *args, f"ckpt_path={first}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    b = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_shard_the_index_lists_but_the_store_lacks_is_one_paragraph_from_a_worker(packed, compose, tmp_path):
+    import shutil
+
+    from trainer.errors import ConfigError
+
+    broken = tmp_path / "wds"
+    shutil.copytree(packed["webdataset"], broken)
+    (broken / "train" / "shard-000003.tar").unlink()
+    dm = ImageDataModule(compose("data=webdataset", f"data.root={broken}", "data.batch_size=10", "data.num_workers=2").data)
+    dm.build()
+    with pytest.raises(ConfigError) as e:
+        list(dm.train_dataloader())
+    text = str(e.value)
+    assert "shard-000003.tar" in text and "Traceback" not in text and "\n" not in text, text

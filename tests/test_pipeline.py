@@ -365,7 +365,7 @@ def test_a_rank_waits_for_a_copy_another_rank_is_making_instead_of_calling_it_fo
             assert not waiting.ready()  # blocked on the lock, not refused
             (dst / cache.MARKER).touch()
             (dst / "a" / ".0.jpg.part").unlink()
-            cache._copy(src.resolve(), dst)
+            cache._copy(cache._LocalSource(src.resolve()), dst)
             (dst / "DONE").write_text("{}")
             fcntl.flock(lock, fcntl.LOCK_UN)
             assert waiting.get(timeout=60) == str(dst)

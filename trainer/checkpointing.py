@@ -202,8 +202,11 @@ class ResumableState(pl.Callback):
             # epoch, also with one process, so it cannot start mid-way)
             if batches < self._trainer.num_training_batches and _single_device(self._trainer):
                 position = [loop.epoch_progress.current.processed, batches]
+        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer else None
         state = {
             "position": position,
+            # what the epoch's order depends on besides (seed, epoch), for data=parquet/webdataset
+            "plan": list(datamodule.sampler_plan()) if hasattr(datamodule, "sampler_plan") else None,
             "torch": torch.get_rng_state(),
             "python": _plain(random.getstate()),
             "numpy": _plain(np.random.get_state()),
@@ -212,6 +215,16 @@ class ResumableState(pl.Callback):
             state["cuda"] = torch.cuda.get_rng_state_all()
         return state
 
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
+        """The epoch the resumed fit starts in, for the train sampler (before Lightning restores its loops)."""
+        try:
+            epoch = int(checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"])
+        except (KeyError, TypeError, ValueError):
+            return
+        datamodule = getattr(trainer, "datamodule", None)
+        if datamodule is not None and hasattr(datamodule, "start_epoch"):
+            datamodule.start_epoch = epoch
+
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         import numpy as np
 
@@ -219,6 +232,13 @@ class ResumableState(pl.Callback):
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer else None
         if batches and datamodule is not None and hasattr(datamodule, "resume_position") and _single_device(self._trainer):
             datamodule.resume_position = (int(epoch), int(batches))
+            saved, now = state.get("plan"), (list(datamodule.sampler_plan()) if hasattr(datamodule, "sampler_plan") else None)
+            if saved and now and saved != now:
+                log.warning(
+                    "resuming mid-epoch %d with (processes, loader workers, batch size) = %s, not %s as when the checkpoint was saved: "
+                    "the rest of this epoch follows the new plan, so some of its samples may be seen twice or not at all (later epochs are exact)",
+                    int(epoch), tuple(now), tuple(saved),
+                )
         torch.set_rng_state(state["torch"])
         random.setstate(_tuples(state["python"]))
         np.random.set_state(_tuples(state["numpy"]))

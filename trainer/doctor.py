@@ -163,7 +163,7 @@ def decode_suggestions(data: Dict[str, Any], cuda: bool) -> List[str]:
     files = data.get("name") in ("imagefolder", "builtin")  # nvjpeg decodes image files (not shard bytes)
     if cuda and files and data.get("decoder") != "nvjpeg":
         out.append("data.decoder=nvjpeg")
-    elif not cuda and data.get("decoder") in ("pil", None):
+    elif (not cuda or not files) and data.get("decoder") in ("pil", None):
         out.append("data.decoder=turbo")
     out.append("data=packed")  # after python -m trainer.pack SRC DST
     return out

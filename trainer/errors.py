@@ -6,6 +6,15 @@ class UserFacingError(Exception):
 
     exit_code = 1
 
+    def __str__(self) -> str:
+        # raised in a DataLoader worker, torch re-raises it in the main process as the same class with
+        # "Caught X in DataLoader worker process N. Original Traceback ..." around the message: keep the message
+        text = super().__str__()
+        if text.startswith("Caught ") and "Original Traceback" in text:
+            last = text.rstrip().splitlines()[-1]
+            return last.split(": ", 1)[1] if ": " in last else last
+        return text
+
 
 class ConfigError(UserFacingError):
     """A bad key, value or combination in the user's config, or bad input data.

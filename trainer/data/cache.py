@@ -42,13 +42,19 @@ def _ours(dst: Path) -> bool:
     return (dst / MARKER).exists() or ((dst / "MANIFEST.json").exists() and (dst / "DONE").exists())
 
 
-def _source_name(src: str) -> tuple:
-    """(display/identity string, folder name in the cache) for a local path or a URL."""
+def _source_name(src: str, storage_options=None) -> tuple:
+    """(display/identity string, folder name in the cache) for a local path or a URL.
+
+    A URL's identity includes the endpoint (the same bucket name on two servers is two datasets).
+    """
     from .storage import is_remote, local_path
 
     if is_remote(src):
-        ident = src.rstrip("/")
-        base = ident.rsplit("/", 1)[-1] or ident.split("://", 1)[-1].split("/", 1)[0]
+        options = dict(storage_options or {})
+        endpoint = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url") \
+            or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        ident = src.rstrip("/") + (f" at {endpoint}" if endpoint else "")
+        base = src.rstrip("/").rsplit("/", 1)[-1] or src.split("://", 1)[-1].split("/", 1)[0]
     else:
         ident = str(Path(local_path(src)).resolve())
         base = Path(ident).name
@@ -61,7 +67,7 @@ def cached_copy(src: str, cache_dir: str, storage_options=None) -> str:
 
     if not is_remote(src) and not Path(local_path(src)).is_dir():
         raise ConfigError(f"'data.root' points at {src}, which does not exist or is not a folder; data.cache can only copy a folder.")
-    ident, name = _source_name(src)
+    ident, name = _source_name(src, storage_options)
     root = Path(os.path.expanduser(cache_dir))
     dst, done = root / name, root / name / "DONE"
     if done.exists() and _ours(dst):
@@ -82,7 +88,7 @@ def cached_copy(src: str, cache_dir: str, storage_options=None) -> str:
                 f"'data.cache={cache_dir}': {dst} already exists and holds files this cache did not write; "
                 "copying into it could overwrite them, so nothing was changed. Point data.cache at another folder."
             )
-        source = _RemoteSource(src, storage_options) if is_remote(src) else _LocalSource(Path(ident))
+        source = _RemoteSource(src, storage_options) if is_remote(src) else _LocalSource(Path(local_path(src)).resolve())
         try:
             dst.mkdir(exist_ok=True)
             (dst / MARKER).touch()
@@ -103,11 +109,15 @@ class _LocalSource:
         """rel -> (size, version): version None (local files are checked by content)."""
         return {str(p.relative_to(self.path)): (p.stat().st_size, None) for p in sorted(self.path.rglob("*")) if p.is_file()}
 
-    def fetch(self, rels, tmps) -> None:
+    def fetch(self, rels, tmps) -> list:
+        """Copy; return the copies' sha256 (each also the source's after the copy)."""
+        sums = []
         for rel, tmp in zip(rels, tmps):
             shutil.copyfile(self.path / rel, tmp)
-            if _sha256(tmp) != _sha256(self.path / rel):
+            sums.append(_sha256(tmp))
+            if sums[-1] != _sha256(self.path / rel):
                 raise ConfigError(f"data.cache: {self.path / rel} changed while it was being copied; run again.")
+        return sums
 
 
 class _RemoteSource:
@@ -133,13 +143,14 @@ class _RemoteSource:
             if info.get("type") != "directory" and name.startswith(prefix)
         }
 
-    def fetch(self, rels, tmps) -> None:
+    def fetch(self, rels, tmps) -> list:
         from .storage import explain
 
         try:
             self.fs.get([f"{self.path}/{rel}" for rel in rels], [str(t) for t in tmps])
         except Exception as e:  # noqa: BLE001
             raise explain(e, self.url) from None
+        return [None] * len(rels)  # hashed by the caller
 
 
 def _copy(source, dst: Path) -> None:
@@ -166,12 +177,12 @@ def _copy(source, dst: Path) -> None:
             target = dst / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             tmps.append(target.with_name(f".{target.name}.part"))
-        source.fetch(rels, tmps)
-        for rel, tmp in zip(rels, tmps):
+        sums = source.fetch(rels, tmps)
+        for rel, tmp, checksum in zip(rels, tmps, sums):
             size, version = files[rel]
             if tmp.stat().st_size != size:  # a torn download is never moved into place
                 raise ConfigError(f"data.cache: {rel} arrived with {tmp.stat().st_size} bytes, not the {size} listed; it may have changed at the source. Run again.")
-            manifest[rel] = {"size": size, "sha256": _sha256(tmp), "version": version}
+            manifest[rel] = {"size": size, "sha256": checksum or _sha256(tmp), "version": version}
             os.replace(tmp, dst / rel)
             copied += 1
         # resumable: the manifest is saved as the copy goes (after every batch while it is small, else every 2 s)

@@ -37,6 +37,8 @@ class ImageDataModule(pl.LightningDataModule):
         self.classes = None
         # (epoch, batches already trained in it): set by ResumableState for a mid-epoch resume
         self.resume_position: tuple | None = None
+        # the epoch a resumed fit starts in (ResumableState reads it from the checkpoint's loop state)
+        self.start_epoch = 0
         # the EpochTimer's StepClock: data.device_prefetch copies inside the loader's __next__, and
         # that time is transfer, not data wait (set by trainer.run)
         self.step_clock = None
@@ -150,7 +152,22 @@ class ImageDataModule(pl.LightningDataModule):
             self._local_root(c.root), c.image_size, c.augment, c.val_split, self.seed, bool(c.gpu_normalize), self.decoder,
             c.on_bad_sample, c.shuffle_window, c.get("storage_options"),
         )
+        per_rank = -(-len(self.train_set) // max(1, self.world_size()))
+        if c.drop_last and isinstance(c.batch_size, int) and per_rank < c.batch_size:
+            raise ConfigError(
+                f"data.batch_size={c.batch_size} is larger than the training samples each process gets ({per_rank} of {len(self.train_set)} in {c.root}), "
+                "so every batch would be dropped. Lower data.batch_size or set data.drop_last=false."
+            )
         return len(self.classes)
+
+    def world_size(self) -> int:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+        import os
+
+        return int(os.environ.get("WORLD_SIZE", 1))
 
     def _block_sampler(self, dataset, train: bool):
         """The sampler for BlockImages: each rank and loader worker reads its own blocks (see shards)."""
@@ -163,6 +180,12 @@ class ImageDataModule(pl.LightningDataModule):
             self._apply_resume(sampler)
         return sampler
 
+    def sampler_plan(self) -> tuple:
+        """What BlockSampler's order depends on besides (seed, epoch): processes, loader workers, batch size."""
+        if self.cfg.name not in ("parquet", "webdataset"):
+            return ()
+        return (self.world_size(), max(1, self.num_workers), self.cfg.batch_size)
+
     @property
     def resumes_mid_epoch_distributed(self) -> bool:
         """The train sampler is rank-aware and can skip the trained batches on every rank (BlockSampler)."""
@@ -171,7 +194,9 @@ class ImageDataModule(pl.LightningDataModule):
     def _loader(self, dataset, train: bool) -> DataLoader:
         c = self.cfg
         workers = self.num_workers
-        sampler = self._block_sampler(dataset, train) or (self._train_sampler(len(dataset)) if train else None)
+        sampler = self._block_sampler(dataset, train)
+        if sampler is None and train:
+            sampler = self._train_sampler(len(dataset))
         if c.get("device_resident") and c.name == "synthetic":
             return self._device_resident_loader(dataset, sampler, train)
         from .folder import skip_none_collate
@@ -206,11 +231,12 @@ class ImageDataModule(pl.LightningDataModule):
         return sampler
 
     def _apply_resume(self, sampler) -> None:
-        """A mid-epoch resume: skip the batches already trained, starting in the resumed epoch.
+        """A resume: the sampler starts in the resumed epoch, skipping the batches already trained in it.
 
-        The sampler starts at that epoch, not 0: on a mid-epoch restart Lightning creates the loader's
-        iterator before it calls ``set_epoch``, and with loader workers the iterator draws indices at once.
+        The sampler starts at that epoch, not 0: on a restart Lightning creates the loader's iterator
+        before it calls ``set_epoch``, and with loader workers the iterator draws indices at once.
         """
+        sampler.epoch = self.start_epoch
         if self.resume_position:
             epoch, batches = self.resume_position
             sampler.skip[epoch] = batches * self.cfg.batch_size

@@ -43,7 +43,12 @@ class Loader:
         if self.cache is not None and path in self.cache:
             return self.cache[path]
         if self.fs is not None:
-            data = self.fs.cat_file(path)
+            from .storage import explain
+
+            try:
+                data = self.fs.cat_file(path)
+            except Exception as e:  # noqa: BLE001 - a storage failure is not an undecodable image
+                raise explain(e, path, "data.root") from None
         else:
             with open(path, "rb") as f:
                 data = f.read()

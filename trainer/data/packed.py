@@ -43,8 +43,13 @@ class RemoteRows:
     def __getitem__(self, i: int):
         import numpy as np
 
+        from .storage import explain
+
         start = self.offset + int(i) * self.row
-        data = self.fs.cat_file(self.path, start=start, end=start + self.row)
+        try:
+            data = self.fs.cat_file(self.path, start=start, end=start + self.row)
+        except Exception as e:  # noqa: BLE001
+            raise explain(e, self.path, "data.root") from None
         return np.frombuffer(data, dtype=np.uint8).reshape(self.shape[1:])
 
 

@@ -24,6 +24,7 @@ from .shards import BlockImages, block_capacity, find_split_files, split_blocks
 
 IMAGE_COLUMNS = ("image", "img", "jpg", "png")
 LABEL_COLUMNS = ("label", "labels", "cls", "class")
+OPEN_FILES = 8  # Parquet files a process keeps open (their footers parsed)
 
 
 def _pyarrow():
@@ -47,9 +48,16 @@ class RowGroups:
     def _file(self, f: int):
         if self._pid != os.getpid():  # a forked loader worker: an inherited handle shares its offset with the parent
             self._open, self._pid = {}, os.getpid()
-        pf = self._open.get(f)
-        if pf is None:
-            pf = self._open[f] = _pyarrow().ParquetFile(self.fs.open(self.files[f], "rb"))
+        entry = self._open.pop(f, None)
+        if entry is None:
+            # no read-ahead cache (s3fs's default fetches 50 MiB past each read and keeps it): pyarrow
+            # asks for the footer, then each row group's column chunks, coalesced by pre_buffer
+            handle = self.fs.open(self.files[f], "rb", cache_type="none")
+            entry = (_pyarrow().ParquetFile(handle, pre_buffer=True), handle)
+        self._open[f] = entry  # most recently used last
+        while len(self._open) > OPEN_FILES:
+            self._open.pop(next(iter(self._open)))[1].close()
+        pf = entry[0]
         return pf
 
     def where(self, block: int) -> str:
@@ -57,8 +65,13 @@ class RowGroups:
         return f"{self.files[f]}, row group {rg}"
 
     def __call__(self, block: int):
+        from .storage import explain
+
         f, rg = self.blocks[block]
-        table = self._file(f).read_row_group(rg, columns=[self.image, self.label])
+        try:
+            table = self._file(f).read_row_group(rg, columns=[self.image, self.label])
+        except Exception as e:  # noqa: BLE001 - the store's errors and pyarrow's, named with the file
+            raise explain(e, self.where(block), "data.root") from None
         images = table.column(self.image).combine_chunks()
         if hasattr(images.type, "get_field_index") and images.type.get_field_index("bytes") >= 0:
             images = images.field("bytes")
@@ -115,9 +128,14 @@ def build_parquet(root: str, image_size: int, augment: bool, val_split: float, s
         raise ConfigError(f"'data.root' ({root}): its Parquet files hold no rows.")
     decode = Loader(decoder).decode
     reader = RowGroups(fs, splits["train"], blocks, *columns)
-    if names is None:  # no class names stored: the labels are the classes
-        labels = [lab for b in range(len(blocks)) for _, lab in reader(b)]
-        names = [str(i) for i in range(max(labels) + 1)]
+    if names is None:  # no class names stored: the labels are the classes (the label column only is read)
+        pq = _pyarrow()
+        top = -1
+        for path in splits["train"]:
+            with fs.open(path, "rb") as f:
+                column = pq.read_table(f, columns=[columns[1]]).column(0)
+            top = max(top, max((v for v in column.to_pylist() if v is not None), default=-1))
+        names = [str(i) for i in range(top + 1)]
 
     def dataset(reader, sizes, train):
         return BlockImages(sizes, reader, names, transforms_for(image_size, train, augment, keep_uint8), decode, on_bad_sample,

@@ -57,7 +57,6 @@ class BlockImages(Dataset):
         self.keep_blocks = max(2, keep_blocks)
         self.where = where  # block index -> "file, row group 3" for messages
         self._blocks: OrderedDict = OrderedDict()  # per process: never pickled into workers
-        self.reads = 0  # blocks read by this process (tests read it)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -77,17 +76,12 @@ class BlockImages(Dataset):
             rows = self.load_block(block)
             if len(rows) != self.sizes[block]:
                 raise ConfigError(f"{self.where(block)} holds {len(rows)} samples, not the {self.sizes[block]} its index says; the dataset changed after it was indexed.")
-            self.reads += 1
             self._blocks[block] = rows
             while len(self._blocks) > self.keep_blocks:
                 self._blocks.popitem(last=False)
         else:
             self._blocks.move_to_end(block)
         return rows
-
-    def label(self, index: int) -> int:
-        block, row = self.locate(index)
-        return int(self._block(block)[row][1])
 
     def __getitem__(self, index: int):
         block, row = self.locate(index)
@@ -109,9 +103,14 @@ class BlockImages(Dataset):
 
 
 def block_capacity(sizes: Sequence[int], window: int) -> int:
-    """Blocks a process holds at once: those one shuffle window can span, plus the next one."""
-    smallest = max(1, min(sizes)) if sizes else 1
-    return min(64, max(2, math.ceil(max(1, window) / smallest) + 2))
+    """Blocks a process holds at once: as many as one shuffle window can touch."""
+    covered, count = 0, 0
+    for size in sorted(sizes):  # the most blocks a window can span: the smallest ones, back to back
+        if covered >= window:
+            break
+        covered += max(1, size)
+        count += 1
+    return min(64, max(2, count + 2))  # + a block cut at each end of the window
 
 
 class BlockSampler(DistributedSampler):
@@ -207,11 +206,17 @@ class BlockSampler(DistributedSampler):
 def split_blocks(sizes: Sequence[int], val_split: float, seed: int):
     """(train blocks, val blocks): for a dataset with no val split of its own, whole blocks are held out (seeded)."""
     n = len(sizes)
-    if val_split <= 0 or n < 2:
+    if val_split <= 0:
+        return list(range(n)), []
+    if n < 2:
+        log.warning("data.val_split=%g: the dataset is one block (row group or shard), which cannot be split; training without validation", val_split)
         return list(range(n)), []
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(n, generator=g).tolist()
     n_val = min(n - 1, max(1, round(n * val_split)))
+    held = sum(sizes[b] for b in perm[:n_val]) / max(1, sum(sizes))
+    if abs(held - val_split) > 0.1:
+        log.warning("data.val_split=%g: whole blocks are held out, so validation gets %.0f%% of the samples (%d of %d blocks)", val_split, 100 * held, n_val, n)
     return sorted(perm[n_val:]), sorted(perm[:n_val])
 
 

@@ -34,8 +34,9 @@ def is_remote(root: Optional[str]) -> bool:
 
 def local_path(root: str) -> str:
     """``file:///x`` -> ``/x``; a plain path is returned with ``~`` expanded."""
-    if str(root).startswith("file://"):
-        return str(root)[len("file://"):]
+    for prefix in ("file://", "local://"):
+        if str(root).startswith(prefix):
+            return str(root)[len(prefix):]
     return os.path.expanduser(str(root))
 
 
@@ -44,7 +45,9 @@ def open_root(root: str, storage_options: Optional[Dict[str, Any]] = None, key: 
     import fsspec
 
     protocol = str(root).split("://", 1)[0]
-    options = dict(storage_options or {})
+    from omegaconf import DictConfig, OmegaConf
+
+    options = OmegaConf.to_container(storage_options, resolve=True) if isinstance(storage_options, DictConfig) else dict(storage_options or {})
     try:
         fs, path = fsspec.core.url_to_fs(str(root), **options)
     except (ImportError, ValueError) as e:
@@ -143,16 +146,3 @@ def _first_line(text: str) -> str:
 def _endpoint() -> str:
     url = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     return f" ({url})" if url else ""
-
-
-def join(fs, *parts: str) -> str:
-    """Join path parts with the filesystem's separator (always / for object stores)."""
-    sep = getattr(fs, "sep", "/")
-    return sep.join(p.rstrip(sep) for p in parts if p)
-
-
-def read_bytes(fs, path: str, root: str, key: str = "data.root") -> bytes:
-    try:
-        return fs.cat_file(path)
-    except Exception as e:  # noqa: BLE001
-        raise explain(e, root, key) from None

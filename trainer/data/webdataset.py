@@ -30,7 +30,13 @@ from .shards import BlockImages, block_capacity, find_split_files, split_blocks
 
 log = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp")
+def _image_extensions():
+    from torchvision.datasets.folder import IMG_EXTENSIONS  # what an image folder (and so trainer.pack) takes
+
+    return tuple(e.lstrip(".") for e in IMG_EXTENSIONS)
+
+
+IMAGE_EXTENSIONS = _image_extensions()
 
 
 def read_shard(data: bytes, where: str) -> List[Tuple[bytes, int]]:
@@ -67,7 +73,13 @@ class TarShards:
         return self.urls[block]
 
     def __call__(self, block: int):
-        return read_shard(self.fs.cat_file(self.urls[block]), self.urls[block])
+        from .storage import explain
+
+        try:
+            data = self.fs.cat_file(self.urls[block])
+        except Exception as e:  # noqa: BLE001 - a shard the index lists but the store cannot give
+            raise explain(e, self.urls[block], "data.root") from None
+        return read_shard(data, self.urls[block])
 
 
 def _descriptor(fs, path: str, root: str):
@@ -106,6 +118,8 @@ def build_webdataset(root: str, image_size: int, augment: bool, val_split: float
             if urls:
                 splits[split] = (urls, [len(TarShards(fs, urls)(b)) for b in range(len(urls))])
     decode = Loader(decoder).decode
+    if not sum(splits["train"][1]):
+        raise ConfigError(f"'data.root' ({root}): its training shards hold no samples.")
     if classes is None:
         urls = splits["train"][0]
         labels = [lab for b in range(len(urls)) for _, lab in TarShards(fs, urls)(b)]

@@ -26,6 +26,7 @@ ORDER = {
 }
 
 IMAGE_FILES = ("imagefolder", "builtin")  # data that is decoded from JPEG/PNG files
+ENCODED = IMAGE_FILES + ("parquet", "webdataset")  # encoded images, in files or in shards
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,14 @@ def _cuda_only(what: str) -> Callable:
 
 def _image_files(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
     return None if ctx.data_name in IMAGE_FILES else f"data={ctx.data_name} decodes no image files"
+
+
+def _encoded(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+    return None if ctx.data_name in ENCODED else f"data={ctx.data_name} decodes no images"
+
+
+def _nvjpeg(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+    return _cuda_only("nvJPEG decodes on the GPU")(ctx, cfg) or _image_files(ctx, cfg)
 
 
 def _workers(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
@@ -103,15 +112,15 @@ def _bigger_batch(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
 
 
 def _turbo(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
-    if ctx.data_name not in IMAGE_FILES:
-        return f"data={ctx.data_name} decodes no image files"
+    if ctx.data_name not in ENCODED:
+        return f"data={ctx.data_name} decodes no images"
     return None if importlib.util.find_spec("simplejpeg") else "needs simplejpeg (pip install simplejpeg)"
 
 
 CATALOGUE: List[Candidate] = [
     # input pipeline
     Candidate("workers", INPUT, ("data.auto_workers=true", "data.persistent_workers=true"), _workers),
-    Candidate("decoder_torchvision", INPUT, ("data.decoder=torchvision",), _image_files),
+    Candidate("decoder_torchvision", INPUT, ("data.decoder=torchvision",), _encoded),
     Candidate("decoder_turbo", INPUT, ("data.decoder=turbo",), _turbo),
     Candidate("cache_in_memory", INPUT, ("data.cache_in_memory=true",), _image_files),
     Candidate("prefetch", INPUT, ("data.prefetch_factor=4",), _prefetch, needs=("workers",)),
@@ -119,7 +128,7 @@ CATALOGUE: List[Candidate] = [
     # host-device transfer
     Candidate("pin_memory", TRANSFER, ("data.pin_memory=true",), _cuda_only("pinned memory speeds host-to-GPU copies")),
     Candidate("device_prefetch", TRANSFER, ("data.device_prefetch=true",), _cuda_only("it overlaps the copy to the GPU on a CUDA stream")),
-    Candidate("decoder_nvjpeg", TRANSFER, ("data.decoder=nvjpeg",), _cuda_only("nvJPEG decodes on the GPU")),
+    Candidate("decoder_nvjpeg", TRANSFER, ("data.decoder=nvjpeg",), _nvjpeg),
     # compute
     Candidate("amp", COMPUTE, ("amp=true",), _amp),
     Candidate("channels_last", COMPUTE, ("channels_last=true",)),
