@@ -146,6 +146,7 @@ def test_ddp_two_ranks_two_workers_resumed_mid_epoch_ends_with_the_uninterrupted
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     b = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    assert a.keys() == b.keys() and len(a) > 0
     assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run saw other samples than the uninterrupted one"
     m = read_metrics(resumed)
     assert m["status"] == "ok" and m["epochs"][-1]["samples"] == 160  # the 8 batches of 10 left of epoch 1, on 2 ranks
@@ -180,6 +181,7 @@ def test_resumed_at_an_epoch_boundary_with_loader_workers_reads_the_next_epochs_
     assert r.returncode == 0, r.stderr[-3000:]
     a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     b = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    assert a.keys() == b.keys() and len(a) > 0
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 

@@ -78,7 +78,7 @@ def test_the_cache_copies_once_checksummed_and_is_then_read_locally(s3, formats,
     assert len(copies) == 1 and (copies[0] / "DONE").exists()
     manifest = json.loads((copies[0] / "MANIFEST.json").read_text())
     local_files = sorted(str(p.relative_to(formats["webdataset"])) for p in Path(formats["webdataset"]).rglob("*") if p.is_file())
-    assert sorted(manifest) == local_files and all(e["version"] for e in manifest.values())  # ETags recorded
+    assert local_files and sorted(manifest) == local_files and all(e["version"] for e in manifest.values())  # ETags recorded
     assert any("copied %d files" % len(local_files) in r.getMessage() for r in caplog.records)
     assert dm.train_set.load_block.fs.protocol in ("file", ("file", "local"))  # reads the local copy, not S3
     # a second build finds the finished copy: nothing fetched

@@ -98,25 +98,37 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _image_folder(path: Path):
+    """torchvision's ImageFolder of ``path``; no images is a PackError."""
+    from torchvision.datasets import ImageFolder
+
+    try:
+        dataset = ImageFolder(str(path))
+    except (FileNotFoundError, OSError) as e:
+        raise PackError(f"no images found in {path} (expected {path}/<class>/<image>): {e}") from None
+    if not len(dataset):
+        raise PackError(f"no images found in {path} (expected {path}/<class>/<image>)")
+    return dataset
+
+
+def _numbered_as_train(classes, class_to_idx: Dict[str, int], path: Path) -> list:
+    """A val folder's class index -> the train split's index of the same class (every val class must be a train class)."""
+    unknown = [c for c in classes if c not in class_to_idx]
+    if unknown:
+        raise PackError(f"{path} has classes that the train split does not: {', '.join(unknown[:5])}. The val classes must be train classes.")
+    return [class_to_idx[c] for c in classes]
+
+
 def _pack_one(src: Path, out: Path, size: int, class_to_idx: Optional[Dict[str, int]] = None) -> dict:
     """Pack one class-folder tree into ``out`` (a new folder inside our temp dir)."""
     import numpy as np
     from PIL import Image, UnidentifiedImageError
-    from torchvision.datasets import ImageFolder
 
-    try:
-        dataset = ImageFolder(str(src))
-    except (FileNotFoundError, OSError) as e:
-        raise PackError(f"no images found in {src} (expected {src}/<class>/<image>): {e}") from None
-    if not len(dataset):
-        raise PackError(f"no images found in {src} (expected {src}/<class>/<image>)")
+    dataset = _image_folder(src)
     classes = dataset.classes
     targets = list(range(len(classes)))
     if class_to_idx is not None:  # val: number classes as train does
-        unknown = [c for c in classes if c not in class_to_idx]
-        if unknown:
-            raise PackError(f"{src} has classes that the train split does not: {', '.join(unknown[:5])}. The val classes must be train classes.")
-        targets = [class_to_idx[c] for c in classes]
+        targets = _numbered_as_train(classes, class_to_idx, src)
         classes = sorted(class_to_idx, key=class_to_idx.get)
     out.mkdir(parents=True)
     n = len(dataset)
@@ -149,30 +161,17 @@ def _pack_one(src: Path, out: Path, size: int, class_to_idx: Optional[Dict[str, 
 
 def _samples(src: Path, val_split: float, seed: int):
     """(classes, {"train": [(path, label)], "val": [...]}) of an image folder, split as data=imagefolder splits it."""
-    from torchvision.datasets import ImageFolder
-
     from .data.folder import split_per_class
 
-    def folder(path):
-        try:
-            dataset = ImageFolder(str(path))
-        except (FileNotFoundError, OSError) as e:
-            raise PackError(f"no images found in {path} (expected {path}/<class>/<image>): {e}") from None
-        if not len(dataset):
-            raise PackError(f"no images found in {path} (expected {path}/<class>/<image>)")
-        return dataset
-
     if is_split_layout(src):
-        train = folder(src / "train")
+        train = _image_folder(src / "train")
         splits = {"train": list(train.samples)}
         if (src / "val").is_dir():
-            val = folder(src / "val")
-            unknown = [c for c in val.classes if c not in train.class_to_idx]
-            if unknown:
-                raise PackError(f"{src / 'val'} has classes that the train split does not: {', '.join(unknown[:5])}. The val classes must be train classes.")
-            splits["val"] = [(p, train.class_to_idx[val.classes[t]]) for p, t in val.samples]
+            val = _image_folder(src / "val")
+            targets = _numbered_as_train(val.classes, train.class_to_idx, src / "val")
+            splits["val"] = [(p, targets[t]) for p, t in val.samples]
         return train.classes, splits
-    full = folder(src)
+    full = _image_folder(src)
     train_idx, val_idx = split_per_class(full.targets, val_split, seed)
     splits = {"train": [full.samples[i] for i in train_idx]}
     if val_idx:

@@ -7,6 +7,18 @@ SLURMEnvironment reads the same). Logging, the saved config and the console need
 import os
 
 
+def world_size() -> int:
+    """How many processes the run has: the process group's size once it exists, else what torchrun set."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    try:
+        return int(os.environ.get("WORLD_SIZE", 1))
+    except ValueError:
+        return 1
+
+
 def global_rank() -> int:
     for key in ("RANK", "SLURM_PROCID"):
         value = os.environ.get(key)

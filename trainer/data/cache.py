@@ -47,10 +47,10 @@ def _source_name(src: str, storage_options=None) -> tuple:
 
     A URL's identity includes the endpoint (the same bucket name on two servers is two datasets).
     """
-    from .storage import is_remote, local_path
+    from .storage import is_remote, local_path, plain_options
 
     if is_remote(src):
-        options = dict(storage_options or {})
+        options = plain_options(storage_options)
         endpoint = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url") \
             or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         ident = src.rstrip("/") + (f" at {endpoint}" if endpoint else "")

@@ -15,11 +15,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..errors import ConfigError
+from ..rank import world_size
 # imported here, not lazily: Lightning records the arguments of DataLoader subclasses that exist
 # when it asks for a loader, so that it can re-create them with a distributed sampler
 from .prefetch import DevicePrefetchLoader, move_to_device
 
 log = logging.getLogger(__name__)
+
+BLOCK_FORMATS = ("parquet", "webdataset")  # read by blocks (row groups, tar shards) with shards.BlockSampler
 
 
 class ImageDataModule(pl.LightningDataModule):
@@ -95,7 +98,7 @@ class ImageDataModule(pl.LightningDataModule):
                 self._local_root(c.root), c.image_size, c.augment, c.val_split, self.seed, bool(c.get("gpu_normalize")), c.get("storage_options"),
             )
             return len(self.classes)
-        if c.name in ("parquet", "webdataset"):
+        if c.name in BLOCK_FORMATS:
             return self._build_blocks()
         if c.name == "custom":
             from hydra.utils import instantiate
@@ -152,22 +155,13 @@ class ImageDataModule(pl.LightningDataModule):
             self._local_root(c.root), c.image_size, c.augment, c.val_split, self.seed, bool(c.gpu_normalize), self.decoder,
             c.on_bad_sample, c.shuffle_window, c.get("storage_options"),
         )
-        per_rank = -(-len(self.train_set) // max(1, self.world_size()))
+        per_rank = -(-len(self.train_set) // max(1, world_size()))
         if c.drop_last and isinstance(c.batch_size, int) and per_rank < c.batch_size:
             raise ConfigError(
                 f"data.batch_size={c.batch_size} is larger than the training samples each process gets ({per_rank} of {len(self.train_set)} in {c.root}), "
                 "so every batch would be dropped. Lower data.batch_size or set data.drop_last=false."
             )
         return len(self.classes)
-
-    def world_size(self) -> int:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_world_size()
-        import os
-
-        return int(os.environ.get("WORLD_SIZE", 1))
 
     def _block_sampler(self, dataset, train: bool):
         """The sampler for BlockImages: each rank and loader worker reads its own blocks (see shards)."""
@@ -182,14 +176,14 @@ class ImageDataModule(pl.LightningDataModule):
 
     def sampler_plan(self) -> tuple:
         """What BlockSampler's order depends on besides (seed, epoch): processes, loader workers, batch size."""
-        if self.cfg.name not in ("parquet", "webdataset"):
+        if self.cfg.name not in BLOCK_FORMATS:
             return ()
-        return (self.world_size(), max(1, self.num_workers), self.cfg.batch_size)
+        return (world_size(), max(1, self.num_workers), self.cfg.batch_size)
 
     @property
     def resumes_mid_epoch_distributed(self) -> bool:
         """The train sampler is rank-aware and can skip the trained batches on every rank (BlockSampler)."""
-        return self.cfg.name in ("parquet", "webdataset")
+        return self.cfg.name in BLOCK_FORMATS
 
     def _loader(self, dataset, train: bool) -> DataLoader:
         c = self.cfg

@@ -133,9 +133,9 @@ class BlockSampler(DistributedSampler):
     def num_replicas(self) -> int:
         if self._replicas is not None:
             return self._replicas
-        import torch.distributed as dist
+        from ..rank import world_size
 
-        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        return world_size()
 
     @property
     def rank(self) -> int:

@@ -40,14 +40,21 @@ def local_path(root: str) -> str:
     return os.path.expanduser(str(root))
 
 
+def plain_options(storage_options) -> Dict[str, Any]:
+    """``data.storage_options`` as plain dicts all the way down (botocore does not take OmegaConf nodes)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(storage_options, DictConfig):
+        return OmegaConf.to_container(storage_options, resolve=True)
+    return dict(storage_options or {})
+
+
 def open_root(root: str, storage_options: Optional[Dict[str, Any]] = None, key: str = "data.root") -> Tuple[Any, str]:
     """``root`` -> (fsspec filesystem, path inside it), checked to exist; a clear error otherwise."""
     import fsspec
 
     protocol = str(root).split("://", 1)[0]
-    from omegaconf import DictConfig, OmegaConf
-
-    options = OmegaConf.to_container(storage_options, resolve=True) if isinstance(storage_options, DictConfig) else dict(storage_options or {})
+    options = plain_options(storage_options)
     try:
         fs, path = fsspec.core.url_to_fs(str(root), **options)
     except (ImportError, ValueError) as e:
