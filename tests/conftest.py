@@ -81,6 +81,29 @@ def train(tmp_path, compose):
     return _train
 
 
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Make torch.cuda answer as one GPU of a given kind would, and return what ``hardware.detect``
+    makes of it. bf16 is answered as torch answers it: emulated bf16 counts as supported unless
+    ``including_emulation=False`` (native from sm80). Only the questions detect() asks are faked:
+    nothing may run on this "GPU"."""
+    import torch
+
+    from trainer import hardware
+
+    def _fake(name: str, capability: tuple, count: int = 1):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation or capability[0] >= 8)
+        hardware.detect.cache_clear()
+        return hardware.detect("auto")
+
+    yield _fake
+    hardware.detect.cache_clear()
+
+
 # set by Lightning when a test runs DDP in-process; a child must not think it is already a rank
 DISTRIBUTED_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 

@@ -83,6 +83,27 @@ class ProbeLightningModule(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
+class ShardedProbeLightningModule(ProbeLightningModule):
+    """A user's own LightningModule for strategy=fsdp2: it shards its own network in configure_model,
+    as Lightning's ModelParallelStrategy requires."""
+
+    states: list = []  # (hook, class of the network, whether it is compiled)
+
+    def _state(self, hook: str) -> None:
+        ShardedProbeLightningModule.states.append((hook, type(self.net).__name__, getattr(self.net, "_compiled_call_impl", None) is not None))
+
+    def configure_model(self):
+        from torch.distributed.fsdp import fully_shard
+
+        if not getattr(self, "_sharded", False):
+            self._state("configure_model")
+            fully_shard(self.net, mesh=self.device_mesh["data_parallel"])
+            self._sharded = True
+
+    def on_train_start(self):
+        self._state("on_train_start")
+
+
 class SlowDataset(torch.utils.data.Dataset):
     """A planted input bottleneck: every sample sleeps (like slow storage or heavy decode)."""
 
@@ -98,6 +119,35 @@ class SlowDataset(torch.utils.data.Dataset):
         time.sleep(self.sleep)
         g = torch.Generator().manual_seed(i)
         return torch.randn(3, self.size, self.size, generator=g), i % self.classes
+
+
+class SlowInitDataset(SlowDataset):
+    """A data set that takes ``init_s`` to open (a slow listing, a cache being filled): a run still setting up."""
+
+    def __init__(self, n: int = 64, image_size: int = 16, num_classes: int = 10, init_s: float = 60.0):
+        import time
+
+        time.sleep(init_s)
+        super().__init__(n, image_size, num_classes, sleep_ms=0.0)
+
+
+class SlowStartDataset(SlowDataset):
+    """A planted fixed cost per epoch: each loader worker's first sample takes ``startup_s`` (opening
+    files, connecting to storage), the rest are quick. Non-persistent workers pay it every epoch."""
+
+    def __init__(self, n: int = 64, image_size: int = 16, num_classes: int = 10, startup_s: float = 1.0):
+        super().__init__(n, image_size, num_classes, sleep_ms=0.0)
+        self.startup_s = startup_s
+        self._started_in = None
+
+    def __getitem__(self, i):
+        import os
+        import time
+
+        if self._started_in != os.getpid():
+            self._started_in = os.getpid()
+            time.sleep(self.startup_s)
+        return super().__getitem__(i)
 
 
 class SlowTransferModule(ProbeLightningModule):

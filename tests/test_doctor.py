@@ -71,17 +71,40 @@ def test_competing_processes_are_called_out():
     assert any("other processes kept about 1.0 of 2 cores busy" in n for n in d["hardware"])
 
 
-def test_hardware_checks():
-    v100 = {"accelerator": "cuda", "cpu_cores": 8, "bf16_native": False, "capability": "7.0"}
-    notes = doctor.hardware_notes(v100, {"amp": True})
+def test_hardware_checks(fake_gpu, compose):
+    from trainer import switchboard
+
+    v100 = fake_gpu("Tesla V100-SXM2-16GB", (7, 0))  # what detect() itself makes of a V100, not a hand-built one
+    assert v100.accelerator == "cuda" and not v100.bf16_native  # emulated bf16 is not native
+    plan = switchboard.resolve(compose("amp=true"), v100)
+    assert plan.amp_dtype == "fp16" and plan.precision == "16-mixed", plan  # amp_dtype=auto picks fp16 here
+    notes = doctor.hardware_notes(v100.as_dict(), {"amp": True})
     assert any("no native bf16 or TF32" in n for n in notes)
-    assert "tf32=true" not in doctor.compute_suggestions({}, v100, True)
+    assert "tf32=true" not in doctor.compute_suggestions({}, v100.as_dict(), True)
+    h100 = fake_gpu("NVIDIA H100 80GB HBM3", (9, 0))
+    assert h100.bf16_native and switchboard.resolve(compose("amp=true"), h100).amp_dtype == "bf16"
     p100 = {"accelerator": "cuda", "cpu_cores": 8, "bf16_native": False, "capability": "6.0"}
     assert any("Triton" in n for n in doctor.hardware_notes(p100, {"compile": True}))
 
 
-def test_system_monitor_samples_every_interval_not_every_step(train):
-    m, out = train("monitor.interval_s=0.05", "data.num_samples=256", "trainer.max_epochs=2")
+def test_system_monitor_samples_every_interval_not_every_step(train, monkeypatch):
+    """32 steps of about 10 ms per epoch and a 0.1 s interval: a handful of readings per epoch, each
+    covering at least the interval (but an epoch's last, which closes its window), not one per step."""
+    from trainer.callbacks import SystemMonitor
+
+    readings = []
+    real = SystemMonitor.sample
+    monkeypatch.setattr(SystemMonitor, "sample", lambda self, trainer=None: readings.append(real(self, trainer)) or readings[-1])
+    m, out = train("monitor.interval_s=0.1", "data=custom", "data.dataset._target_=probe.SlowDataset", "+data.dataset.n=256",
+                   "+data.dataset.sleep_ms=1.2", "data.val_samples=0", "trainer.limit_val_batches=0", "trainer.max_epochs=2")
+    steps, train_s = sum(e["steps"] for e in m["epochs"]), sum(e["time_s"] for e in m["epochs"])
+    assert steps == 64 and readings, (steps, len(readings))
+    assert len(readings) <= train_s / 0.1 + 2, (len(readings), train_s)  # one per interval, and one closing each epoch
+    if train_s / steps < 0.05:  # steps well under the interval: far fewer readings than steps
+        assert len(readings) < steps / 2, (len(readings), steps)
+    for epoch in (0, 1):
+        windows = [r["window_s"] for r in readings if r["epoch"] == epoch]
+        assert windows and all(w >= 0.1 for w in windows[:-1]), windows
     evidence = m["diagnosis"]["evidence"]
     assert evidence["cpu_busy_cores"] is not None and 0 <= evidence["cpu_busy_cores"] <= 2.5
 
@@ -164,3 +187,32 @@ def test_input_bound_on_an_object_store_read_directly_says_cache_it_first():
     assert "data.cache=DIR" not in d["try"] and "object store" not in d["verdict"]
     d = doctor.diagnose(metrics={"data_wait_fraction": 0.8}, system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5}, hardware=CPU, flags={}, data=dict(remote, root="/local/ds"), is_convnet=True)
     assert "data.cache=DIR" not in d["try"]
+
+
+def test_copy_share_counts_each_device_interval_once():
+    """A CUDA profile as torch's Kineto profiler reports it: each kernel appears as a device event
+    and again inside the CPU op that launched it, and ``ProfilerStep#N`` spans the whole step on
+    the device. 100 us of copies in 400 us of device work is a quarter, not a fourteenth."""
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import EventList, FunctionEvent
+
+    from trainer.callbacks.profiler import h2d_share
+
+    def event(n, name, start, end, device=DeviceType.CPU, annotation=False):
+        thread = 0 if device == DeviceType.CPU else 7
+        return FunctionEvent(n, name, thread, start, end, stack=[], use_device="cuda", device_type=device, is_user_annotation=annotation)
+
+    copy, conv = event(2, "aten::copy_", 10, 20), event(3, "aten::convolution", 30, 40)
+    copy.append_kernel("Memcpy HtoD (Pageable -> Device)", 0, 100)
+    conv.append_kernel("sm90_xmma_fprop_implicit_gemm", 0, 300)
+    events = EventList(
+        [event(1, "ProfilerStep#3", 0, 1000), copy, conv,
+         event(4, "Memcpy HtoD (Pageable -> Device)", 100, 200, DeviceType.CUDA),
+         event(5, "sm90_xmma_fprop_implicit_gemm", 200, 500, DeviceType.CUDA),
+         event(6, "ProfilerStep#3", 0, 600, DeviceType.CUDA, annotation=True)],
+        use_device="cuda",
+    )
+    events._build_tree()
+    averages = events.key_averages()
+    assert {e.key for e in averages} >= {"aten::copy_", "Memcpy HtoD (Pageable -> Device)", "ProfilerStep#3"}
+    assert h2d_share(averages) == 0.25

@@ -44,11 +44,11 @@ def test_lr_scales_with_the_effective_batch(train):
 
 
 def test_activation_checkpointing_recomputes_blocks_in_backward(compose):
-    from trainer import switchboard
+    from trainer import model_transforms
     from trainer.models import build_module
 
     def conv_calls_per_step(flag: str) -> int:
-        module = switchboard.prepare_model(build_module(compose(*RESNET18, f"activation_checkpointing={flag}")), compose(f"activation_checkpointing={flag}"))
+        module = model_transforms.prepare_model(build_module(compose(*RESNET18, f"activation_checkpointing={flag}")), compose(f"activation_checkpointing={flag}"))
         calls = []
         module.net.layer1[0].conv1.register_forward_hook(lambda *a: calls.append(1))
         loss = module(torch.randn(2, 3, 32, 32)).sum()
@@ -60,11 +60,11 @@ def test_activation_checkpointing_recomputes_blocks_in_backward(compose):
 
 
 def test_activation_checkpointing_trains_and_keeps_state_dict_keys(train, compose):
-    from trainer import switchboard
+    from trainer import model_transforms
     from trainer.models import build_module
 
     plain = build_module(compose(*RESNET18)).state_dict().keys()
-    wrapped = switchboard.prepare_model(build_module(compose(*RESNET18)), compose("activation_checkpointing=true")).state_dict().keys()
+    wrapped = model_transforms.prepare_model(build_module(compose(*RESNET18)), compose("activation_checkpointing=true")).state_dict().keys()
     assert list(plain) == list(wrapped)
     m, _ = train(*RESNET18, "activation_checkpointing=true")
     assert m["status"] == "ok" and m["flags"]["activation_checkpointing"] is True
@@ -84,6 +84,18 @@ def test_optimizer_implementation(compose, value, check):
     for name in ("sgd", "adamw"):
         cfg = compose(f"optim.fused={value}", f"optim.name={name}")
         assert check(build_optimizer(torch.nn.Linear(4, 2), cfg.optim))
+
+
+def test_auto_is_fused_under_fp16_loss_scaling_on_a_gpu(compose):
+    """torch's GradScaler syncs the host every step with a non-fused optimizer (it reads found_inf on the host)."""
+    from trainer.optimizers import build_optimizer
+
+    for name in ("sgd", "adamw"):
+        cfg = compose(f"optim.name={name}").optim
+        assert not build_optimizer(torch.nn.Linear(4, 2), cfg).defaults.get("fused")  # auto: torch's own choice
+        assert build_optimizer(torch.nn.Linear(4, 2), cfg, loss_scaled_on_cuda=True).defaults["fused"] is True
+        foreach = compose(f"optim.name={name}", "optim.fused=foreach").optim
+        assert not build_optimizer(torch.nn.Linear(4, 2), foreach, loss_scaled_on_cuda=True).defaults.get("fused")  # asked for: kept
 
 
 def test_fused_falls_back_with_a_message(compose, caplog):
@@ -123,10 +135,18 @@ def test_zero_grad_to_none_switch(train):
 
 
 def test_cuda_alloc_conf_reaches_the_environment_before_cuda_init(train, monkeypatch):
+    """The allocator reads PYTORCH_CUDA_ALLOC_CONF when CUDA starts, and on a GPU hardware.detect() is
+    the first thing that starts it (it asks the device's name and capability): the variable must be
+    set before that call. (tests/gpu checks the allocator really runs with it.)"""
+    from trainer import hardware
+
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    seen_at_detect = []
+    real = hardware.detect
+    monkeypatch.setattr(hardware, "detect", lambda *a: seen_at_detect.append(os.environ.get("PYTORCH_CUDA_ALLOC_CONF")) or real(*a))
     m, _ = train("model._target_=probe.ProbeNet", "~model.width", "cuda_alloc_conf=expandable_segments:True")
+    assert seen_at_detect and seen_at_detect[0] == "expandable_segments:True", seen_at_detect
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
-    assert not torch.cuda.is_initialized()
     assert m["flags"]["cuda_alloc_conf"] == "expandable_segments:True"
     os.environ.pop("PYTORCH_CUDA_ALLOC_CONF")
 
@@ -138,3 +158,16 @@ def test_peak_memory_is_per_run_not_per_interpreter(train):
     del ballast
     assert m["peak_memory_mb"] < 250, m["peak_memory_mb"]
     assert "VmHWM reset" in m["peak_memory_method"]
+
+
+def test_step_loss_reaches_tensorboard_every_log_every_n_steps(train):
+    """train/loss is written by StepLoss (read without a device sync) at every log_every_n_steps-th optimizer step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    m, out = train("trainer.log_every_n_steps=3", "data.num_samples=96", "trainer.max_epochs=2")  # 12 steps per epoch
+    events = EventAccumulator(str(out))
+    events.Reload()
+    steps = [e.step for e in events.Scalars("train/loss")]
+    assert steps == list(range(3, 25, 3)), steps
+    assert all(e.value > 0 for e in events.Scalars("train/loss"))
+    assert "train/loss_epoch" in events.Tags()["scalars"]

@@ -80,6 +80,47 @@ def test_compile_compiles_the_model(train, monkeypatch):
     assert metrics["status"] == "ok" and metrics["flags"]["compile"] is True
 
 
+COMPILE = ["compile=true", "model.width=4", "data.num_samples=64", "data.val_samples=32"]  # every batch full: no in-job shape change
+
+
+def test_a_sweeps_second_compile_job_compiles_as_if_it_ran_alone(train):
+    """Two compile=true jobs in one process (a local sweep): the second starts from a clean dynamo,
+    so it neither reuses the first job's graphs nor recompiles them with a dynamic batch size, and
+    only the network is traced, never Lightning's training_step or self.log."""
+    import torch._dynamo
+    from torch._dynamo import convert_frame
+    from torch._dynamo.utils import guard_failures
+
+    first, _ = train(*COMPILE, "data.batch_size=16")
+    assert first["status"] == "ok"
+    second, _ = train(*COMPILE, "data.batch_size=32")
+    compiled = {ref().co_name for ref in convert_frame.input_codes.seen if ref() is not None}  # since the second job began
+    reasons = [str(r) for failures in guard_failures.values() for r in failures]
+    assert second["status"] == "ok" and "forward" in compiled, compiled
+    assert not compiled & {"training_step", "validation_step", "log", "_log_dict"}, compiled
+    assert not any("size mismatch" in r or "expected 16" in r for r in reasons), reasons  # nothing of the first job's batch
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
+
+
+def test_compile_reaches_a_users_lightning_module_under_fsdp2(train):
+    """strategy=fsdp2: the user's configure_model shards, then the trainer compiles the network in place."""
+    import torch._dynamo
+
+    from probe import ShardedProbeLightningModule
+
+    ShardedProbeLightningModule.states.clear()
+    try:
+        metrics, _ = train("model._target_=probe.ShardedProbeLightningModule", "~model.width", "strategy=fsdp2", "devices=1", "compile=true")
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    assert metrics["status"] == "ok", metrics["error"]
+    # sharded by the user's configure_model while still eager, compiled once sharded
+    assert ShardedProbeLightningModule.states == [("configure_model", "ProbeNet", False), ("on_train_start", "FSDPProbeNet", True)]
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # dynamo traced the user's network
+    assert not training_snapshots()  # a compiled forward runs no Python: no eager training step recorded one
+
+
 def test_accumulate_steps_the_optimizer_every_n_batches(train, compose, tmp_path):
     from trainer.run import run
 
@@ -152,11 +193,39 @@ def test_strategy_fsdp2_shards_the_model(train):
         torch.distributed.destroy_process_group()
 
 
+def test_fsdp2_with_channels_last_is_refused_up_front(train, monkeypatch):
+    """FSDP2's fully_shard refuses non-contiguous (channels-last) parameters: say so before data or model are built."""
+    from trainer.data import ImageDataModule
+    from trainer.errors import ConfigError
+
+    built, real = [], ImageDataModule.build
+    monkeypatch.setattr(ImageDataModule, "build", lambda self: built.append(1) or real(self))
+    with pytest.raises(ConfigError, match="'strategy=fsdp2' cannot shard channels-last weights"):
+        train(*PROBE, "strategy=fsdp2", "devices=1", "channels_last=true")
+    assert not built
+
+
 def test_fsdp_without_gpu_names_fsdp2(train):
     from trainer.errors import ConfigError
 
     with pytest.raises(ConfigError, match="fsdp2"):
         train(*PROBE, "strategy=fsdp")
+
+
+@pytest.mark.parametrize("gpu,capability,amp", [
+    ("NVIDIA H100 80GB HBM3", (9, 0), ["amp=true", "amp_dtype=fp16"]),
+    ("Tesla V100-SXM2-16GB", (7, 0), ["amp=true"]),  # auto picks fp16 where bf16 is not native
+])
+def test_fsdp2_with_fp16_is_refused_before_anything_is_built(fake_gpu, compose, gpu, capability, amp):
+    """Lightning's ModelParallelStrategy takes no 16-mixed: refused by resolve(), which runs before data or model exist."""
+    from trainer import switchboard
+    from trainer.errors import ConfigError
+
+    hw = fake_gpu(gpu, capability, count=2)
+    with pytest.raises(ConfigError, match=r"'strategy=fsdp2' cannot run fp16 autocast .*amp_dtype=bf16"):
+        switchboard.resolve(compose("strategy=fsdp2", *amp), hw)
+    assert switchboard.resolve(compose("strategy=fsdp2", "amp=true", "amp_dtype=bf16"), hw).precision == "bf16-mixed"
+    assert switchboard.resolve(compose("strategy=fsdp", *amp), hw).precision == "16-mixed"  # FSDP1 has a sharded scaler
 
 
 def _readme_switchboard_flags() -> list:

@@ -74,7 +74,8 @@ def detect(accelerator: str = "auto") -> Hardware:
             name=torch.cuda.get_device_name(0),
             count=torch.cuda.device_count(),
             cpu_cores=cores,
-            bf16_native=torch.cuda.is_bf16_supported(),
+            # torch's default counts emulated bf16 as supported (a V100 or T4 says yes): ask for native only
+            bf16_native=torch.cuda.is_bf16_supported(including_emulation=False),
             fp16=True,
             capability=f"{major}.{minor}",
             cpu_quota=quota,

@@ -1,9 +1,10 @@
 """The switchboard: turns the top-level optimization flags into what actually runs.
 
 Each flag is applied through Lightning's own mechanism where one exists (precision plugin,
-``accumulate_grad_batches``, strategy, ``benchmark``) or by one small function (channels_last,
-compile, tf32). ``resolve`` decides everything up front and refuses impossible combinations, so a
-bad flag stops before any model or data is built.
+``accumulate_grad_batches``, strategy, ``benchmark``) or by one small function (tf32 here; the
+model-side flags, activation checkpointing, channels_last and compile, in ``model_transforms``).
+``resolve`` decides everything up front and refuses impossible combinations, so a bad flag stops
+before any model or data is built.
 """
 
 from __future__ import annotations
@@ -75,6 +76,14 @@ def resolve(cfg, hw: Hardware) -> Plan:
                 "(about 30x for a ResNet-50 step on the AVX2 build machines). Measure it, but do not expect a speed-up."
             )
 
+    if cfg.strategy == "fsdp2" and precision == "16-mixed":
+        why = "amp_dtype=fp16" if cfg.amp_dtype == "fp16" else f"amp_dtype=auto, which picks fp16 on this GPU (sm{hw.capability}, no native bf16)"
+        raise ConfigError(
+            f"'strategy=fsdp2' cannot run fp16 autocast ({why}): Lightning's ModelParallelStrategy takes only 32-true or "
+            "bf16-mixed precision (fp16 would need a sharded gradient scaler it does not have). Allowed with strategy=fsdp2: "
+            "amp=false, or amp=true amp_dtype=bf16; for fp16 with loss scaling use strategy=fsdp or strategy=ddp."
+        )
+
     devices = cfg.devices
     available = hw.count if accelerator == "cuda" else None
     if accelerator == "cuda" and isinstance(devices, int) and devices > available:
@@ -90,6 +99,14 @@ def resolve(cfg, hw: Hardware) -> Plan:
         raise ConfigError(
             "'strategy=fsdp' needs CUDA GPUs (Lightning's FSDPStrategy refuses CPU). On this machine use "
             "strategy=fsdp2 (FSDP2 via fully_shard, also runs on CPU with gloo), or strategy=ddp / auto."
+        )
+    if cfg.strategy == "fsdp2" and cfg.channels_last:
+        # FSDP1 (strategy=fsdp) keeps each parameter's strides in its flat parameter (torch >= 2.6), so
+        # there channels_last weights stay channels-last; FSDP2 refuses to shard them at all
+        raise ConfigError(
+            "'strategy=fsdp2' cannot shard channels-last weights (FSDP2's fully_shard takes only contiguous parameters; "
+            "it would fail after the data and model are built). Allowed: channels_last=false with strategy=fsdp2, "
+            "or channels_last=true with strategy=fsdp (GPU), ddp or auto."
         )
     if cfg.sync_batchnorm and accelerator != "cuda":
         raise ConfigError("'sync_batchnorm=true' needs CUDA GPUs (torch's SyncBatchNorm does not run on CPU). Allowed here: sync_batchnorm=false.")
@@ -125,14 +142,14 @@ def build_strategy(cfg, plan: Plan, hw: Hardware, module: torch.nn.Module) -> An
     if cfg.strategy == "fsdp":
         from pytorch_lightning.strategies import FSDPStrategy
 
+        from .model_transforms import fsdp_checkpoint_policy
         from .models.blocks import repeated_blocks
 
         block_types = {type(b) for b in repeated_blocks(module)}
         return FSDPStrategy(
             sharding_strategy=cfg.fsdp.sharding_strategy,
             auto_wrap_policy=block_types or None,
-            # FSDP checkpoints its own wrapped blocks (prepare_model skips its own wrapping then)
-            activation_checkpointing_policy=block_types if (cfg.activation_checkpointing and block_types) else None,
+            activation_checkpointing_policy=fsdp_checkpoint_policy(cfg, block_types),
             use_orig_params=True,  # needed by torch.compile and by per-parameter optimizer groups
         )
     if cfg.strategy == "fsdp2":
@@ -145,59 +162,19 @@ def build_strategy(cfg, plan: Plan, hw: Hardware, module: torch.nn.Module) -> An
 
 
 def apply_global_settings(cfg) -> None:
-    """Process-wide numerics: TF32 for matmuls and convolutions.
+    """Process-wide state, set at the start of every job: TF32, and torch.compile's caches emptied.
 
     tf32=false sets full fp32 explicitly (torch's default leaves cuDNN convolutions on TF32),
-    so that the A/B baseline really is fp32.
+    so that the A/B baseline really is fp32. A local sweep runs every job in one process, and
+    dynamo keeps compiled graphs, guards and automatic-dynamic shapes per code object: without the
+    reset a later compile=true job reuses an earlier job's graphs (its compile time reads short),
+    recompiles with dynamic shapes where a fresh process would not, and after the recompile limit
+    silently runs eagerly. (Inductor's on-disk cache is kept, as it is across processes.)
     """
+    torch.compiler.reset()
     torch.set_float32_matmul_precision("high" if cfg.tf32 else "highest")
     torch.backends.cuda.matmul.allow_tf32 = bool(cfg.tf32)
     torch.backends.cudnn.allow_tf32 = bool(cfg.tf32)
-
-
-def _to_channels_last(module, args):
-    return tuple(a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.ndim == 4 else a for a in args)
-
-
-def apply_activation_checkpointing(module: torch.nn.Module) -> int:
-    """Checkpoint each repeated block (non-reentrant): its activations are recomputed in backward.
-
-    The block's ``forward`` is wrapped in place, so state-dict keys do not change (checkpoints
-    load with the flag on or off), and it composes with torch.compile.
-    """
-    from torch.utils.checkpoint import checkpoint
-
-    from .models.blocks import repeated_blocks
-
-    blocks = repeated_blocks(module)
-    for block in blocks:
-
-        def forward(*args, _inner=block.forward, **kwargs):
-            if torch.is_grad_enabled():
-                return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
-            return _inner(*args, **kwargs)
-
-        block.forward = forward
-    return len(blocks)
-
-
-def prepare_model(module: torch.nn.Module, cfg) -> torch.nn.Module:
-    """Transforms that come before the batch-size search and compile: checkpointing, memory format."""
-    if cfg.activation_checkpointing and cfg.strategy != "fsdp":  # under fsdp, FSDPStrategy checkpoints its blocks
-        n = apply_activation_checkpointing(module)
-        if not n:
-            raise ConfigError(
-                f"'activation_checkpointing=true' found no repeated blocks to checkpoint in {type(module).__name__} "
-                "(it looks for torchvision ResNet BasicBlock/Bottleneck, ViT EncoderBlock, or a 'blocks'/'layers' "
-                "ModuleList, as in timm). Allowed: activation_checkpointing=false for this model."
-            )
-        log.info("activation checkpointing: %d blocks", n)
-    if cfg.channels_last:
-        module.to(memory_format=torch.channels_last)
-        # inputs follow the weights: a forward pre-hook works for our wrapper and for a user's own
-        # LightningModule alike, and runs inside forward (where compile sees it)
-        module.register_forward_pre_hook(_to_channels_last)
-    return module
 
 
 def scale_lr(cfg, world_size: int) -> str:
@@ -221,20 +198,6 @@ def set_cuda_alloc_conf(conf: str | None) -> None:
         # CUDA already started in this process (a second sweep job): apply it to the live allocator
         torch.cuda.memory._set_allocator_settings(conf)
         log.warning("cuda_alloc_conf=%s applied to an already initialized CUDA allocator (a previous job started CUDA)", conf)
-
-
-def compile_model(module: torch.nn.Module, cfg) -> torch.nn.Module:
-    """``compile=true``: the last transform, after the batch-size search (which runs eagerly).
-
-    Under strategy=fsdp2 the model is compiled inside ``configure_model`` after ``fully_shard``
-    (the documented order for FSDP2), so nothing happens here.
-    """
-    if cfg.compile and cfg.strategy != "fsdp2":
-        # Compiling the LightningModule itself (not a submodule) keeps state-dict keys free of
-        # "_orig_mod." (checked on torch 2.14.1 + Lightning 2.6.6); Lightning unwraps it in fit().
-        mode = None if cfg.compile_mode == "default" else cfg.compile_mode
-        module = torch.compile(module, mode=mode)
-    return module
 
 
 def trainer_kwargs(cfg, plan: Plan) -> dict:

@@ -39,8 +39,7 @@ def build_module(cfg) -> pl.LightningModule:
     if isinstance(obj, pl.LightningModule):
         return obj
     if isinstance(obj, torch.nn.Module):
-        compile_after_shard = cfg.compile_mode if (cfg.compile and cfg.strategy == "fsdp2") else None
-        return ImageClassifier(obj, cfg.optim, cfg.sched, cfg.loss.label_smoothing, on_nan=cfg.on_nan, compile_mode=compile_after_shard)
+        return ImageClassifier(obj, cfg.optim, cfg.sched, cfg.loss.label_smoothing, on_nan=cfg.on_nan)
     raise ConfigError(f"'model._target_={target}' built a {type(obj).__name__}, not an nn.Module or LightningModule.")
 
 

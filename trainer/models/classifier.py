@@ -18,11 +18,8 @@ log = logging.getLogger(__name__)
 
 
 class ImageClassifier(pl.LightningModule):
-    def __init__(
-        self, net: torch.nn.Module, optim_cfg, sched_cfg, label_smoothing: float = 0.0, on_nan: str = "stop", compile_mode: str | None = None
-    ):
+    def __init__(self, net: torch.nn.Module, optim_cfg, sched_cfg, label_smoothing: float = 0.0, on_nan: str = "stop"):
         super().__init__()
-        self.compile_after_shard = compile_mode  # strategy=fsdp2 + compile: compile the net in place after fully_shard
         self.net = net
         self.on_nan = on_nan
         self.optim_cfg = optim_cfg
@@ -38,9 +35,8 @@ class ImageClassifier(pl.LightningModule):
         loss = F.cross_entropy(self(x), y, label_smoothing=self.label_smoothing)
         if self.on_nan == "skip" and not torch.isfinite(loss):
             return None  # Lightning skips backward and the optimizer step
-        # step values are only turned into Python floats at log_every_n_steps, so this adds no
-        # device sync per step; the epoch mean is reduced (across ranks too) once per epoch.
-        self.log("train/loss", loss, on_step=True, on_epoch=False, batch_size=y.shape[0])
+        # the epoch mean is reduced (across ranks too) once per epoch; the step values (train/loss)
+        # are written by the StepLoss callback, which reads them without a device sync
         self.log("train/loss_epoch", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=y.shape[0])
         return loss
 
@@ -67,10 +63,7 @@ class ImageClassifier(pl.LightningModule):
             fully_shard(block, mesh=mesh)
         log.info("fsdp2: %d blocks sharded (%s), then the whole model", len(blocks), ", ".join(sorted({type(b).__name__ for b in blocks})) or "none found")
         fully_shard(self.net, mesh=mesh)
-        if self.compile_after_shard:
-            # nn.Module.compile() compiles in place: state-dict keys keep no "_orig_mod."
-            self.net.compile(mode=None if self.compile_after_shard == "default" else self.compile_after_shard)
-        self._sharded = True
+        self._sharded = True  # compile=true comes after this (model_transforms.CompileAfterSetup)
 
     def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
         # optim.zero_grad_to_none=true (default) frees gradient memory between steps instead of
@@ -78,7 +71,8 @@ class ImageClassifier(pl.LightningModule):
         optimizer.zero_grad(set_to_none=self._zero_grad_to_none)
 
     def configure_optimizers(self):
-        optimizer = build_optimizer(self.net, self.optim_cfg)
+        loss_scaled_on_cuda = str(self.trainer.precision) == "16-mixed" and self.device.type == "cuda"
+        optimizer = build_optimizer(self.net, self.optim_cfg, loss_scaled_on_cuda)
         if self.sched_cfg.name == "constant":  # also the only schedule for max_epochs=-1 (no known length)
             return optimizer
         sched = build_scheduler(optimizer, self.sched_cfg, int(self.trainer.estimated_stepping_batches), self.trainer.max_epochs)
