@@ -72,7 +72,7 @@ def test_flops_per_sample_tflops_and_no_mfu_on_cpu(train):
         net(torch.randn(1, 3, 16, 16)).sum().backward()
     assert m["flops_per_sample"] == counter.get_total_flops() > 0
     assert m["tflops"] == pytest.approx(m["flops_per_sample"] * m["samples_per_s"] / 1e12, rel=1e-3)
-    assert m["mfu"] is None and m["peak_flops"] is None  # no peak is known for a CPU
+    assert m["mfu"] is None and m["peak_flops"] is None and m["peak_flops_source"].startswith("unknown")  # no peak is known for a CPU
     assert m["epochs"] and all("tflops" in e for e in m["epochs"])
 
 
@@ -82,6 +82,38 @@ def test_mfu_arithmetic():
     assert mfu(400.0, 989e12, 1) == pytest.approx(0.4044, abs=1e-4)
     assert mfu(400.0, 989e12, 2) == pytest.approx(0.2022, abs=1e-4)
     assert mfu(None, 989e12, 1) is None and mfu(1.0, None, 1) is None
+
+
+@pytest.mark.parametrize("name, precision, tf32, peak, model", [
+    ("NVIDIA H100 80GB HBM3", "bf16-mixed", False, 989.4e12, "H100 SXM"),
+    ("NVIDIA H100 80GB HBM3", "32-true", False, 66.9e12, "H100 SXM"),
+    ("NVIDIA H100 80GB HBM3", "32-true", True, 494.7e12, "H100 SXM"),
+    ("NVIDIA H100 PCIe", "16-mixed", False, 756e12, "H100 PCIe"),
+    ("NVIDIA H100 NVL", "bf16-mixed", False, 835.5e12, "H100 NVL"),
+    ("NVIDIA H200", "bf16-mixed", False, 989.4e12, "H200 SXM"),  # Lightning's table does not match this name
+    ("NVIDIA H200 NVL", "32-true", True, 417.5e12, "H200 NVL"),
+    ("NVIDIA GH200 480GB", "bf16-mixed", False, 989.4e12, "H100 SXM"),
+])
+def test_hopper_peaks_are_known_by_torchs_device_names(monkeypatch, name, precision, tf32, peak, model):
+    import torch
+
+    from trainer.flops import peak_flops
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
+    value, source = peak_flops("cuda", precision, tf32)
+    assert value == peak and source.startswith(model), (value, source)
+
+
+def test_an_unknown_gpu_has_an_unknown_peak(monkeypatch):
+    import torch
+
+    from trainer.flops import peak_flops
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Imaginary GPU 9000")
+    value, source = peak_flops("cuda", "bf16-mixed")
+    assert value is None and source == "unknown: no peak FLOP/s known for Imaginary GPU 9000 at bf16"
 
 
 def test_hydra_config_records_what_ran(tmp_path):

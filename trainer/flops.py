@@ -4,16 +4,17 @@ FLOPs are counted once per run with Lightning's ``measure_flops`` (torch's ``Flo
 copy of the model built on the meta device: no memory, no compute, about the cost of building the
 model. It counts matmuls and convolutions of one forward and backward (of two samples, halved:
 BatchNorm refuses a batch of one), per sample (elementwise ops, norms and the optimizer step are
-not counted, as in the usual MFU convention). The peak comes
-from Lightning's ``get_available_flops`` table (CUDA GPUs it knows, per dtype); on a CPU or an
-unknown GPU there is no peak and MFU is null.
+not counted, as in the usual MFU convention). The peak is the
+datasheet's dense figure for the precision that runs (fp32, TF32 with tf32=true, bf16, fp16): our
+own table for the H100 and H200 (SXM, PCIe, NVL), Lightning's ``get_available_flops`` for other
+CUDA GPUs; on a CPU or a GPU neither knows, MFU is null and ``peak_flops_source`` says "unknown".
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
-from typing import Optional
+from typing import Optional, Tuple
 
 log = logging.getLogger(__name__)
 
@@ -37,27 +38,63 @@ def training_flops_per_sample(cfg) -> Optional[float]:
         return None
 
 
-def _dtype(precision: str):
-    import torch
+# Dense (no sparsity) peak FLOP/s of one GPU, from NVIDIA's datasheets, by the name torch reports.
+# Lightning's table (used for the GPUs not listed here) misses the H200 by its torch name
+# ("NVIDIA H200") and lists the H200 and H100 NVL with sparse or two-GPU figures.
+# Keys: "fp32" (plain fp32, tf32=false), "tf32" (fp32 matmuls on tensor cores, tf32=true), "bf16", "fp16".
+_HOPPER = {
+    "H100 SXM": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
+    "H100 PCIe": {"fp32": 51.2e12, "tf32": 378.0e12, "bf16": 756.0e12, "fp16": 756.0e12},
+    "H100 NVL": {"fp32": 60.0e12, "tf32": 417.5e12, "bf16": 835.5e12, "fp16": 835.5e12},
+    "H200 SXM": {"fp32": 66.9e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12},
+    "H200 NVL": {"fp32": 60.0e12, "tf32": 417.5e12, "bf16": 835.5e12, "fp16": 835.5e12},
+}
 
+
+def hopper_model(device_name: str) -> Optional[str]:
+    """Which H100/H200 a torch device name is ("NVIDIA H100 80GB HBM3" -> "H100 SXM"), else None."""
+    name = device_name.upper()
+    if "GH200" in name:
+        return "H100 SXM"  # Grace Hopper's GPU is an H100 (SXM figures)
+    for chip in ("H200", "H100"):
+        if chip in name:
+            if "NVL" in name:
+                return f"{chip} NVL"
+            if "PCIE" in name:
+                return f"{chip} PCIe"
+            return f"{chip} SXM"  # "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    return None
+
+
+def precision_key(precision: str, tf32: bool) -> str:
     if str(precision).startswith("bf16"):
-        return torch.bfloat16
+        return "bf16"
     if str(precision).startswith("16"):
-        return torch.float16
-    return torch.float32  # Lightning's table turns this into tfloat32 where TF32 matmuls are on
+        return "fp16"
+    return "tf32" if tf32 else "fp32"
 
 
-def peak_flops(accelerator: str, precision: str) -> Optional[float]:
-    """One device's theoretical peak FLOP/s for this precision, or None (CPU, unknown GPU)."""
+def peak_flops(accelerator: str, precision: str, tf32: bool = False) -> Tuple[Optional[float], str]:
+    """(one device's dense peak FLOP/s for this precision, where the figure comes from): None and
+    "unknown: ..." on a CPU or a GPU neither table knows."""
+    key = precision_key(precision, tf32)
     if accelerator != "cuda":
-        return None
+        return None, "unknown: no peak FLOP/s for CPUs"
     import torch
+
+    name = torch.cuda.get_device_name(torch.cuda.current_device())
+    model = hopper_model(name)
+    if model:
+        return _HOPPER[model][key], f"{model} datasheet, dense {key}"
     from lightning_fabric.utilities.throughput import get_available_flops
 
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(key, torch.float32)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "FLOPs not found for ...": said once, in metrics.json's null
-        peak = get_available_flops(torch.device("cuda", torch.cuda.current_device()), _dtype(precision))
-    return float(peak) if peak else None
+        warnings.simplefilter("ignore")  # "FLOPs not found for ...": said in peak_flops_source instead
+        peak = get_available_flops(torch.device("cuda", torch.cuda.current_device()), dtype)
+    if peak:
+        return float(peak), f"Lightning's table ({key})"
+    return None, f"unknown: no peak FLOP/s known for {name} at {key}"
 
 
 def mfu(tflops: Optional[float], peak: Optional[float], devices: int) -> Optional[float]:

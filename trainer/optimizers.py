@@ -22,9 +22,11 @@ def param_groups(model: torch.nn.Module, weight_decay: float):
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def _implementation(fused) -> dict:
-    """optim.fused -> optimizer kwargs: auto leaves torch's own choice."""
-    if fused is True:
+def _implementation(fused, loss_scaled_on_cuda: bool = False) -> dict:
+    """optim.fused -> optimizer kwargs: auto leaves torch's own choice, except under fp16 loss scaling
+    on CUDA: there torch's GradScaler reads the overflow flag on the host every step (a device
+    sync) unless the optimizer is fused, which takes the flag on the device."""
+    if fused is True or (fused == "auto" and loss_scaled_on_cuda):
         return {"fused": True}
     if fused == "foreach":
         return {"foreach": True}
@@ -48,7 +50,7 @@ def _check_fused(groups) -> None:
             _device_dtype_check_for_fused(p)
 
 
-def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, cfg, loss_scaled_on_cuda: bool = False) -> torch.optim.Optimizer:
     groups = param_groups(model, cfg.weight_decay)
     if cfg.name == "sgd":
         cls, kwargs = torch.optim.SGD, {"lr": cfg.lr, "momentum": cfg.momentum, "nesterov": cfg.nesterov}
@@ -56,7 +58,7 @@ def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
         cls, kwargs = torch.optim.AdamW, {"lr": cfg.lr, "betas": tuple(cfg.betas)}
     else:
         raise ValueError(f"unknown optimizer {cfg.name}")  # config.validate rejects it earlier
-    impl = _implementation(cfg.get("fused", "auto"))
+    impl = _implementation(cfg.get("fused", "auto"), loss_scaled_on_cuda)
     try:
         if impl.get("fused"):
             _check_fused(groups)
@@ -64,7 +66,7 @@ def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     except (RuntimeError, ValueError) as e:
         if not impl.get("fused"):
             raise
-        log.warning("optim.fused=true: %s has no fused kernel for these parameters (%s); using foreach instead", cls.__name__, e)
+        log.warning("optim.fused=%s: %s has no fused kernel for these parameters (%s); using foreach instead", cfg.get("fused", "auto"), cls.__name__, e)
         return cls(groups, **kwargs, foreach=True)
 
 

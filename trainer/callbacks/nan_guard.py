@@ -1,10 +1,12 @@
 """NaNGuard (``on_nan=stop``): stop at the first non-finite training loss instead of training on garbage.
 
 Reading the loss on the host every step would force a device sync per step on a GPU. So the check
-is kept on the device (the first bad step is recorded there without a sync) and read on the host
-only every ``log_every_n_steps`` steps, at epoch end and before every checkpoint save, so a NaN
-never reaches a checkpoint. On CPU the read is free and happens every step. The message names the
-first bad step and the last good checkpoint. ``on_nan=off`` removes the check.
+is kept on the device (the first bad step is recorded there without a sync); every
+``log_every_n_steps`` steps that record is copied to the host without waiting (``HostReads``) and
+looked at once it has arrived, a few steps later; at epoch end and before every checkpoint save it
+is read outright, so a NaN never reaches a checkpoint. On CPU the read is free and happens every
+step. The message names the first bad step and the last good checkpoint. ``on_nan=off`` removes
+the check.
 
 With ``on_nan=skip`` the built-in classifier skips the step instead (its training_step returns
 None, so Lightning does no backward and no optimizer step; deciding that needs the value on the
@@ -27,11 +29,14 @@ log = logging.getLogger(__name__)
 
 class NaNGuard(pl.Callback):
     def __init__(self, mode: str, checkpoint_dir: str | None) -> None:
+        from .host_reads import HostReads
+
         self.mode = mode
         self.checkpoint_dir = checkpoint_dir
         self.skipped = 0
         self._first_bad: torch.Tensor | None = None  # on the device: -1, or the first non-finite step
         self._bad_value: torch.Tensor | None = None
+        self._reads = HostReads()
 
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
         if self.mode != "stop":
@@ -43,8 +48,14 @@ class NaNGuard(pl.Callback):
         newly_bad = (~torch.isfinite(loss)) & (self._first_bad < 0)
         self._first_bad = torch.where(newly_bad, torch.full_like(self._first_bad, trainer.global_step), self._first_bad)
         self._bad_value = torch.where(newly_bad, loss, self._bad_value)
-        if loss.device.type == "cpu" or (trainer.global_step + 1) % max(1, trainer.log_every_n_steps) == 0:
+        if loss.device.type == "cpu":
             self._raise_if_bad(trainer)
+            return
+        if (trainer.global_step + 1) % max(1, trainer.log_every_n_steps) == 0:
+            self._reads.push("first_bad", self._first_bad)
+        for _, step in self._reads.ready():  # copies asked for earlier that have arrived
+            if step >= 0:
+                self._raise_if_bad(trainer)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.mode == "skip" and not outputs:  # training_step returned None: no backward, no step

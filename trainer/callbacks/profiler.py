@@ -85,7 +85,10 @@ class ProfilerCallback(pl.Callback):
             )
             return
         if trainer.strategy.root_device.type == "cuda":
-            self.h2d_share = _h2d_share(prof)
+            try:
+                self.h2d_share = h2d_share(prof.key_averages())
+            except Exception as e:  # a convenience for the doctor; the trace files are the product
+                log.warning("could not read the copy share from the profile: %s", e)
         if trainer.is_global_zero:
             sort = "self_cuda_time_total" if trainer.strategy.root_device.type == "cuda" else "self_cpu_time_total"
             try:
@@ -96,12 +99,26 @@ class ProfilerCallback(pl.Callback):
             log.info("profiler traces in %s: tensorboard --logdir %s", self.out_dir, os.path.dirname(self.out_dir))
 
 
-def _h2d_share(prof) -> float | None:
-    """Share of device time spent in host-to-device memcpy kernels, from the recorded steps."""
-    try:
-        events = prof.key_averages()
-        total = sum(getattr(e, "self_device_time_total", 0) for e in events)
-        h2d = sum(getattr(e, "self_device_time_total", 0) for e in events if "HtoD" in e.key)
-        return round(h2d / total, 4) if total else None
-    except Exception:
-        return None
+def _device_time(event) -> float:
+    """An event's own device time where it is device work (a kernel, a memcpy), else 0.
+
+    As torch's own profiler table counts it: CPU ops also carry the time of the kernels they
+    launched, and user annotations (``ProfilerStep#N``) span whole steps on the device timeline;
+    counting those too would count every kernel two or three times.
+    """
+    from torch.autograd import DeviceType
+
+    device_type = getattr(event, "device_type", None)
+    if device_type == DeviceType.CPU:
+        # the legacy (non-Kineto) profiler keeps kernel time on CPU events only
+        return event.self_device_time_total if getattr(event, "is_legacy", False) else 0.0
+    if getattr(event, "is_user_annotation", False):
+        return 0.0
+    return getattr(event, "self_device_time_total", 0.0)
+
+
+def h2d_share(events) -> float | None:
+    """Share of device time spent in host-to-device copies, from ``prof.key_averages()``."""
+    total = sum(_device_time(e) for e in events)
+    copies = sum(_device_time(e) for e in events if "HtoD" in e.key)
+    return round(copies / total, 4) if total else None
