@@ -157,6 +157,7 @@ def test_device_prefetcher_copies_ahead_and_trains_the_same(train, monkeypatch, 
 
     class StepWatch(pl.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            time.sleep(0.05)  # a step long enough for the producer thread to prepare the next batch meanwhile
             logs[0].at_step.append((batch_idx, logs[0].calls))
 
     monkeypatch.setattr(dm_mod.ImageDataModule, "_prefetch_device", prefetch_device)
@@ -170,8 +171,70 @@ def test_device_prefetcher_copies_ahead_and_trains_the_same(train, monkeypatch, 
     assert prefetched["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-6)  # same batches, same order
     assert prefetched["val_acc"] == plain["val_acc"]
     steps = len(logs[0].at_step) // 2
+    assert steps >= 4
     for idx, copied in logs[0].at_step[:steps]:
-        assert copied == min(idx + 2, steps)  # batch idx+1 was already copied when step idx began
+        # batch idx+1 was copied while step idx ran; at most the queue's depth (2) beyond it
+        assert min(idx + 2, steps) <= copied <= min(idx + 4, steps), logs[0].at_step
+
+
+class _SleepyItems(torch.utils.data.Dataset):
+    def __init__(self, n: int, sleep_s: float):
+        self.n, self.sleep_s = n, sleep_s
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        time.sleep(self.sleep_s)
+        return torch.full((2,), float(i))
+
+
+@pytest.mark.parametrize("loader_s, transfer_s, step_s, expect", [
+    (0.0, 0.04, 0.0, "transfer"),    # the step loop waits while its batch is being copied or decoded
+    (0.04, 0.0, 0.0, "data wait"),   # ...while the loader fetches it
+    (0.01, 0.01, 0.06, "neither"),   # the producer keeps ahead of slower steps: nothing to wait for
+])
+def test_the_prefetch_wait_is_attributed_by_what_the_producer_was_doing(loader_s, transfer_s, step_s, expect):
+    from trainer.callbacks.step_clock import StepClock
+    from trainer.data.prefetch import DevicePrefetchLoader
+
+    def transfer(batch, device):
+        time.sleep(transfer_s)
+        return batch
+
+    clock = StepClock()
+    clock.active = True
+    loader = DevicePrefetchLoader(_SleepyItems(12, loader_s), batch_size=1, device=torch.device("cpu"), transfer=transfer, clock=clock)
+    batches, fetch = iter(loader), 0.0
+    for i in range(12):
+        t0 = time.perf_counter()
+        assert next(batches)[0, 0].item() == i  # in order
+        fetch += time.perf_counter() - t0  # what Lightning's fetch action times
+        time.sleep(step_s)
+    clock.fetch_s = fetch
+    waited_transfer, waited_data = clock.transfer_s(), clock.data_wait_s()
+    if expect == "transfer":
+        assert waited_transfer >= 0.6 * 12 * transfer_s and waited_data < 0.3 * waited_transfer, (waited_transfer, waited_data)
+    elif expect == "data wait":
+        assert waited_data >= 0.6 * 12 * loader_s and waited_transfer < 0.3 * waited_data, (waited_transfer, waited_data)
+    else:
+        assert waited_transfer + waited_data < 0.2 * 12 * (loader_s + transfer_s), (waited_transfer, waited_data)
+
+
+def test_a_prefetch_thread_lets_go_of_the_loader_between_epochs_and_passes_errors_on():
+    from trainer.data.prefetch import DevicePrefetchLoader
+
+    loader = DevicePrefetchLoader(_SleepyItems(8, 0.0), batch_size=2, device=torch.device("cpu"), num_workers=1, persistent_workers=True)
+    for _ in range(3):  # cut short, then full: the persistent workers' one iterator is reset under a finished thread
+        first = iter(loader)
+        assert next(first)[0, 0].item() == 0
+        assert [b[0, 0].item() for b in loader] == [0, 2, 4, 6]
+
+    def broken(batch, device):
+        raise RuntimeError("decode failed on purpose")
+
+    with pytest.raises(RuntimeError, match="on purpose"):
+        list(DevicePrefetchLoader(_SleepyItems(4, 0.0), batch_size=2, transfer=broken))
 
 
 def test_device_prefetch_loader_survives_lightnings_distributed_sampler():

@@ -18,9 +18,11 @@ On CUDA the transfer is timed with CUDA events on the compute stream (read once 
 epoch's one synchronize), so a host thread blocked on a pageable copy -- which is waiting for the
 previous step's kernels -- is not counted as transfer. On CPU it is host time.
 
-``data.device_prefetch`` copies (and decodes) the next batch inside the loader's ``__next__``; the
-datamodule reports that host time here (``add_prefetch_transfer``) so it moves from data wait to
-transfer. Only actions inside a training epoch and outside validation count (``active``).
+``data.device_prefetch`` copies (and decodes) batches in a thread of its own; the step loop's wait
+for a batch is split there by what that thread was doing (``add_prefetch_transfer``: the copying
+part moves from data wait to transfer), and the compute stream's stalls on a batch not yet copied
+are timed with CUDA events (``add_device_transfer``). Only actions inside a training epoch and
+outside validation count (``active``).
 """
 
 from __future__ import annotations
@@ -84,10 +86,16 @@ class StepClock(Profiler):
     def summary(self) -> str:
         return ""  # nothing to print at teardown: the numbers go into metrics.json via EpochTimer
 
-    # ---- fed by the datamodule (data.device_prefetch runs the copy inside the loader's __next__)
+    # ---- fed by data.device_prefetch (trainer.data.prefetch), whose copies happen off the step loop
     def add_prefetch_transfer(self, seconds: float) -> None:
+        """Host time the step loop waited for a batch while it was being copied or decoded (the rest of its wait is data wait)."""
         if self.active:
             self.prefetch_transfer_s += seconds
+
+    def add_device_transfer(self, start: "torch.cuda.Event", end: "torch.cuda.Event") -> None:
+        """A stretch of the compute stream spent waiting for a prefetched batch's copy (read at epoch end)."""
+        if self.active:
+            self._events.append((start, end))
 
     # ---- read by EpochTimer once per epoch, after the device was synchronized
     def data_wait_s(self) -> float:

@@ -42,8 +42,8 @@ class ImageDataModule(pl.LightningDataModule):
         self.resume_position: tuple | None = None
         # the epoch a resumed fit starts in (ResumableState reads it from the checkpoint's loop state)
         self.start_epoch = 0
-        # the EpochTimer's StepClock: data.device_prefetch copies inside the loader's __next__, and
-        # that time is transfer, not data wait (set by trainer.run)
+        # the EpochTimer's StepClock: with data.device_prefetch the step loop's wait for a batch is
+        # split into data wait and transfer by the prefetcher (set by trainer.run)
         self.step_clock = None
 
     def _workers(self) -> int:
@@ -215,7 +215,7 @@ class ImageDataModule(pl.LightningDataModule):
             return DataLoader(dataset, **kwargs)
         # an asynchronous copy needs page-locked host memory
         kwargs["pin_memory"] = kwargs["pin_memory"] or device.type == "cuda"
-        return DevicePrefetchLoader(dataset, device=device, transfer=self._prefetch_transfer, **kwargs)
+        return DevicePrefetchLoader(dataset, device=device, transfer=self.to_device, clock=self.step_clock, **kwargs)
 
     def _train_sampler(self, length: int):
         from .sampler import EpochShuffleSampler
@@ -260,17 +260,6 @@ class ImageDataModule(pl.LightningDataModule):
         if isinstance(batch, EncodedBatch):
             return self.device_decoders[batch.train](batch, device)
         return move_to_device(batch, device)
-
-    def _prefetch_transfer(self, batch, device: torch.device):
-        """``to_device`` as the prefetcher calls it (inside the loader's ``__next__``), timed as transfer."""
-        import time
-
-        t0 = time.perf_counter()
-        try:
-            return self.to_device(batch, device)
-        finally:
-            if self.step_clock is not None:
-                self.step_clock.add_prefetch_transfer(time.perf_counter() - t0)
 
     def on_after_batch_transfer(self, batch, dataloader_idx):
         """data.gpu_normalize, data.decoder=nvjpeg: uint8 batches arrive on the device and are normalized here.

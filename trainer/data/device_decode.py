@@ -50,6 +50,12 @@ class EncodedBatch:
     def __len__(self) -> int:
         return len(self.items)
 
+    def pin_memory(self) -> "EncodedBatch":
+        """The DataLoader's pin-memory thread calls this: labels and CPU-decoded images (PNG) cross
+        to the GPU from pinned memory, without the driver staging them; JPEG bytes go to nvJPEG as they are."""
+        items = [t.pin_memory() if t.ndim == 3 else t for t in self.items]
+        return EncodedBatch(items, self.labels.pin_memory(), self.paths, self.train)
+
 
 def encoded_collate(samples, train: bool = True) -> EncodedBatch:
     """The loader's collate_fn (with ``functools.partial`` for ``train``, which picks the transforms)."""

@@ -1,27 +1,38 @@
-"""``data.device_prefetch``: copy batch N+1 to the GPU on a side CUDA stream while step N computes.
+"""``data.device_prefetch``: the next batches are fetched and put on the GPU by a thread, on a side CUDA stream, while the step computes.
 
-Without it, Lightning moves each batch right before its step, on the compute stream: the copy
-(``non_blocking`` from pinned memory, so the host does not wait) still runs in line with the
-kernels, so the GPU idles while the batch crosses the bus. This is the apex/timm prefetcher:
+Without it, Lightning fetches each batch and moves it to the device right before its step, on the
+compute stream: the host waits for the loader, then for the copy (or the nvJPEG decode), and only
+then queues the step. Here a producer thread per loader iteration does both ahead of time:
 
-- the loader's iterator copies the next batch on its own stream, from pinned memory, as soon as the
-  current one is handed out;
-- before a batch is handed out the compute stream waits for that batch's copy (an event, so the
-  host never blocks), and every tensor in it is ``record_stream``-ed on the compute stream, so the
-  caching allocator does not give its memory back to the side stream while a step still reads it.
+- it takes the next host batch from the ``DataLoader`` (its workers and pin-memory thread as usual)
+  and hands it to ``transfer`` (a copy from pinned memory, or ``data.decoder=nvjpeg``'s decode and
+  transforms) under ``torch.cuda.stream(side)``, then records an event on that stream;
+- the batch waits in a small queue (``depth``); the step loop takes it, makes the compute stream
+  wait for its event (the GPU waits, the host does not), and ``record_stream``-s every tensor on the
+  compute stream, so the caching allocator does not reuse its memory while a step still reads it.
 
-Lightning's ``batch_to_device`` then finds the batch already on the device and does nothing. The
-loader stays a ``DataLoader`` (a subclass), so Lightning can still swap in its distributed sampler,
-call ``set_epoch`` and take ``len``. The copy function is the datamodule's, so with
-``data.decoder=nvjpeg`` the GPU decode of the next batch also runs on the side stream.
+Why a thread and not just one batch ahead in the same thread: torchvision's batched nvJPEG decode
+ends in a ``cudaStreamSynchronize`` of its decoder stream, so decoding batch N+1 in the step loop
+blocked the host before batch N was handed over, and the GPU ran out of queued work while the host
+waited. In the producer thread that wait blocks nobody (the decode call releases the GIL).
 
-On a device that is not CUDA the iterator still runs one batch ahead but with no streams (this
-is what the CPU tests exercise); the datamodule only uses it on CUDA and says so elsewhere.
+Honest attribution (``StepClock``): the step loop's wait for the queue is split by what the
+producer was doing meanwhile: fetching from the loader is **data wait**, copying or decoding is
+**transfer**; and the time the compute stream stalls on a batch's event (a copy not finished when
+the step needed it) is **transfer**, measured with CUDA events and read once per epoch. A producer
+that keeps ahead costs neither: the GPU never waited for the batch.
+
+The loader stays a ``DataLoader`` (a subclass), so Lightning can still swap in its distributed
+sampler, call ``set_epoch`` and take ``len``. On a device that is not CUDA the same thread runs
+without streams (this is what the CPU tests exercise); the datamodule only uses it on CUDA.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Optional
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader
@@ -46,47 +57,124 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
     return move_data_to_device(batch, device)
 
 
-class DevicePrefetchLoader(DataLoader):
-    """A DataLoader whose iterator yields batches already on ``device``, copied one step ahead."""
+def overlap(a: Tuple[float, float], b: Tuple[float, float]) -> float:
+    """Seconds two intervals of ``time.perf_counter()`` have in common."""
+    return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
 
-    def __init__(self, *args, device: Optional[torch.device] = None, transfer: Optional[Callable[[Any, torch.device], Any]] = None, **kwargs):
+
+_END = object()
+
+
+class _Producer:
+    """One iteration's thread: host batches in, device batches (with their copy's event and timing) out."""
+
+    def __init__(self, host_batches: Iterator[Any], device: torch.device, transfer: Callable, depth: int) -> None:
+        self.host_batches = host_batches
+        self.device = device
+        self.transfer = transfer
+        self.queue: "queue.Queue" = queue.Queue(maxsize=depth)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="trainer-device-prefetch", daemon=True)
+        self.thread.start()
+
+    def _put(self, item) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self) -> None:
+        cuda = self.device.type == "cuda"
+        try:
+            side = None
+            if cuda:
+                torch.cuda.set_device(self.device)  # the current device is per thread
+                side = torch.cuda.Stream(self.device)
+            while not self.stop.is_set():
+                t0 = time.perf_counter()
+                host = next(self.host_batches, _END)
+                t1 = time.perf_counter()
+                if host is _END:
+                    self._put(_END)
+                    return
+                ready = None
+                if side is not None:
+                    with torch.cuda.stream(side):
+                        batch = self.transfer(host, self.device)
+                        ready = torch.cuda.Event()
+                        ready.record(side)
+                else:
+                    batch = self.transfer(host, self.device)
+                # (fetch interval, copy/decode interval) of this batch, for the step loop's attribution
+                if not self._put((batch, ready, (t0, t1), (t1, time.perf_counter()))):
+                    return
+        except BaseException as e:  # a loader or decode error belongs to the step loop
+            self._put(e)
+
+    def close(self) -> None:
+        """Stop the thread and wait for it (it may finish the fetch in flight first)."""
+        self.stop.set()
+        while self.thread.is_alive():
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                pass
+            self.thread.join(timeout=0.1)
+
+
+class DevicePrefetchLoader(DataLoader):
+    """A DataLoader whose iterator yields batches already on ``device``, prepared by a producer thread."""
+
+    def __init__(self, *args, device: Optional[torch.device] = None, transfer: Optional[Callable[[Any, torch.device], Any]] = None,
+                 clock=None, depth: int = 2, **kwargs):
         super().__init__(*args, **kwargs)
         # same names as the arguments: Lightning re-creates the loader from them (distributed sampler)
         self.device = torch.device(device or "cpu")
         self.transfer = transfer or move_to_device
+        self.clock = clock  # the EpochTimer's StepClock, or None
+        self.depth = depth
+        self._producer: Optional[_Producer] = None
 
     def __iter__(self):
-        return _prefetch(super().__iter__(), self.device, self.transfer)
+        # the previous iteration's thread must let go of the loader's iterator before it is
+        # reset (persistent workers reuse one iterator object)
+        if self._producer is not None:
+            self._producer.close()
+        self._producer = _Producer(super().__iter__(), self.device, self.transfer, self.depth)
+        return _hand_out(self._producer, self.device, self.clock)
 
 
-def _prefetch(host_batches: Iterator[Any], device: torch.device, transfer: Callable) -> Iterator[Any]:
-    """Yield device batches; the copy of batch N+1 is issued before batch N is handed out.
-
-    (Lightning does not fetch ahead from a loader with a length, so a batch is handed out right
-    before its step: the wait below is for this step's batch only.)
-    """
-    side = torch.cuda.Stream(device) if device.type == "cuda" else None
-
-    def preload():
-        host = next(host_batches, None)
-        if host is None:
-            return None
-        if side is None:  # no streams: the copy is synchronous, one batch ahead
-            return transfer(host, device), None
-        with torch.cuda.stream(side):
-            batch = transfer(host, device)
-            ready = torch.cuda.Event()
-            ready.record(side)
-        return batch, ready
-
-    pending = preload()
-    while pending is not None:
-        batch, ready = pending
-        if side is not None:
-            compute = torch.cuda.current_stream(device)
-            compute.wait_event(ready)  # the GPU waits for the copy, the host does not
-            for t in tensors_in(batch):
-                if t.device.type == "cuda":
-                    t.record_stream(compute)
-        pending = preload()  # the next copy overlaps this step
-        yield batch
+def _hand_out(producer: _Producer, device: torch.device, clock) -> Iterator[Any]:
+    """The step loop's side: take each prepared batch, attribute any wait, chain the streams."""
+    try:
+        while True:
+            w0 = time.perf_counter()
+            item = producer.queue.get()
+            waited = (w0, time.perf_counter())
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            batch, ready, fetching, copying = item
+            if clock is not None:
+                clock.add_prefetch_transfer(overlap(waited, copying))  # the rest of the wait is data wait
+            if ready is not None:
+                compute = torch.cuda.current_stream(device)
+                if clock is not None and clock.active:
+                    stall_start = torch.cuda.Event(enable_timing=True)
+                    stall_start.record(compute)
+                    compute.wait_event(ready)  # the GPU waits for the copy, the host does not
+                    stall_end = torch.cuda.Event(enable_timing=True)
+                    stall_end.record(compute)
+                    clock.add_device_transfer(stall_start, stall_end)
+                else:
+                    compute.wait_event(ready)
+                for t in tensors_in(batch):
+                    if t.device.type == "cuda":
+                        t.record_stream(compute)
+            yield batch
+    finally:
+        producer.close()
