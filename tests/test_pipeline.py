@@ -168,6 +168,9 @@ def test_device_prefetcher_copies_ahead_and_trains_the_same(train, monkeypatch, 
     monkeypatch.setattr(run_mod, "_callbacks", lambda *a: real_callbacks(*a) + [StepWatch()])
     prefetched, _ = train(*args, "data.device_prefetch=true")
     assert prefetched["status"] == "ok"
+    import threading
+
+    assert not any(t.name == "trainer-device-prefetch" for t in threading.enumerate())  # none outlives the fit
     assert prefetched["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-6)  # same batches, same order
     assert prefetched["val_acc"] == plain["val_acc"]
     steps = len(logs[0].at_step) // 2
@@ -229,6 +232,16 @@ def test_a_prefetch_thread_lets_go_of_the_loader_between_epochs_and_passes_error
         first = iter(loader)
         assert next(first)[0, 0].item() == 0
         assert [b[0, 0].item() for b in loader] == [0, 2, 4, 6]
+
+    import threading
+
+    from trainer.data.prefetch import close_all
+
+    cut = iter(DevicePrefetchLoader(_SleepyItems(64, 0.0), batch_size=2, device=torch.device("cpu")))
+    next(cut)  # a loop cut short (limit_train_batches) leaves a producer behind, waiting to hand out more
+    assert any(t.name == "trainer-device-prefetch" for t in threading.enumerate())
+    close_all()  # the datamodule's teardown
+    assert not any(t.name == "trainer-device-prefetch" for t in threading.enumerate())
 
     def broken(batch, device):
         raise RuntimeError("decode failed on purpose")

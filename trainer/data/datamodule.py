@@ -280,6 +280,11 @@ class ImageDataModule(pl.LightningDataModule):
             batch = model.on_after_batch_transfer(batch, dataloader_idx)
         return batch
 
+    def teardown(self, stage: str) -> None:
+        from .prefetch import close_all
+
+        close_all()  # data.device_prefetch: no producer thread outlives the fit (a sweep's next job runs in this process)
+
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         # Lightning's hook; a prefetched batch is already there, and moving it again does nothing
         return self.to_device(batch, device)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator, Optional, Tuple
 
 import torch
@@ -63,6 +64,14 @@ def overlap(a: Tuple[float, float], b: Tuple[float, float]) -> float:
 
 
 _END = object()
+_LIVE: "weakref.WeakSet[_Producer]" = weakref.WeakSet()  # for close_all()
+
+
+def close_all() -> None:
+    """Stop every producer thread still running (the datamodule's teardown: a loop cut short leaves
+    its iterator, and with it a thread and the loader's workers, behind)."""
+    for producer in list(_LIVE):
+        producer.close()
 
 
 class _Producer:
@@ -76,6 +85,7 @@ class _Producer:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="trainer-device-prefetch", daemon=True)
         self.thread.start()
+        _LIVE.add(self)
 
     def _put(self, item) -> bool:
         while not self.stop.is_set():
