@@ -95,11 +95,17 @@ def test_report_does_not_import_torch():
 def test_parallel_launcher_gets_a_timing_warning(caplog):
     from omegaconf import OmegaConf
 
-    cb = report.ABReportCallback()
+    from trainer import stopping
+    from trainer.sweep import SweepCallback
+
+    cb = SweepCallback()
     cb.on_multirun_start(OmegaConf.create({"hydra": {"launcher": {"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"}}}))
     assert "interfere" in caplog.text
     caplog.clear()
-    cb.on_multirun_start(OmegaConf.create({"hydra": {"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}}}))
+    try:
+        cb.on_multirun_start(OmegaConf.create({"hydra": {"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}}}))
+    finally:
+        stopping.uninstall_all()  # jobs in this process: it routed the stop signals here
     assert "interfere" not in caplog.text
 
 

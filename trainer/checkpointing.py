@@ -11,8 +11,9 @@
   falling back past corrupt ones.
 - ``ResumableState``: saves and restores the RNG states (torch, CUDA, numpy, python) with the
   checkpoint, so augmentation and dropout continue as if never interrupted.
-- ``PreemptionCallback``: SIGTERM/SIGUSR1 (what SLURM and cloud schedulers send) saves last.ckpt at
-  the next step boundary and stops cleanly; ``trainer.cli`` then exits with ``PREEMPTED_EXIT_CODE``.
+- ``PreemptionCallback``: SIGTERM/SIGUSR1 (what SLURM and cloud schedulers send) and Ctrl-C save
+  last.ckpt at the next step boundary and stop cleanly; ``trainer.cli`` then exits with
+  ``PREEMPTED_EXIT_CODE`` (a local sweep stops as a whole: ``trainer.sweep``).
 """
 
 from __future__ import annotations
@@ -268,8 +269,8 @@ def _tuples(value):
 
 
 class PreemptionCallback(pl.Callback):
-    """Checkpoint at the next step boundary after SIGTERM/SIGUSR1, then stop at once (the run's
-    status says preempted; exit code 75).
+    """Checkpoint at the next step boundary after SIGTERM, SIGUSR1 or Ctrl-C (``trainer.stopping``),
+    then stop at once (the run's status says preempted; exit code 75).
 
     SIGUSR2 too where the process already handles it in Python: submitit's jobs do (Hydra's Slurm
     launcher), it is their preemption/time-limit signal. That handler (submitit's) runs after the
@@ -277,25 +278,38 @@ class PreemptionCallback(pl.Callback):
     from last.ckpt (trainer/slurm.py).
     """
 
-    SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGUSR1", None)) if s is not None)
     CHAINED_ONLY = tuple(s for s in (getattr(signal, "SIGUSR2", None),) if s is not None)
 
     def __init__(self, last_path: str) -> None:
         self.last_path = last_path
-        self.received: Optional[str] = None
         self.saved_at_step: Optional[int] = None
         self.exit_requested = False  # a chained handler (submitit's) asked the process to exit
+        self._chained: Optional[str] = None  # a SIGUSR2 for submitit
         self._signum: Optional[int] = None
         self._previous: Dict[int, Any] = {}
+        self._installed = False
+
+    @property
+    def received(self) -> Optional[str]:
+        """The signal that stopped the run, if one did."""
+        from . import stopping
+
+        return self._chained or stopping.requested()
 
     def _handler(self, signum, frame) -> None:
-        self.received = signal.Signals(signum).name
+        self._chained = signal.Signals(signum).name
         self._signum = signum
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        for s in self.SIGNALS + self.CHAINED_ONLY:
+        from . import stopping
+
+        # takes over from Lightning's own SIGTERM handler for the fit (Lightning restores it after);
+        # from here a stop waits for the next step boundary
+        self._installed = stopping.install()
+        stopping.stop_during_setup(False)
+        for s in self.CHAINED_ONLY:
             try:
-                if s in self.CHAINED_ONLY and not callable(signal.getsignal(s)):
+                if not callable(signal.getsignal(s)):
                     continue  # nobody in this process listens for it: leave its default
                 self._previous[s] = signal.signal(s, self._handler)
             except ValueError:  # not the main thread
@@ -311,7 +325,7 @@ class PreemptionCallback(pl.Callback):
             self._save(trainer)
             # only the signals we listen to for someone else; Lightning's own SIGTERM/SIGUSR1 handlers
             # (its SIGTERM exception, its Slurm auto-requeue with an hpc checkpoint) stay replaced
-            previous = self._previous.get(self._signum) if self._signum in self.CHAINED_ONLY else None
+            previous = self._previous.get(self._signum) if self._chained else None
             if callable(previous):
                 try:
                     previous(self._signum, None)  # e.g. submitit: requeue this job, then exit
@@ -329,16 +343,21 @@ class PreemptionCallback(pl.Callback):
         self._restore()
 
     def on_exception(self, trainer, pl_module, exception) -> None:
-        # Lightning's own SIGTERM handling raises at the start of the next step: a signal that
-        # lands after our step-end check is saved here, still at a step boundary
+        # a stop that lands after this step's check but before Lightning's next hook raised: still
+        # saved here, at a step boundary
         if self.received and self.saved_at_step is None and isinstance(exception, SystemExit):
             self._save(trainer)
         self._restore()
 
     def _restore(self) -> None:
+        from . import stopping
+
         for s, previous in self._previous.items():
             signal.signal(s, previous)
         self._previous.clear()
+        if self._installed:
+            stopping.uninstall()
+            self._installed = False
 
 
 def checkpoint_callbacks(cfg, dirpath: str) -> List[pl.Callback]:

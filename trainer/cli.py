@@ -218,12 +218,14 @@ def task(cfg) -> None:
     """One Hydra job: apply the scale, save the effective config, run, record the outcome."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf, open_dict
 
     from . import console
     from .model_config import replace_retargeted_model
     from .run import run
     from .scale import apply_scale
+
+    from . import stopping, sweep
 
     hc = HydraConfig.get()
     out_dir = hc.runtime.output_dir
@@ -232,6 +234,16 @@ def task(cfg) -> None:
     console.set_sweep(multirun)
     num = hc.job.num if multirun else 0  # hydra.job.num exists in sweeps only
     label = console.job_label(num, overrides)
+    if not multirun:
+        # a single run in this process (also a launched rank); a local sweep's jobs have the sweep's
+        # (ABReportCallback.on_multirun_start), and a Slurm job keeps submitit's until fit takes over
+        stopping.install()
+    elif stopping.requested():
+        raise sweep.SweepStopped(stopping.requested())  # the signal came between two jobs
+    action = sweep.resume_action(out_dir) if multirun else "run"
+    if action == "keep":  # finishing a stopped sweep: this job had finished
+        _status(console.status_line(num, overrides, sweep.keep_finished(out_dir), out_dir), ok=True)
+        return
     try:
         cfg = replace_retargeted_model(apply_scale(cfg, overrides), overrides)
         config_path = os.path.join(out_dir, hc.output_subdir, "config.yaml") if hc.output_subdir is not None else None
@@ -244,6 +256,9 @@ def task(cfg) -> None:
         from .slurm import resume_if_requeued
 
         resume_if_requeued(cfg, out_dir)
+        if action == "resume":  # finishing a stopped sweep: this job stopped after saving
+            with open_dict(cfg):
+                cfg.ckpt_path = "last"
 
         if not inside_launcher():  # a launched rank's dir is its parent's, which checked it
             refuse_finished_run_dir(out_dir, cfg.ckpt_path, "hydra.sweep.dir" if multirun else "hydra.run.dir")
@@ -264,6 +279,8 @@ def task(cfg) -> None:
                 _failed_jobs.append(out_dir)
             elif multirun:
                 _log_status(num, overrides, out_dir)
+            if multirun and stopping.requested():
+                raise sweep.SweepStopped(stopping.requested())
             return
         result = run(cfg, out_dir, overrides, config_path=config_path)
         from .slurm import leave_for_requeue
@@ -280,6 +297,8 @@ def task(cfg) -> None:
                 print(f"\n{result['error']} (exit code {PREEMPTED_EXIT_CODE})", file=sys.stderr)
                 sys.exit(PREEMPTED_EXIT_CODE)
             _failed_jobs.append(out_dir)
+        if multirun and stopping.requested():
+            raise sweep.SweepStopped(stopping.requested())  # this job saved (or finished): the sweep ends here
     except UserFacingError as e:
         from .outputs import OutputTaken
 
@@ -297,9 +316,11 @@ def task(cfg) -> None:
 
 
 def main() -> None:
+    from . import stopping, sweep
     from .console import quiet_known_warnings
 
     quiet_known_warnings()
+    sweep.remember_argv(sys.argv[1:])
     try:
         argv = checked_argv(sys.argv[1:])
         if user_overrides(argv) is not None:
@@ -310,11 +331,20 @@ def main() -> None:
     import hydra
 
     prepare_hydra()
+    stopping.clear()
     try:
         hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(task)()
+    except (sweep.SweepStopped, stopping.Stopped) as stop:
+        if isinstance(stop, stopping.Stopped) and not sweep.running():
+            import signal
+
+            print(f"\n{stop}\n", file=sys.stderr)
+            sys.exit(128 + int(signal.Signals[stop.signal_name]))
+        sys.exit(sweep.finish_stopped(stop.signal_name))
     finally:
         from .launch import leave_process_group
 
+        stopping.uninstall_all()
         leave_process_group()
     if _failed_jobs:
         print(f"\n{len(_failed_jobs)} job(s) failed; see metrics.json in: {', '.join(_failed_jobs)}", file=sys.stderr)

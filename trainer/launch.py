@@ -154,4 +154,23 @@ def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False) -> int:
     if quiet:
         env[QUIET_ENV] = "1"
     log.info("launching: %s%s", f"LD_PRELOAD={env['LD_PRELOAD']} " if "LD_PRELOAD" in env else "", " ".join(cmd))
-    return subprocess.call(cmd, env=env)
+    return _wait_forwarding_stop(subprocess.Popen(cmd, env=env))
+
+
+def _wait_forwarding_stop(proc: subprocess.Popen) -> int:
+    """Wait for the job's processes; a SIGTERM/SIGUSR1 this process gets (``trainer.stopping``) is
+    passed on, so they save and stop too (torchrun passes it to every rank). Ctrl-C in a terminal
+    reaches them already (the whole foreground process group gets it)."""
+    from . import stopping
+
+    forwarded = False
+    while True:
+        try:
+            return proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            name = stopping.requested()
+            if name and name != "SIGINT" and not forwarded:
+                import signal
+
+                proc.send_signal(signal.Signals[name])
+                forwarded = True

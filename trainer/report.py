@@ -5,8 +5,8 @@ processes or machines) and for runs from different sweeps and days side by side:
 
     python -m trainer.report multirun/2026-11-22/10-00-00 [more dirs ...] [--out DIR]
 
-After a sweep, ``ABReportCallback`` (a Hydra callback, ``on_multirun_end``) writes
-``ab_report.md``, ``ab_report.csv`` and ``ab_report.png`` into the sweep dir and prints the table.
+After a sweep, ``trainer.sweep.SweepCallback`` (a Hydra callback, ``on_multirun_end``) calls
+``write_report``: ``ab_report.md``, ``ab_report.csv`` and ``ab_report.png`` in the sweep dir, and the table printed.
 
 The baseline row is the job with every varied key at its "off" value (the schema default), else
 the first job. Jobs that differ only in ``seed``/``repeat`` (``repeats=N``, or a seed sweep) fold
@@ -461,8 +461,10 @@ def to_png(path: Path, columns: List[str], rows: List[dict]) -> None:
     plt.close(fig)
 
 
-def write_report(dirs: Sequence[str], out_dir: str, echo: bool = True) -> Optional[str]:
-    """Build the report from ``dirs`` into ``out_dir``; return the markdown (None if no jobs)."""
+def write_report(dirs: Sequence[str], out_dir: str, echo: bool = True, not_run: Sequence[str] = (), note: str = "") -> Optional[str]:
+    """Build the report from ``dirs`` into ``out_dir``; return the markdown (None if no jobs).
+
+    ``not_run``: jobs of a stopped sweep that never ran (listed under the table), ``note``: why."""
     jobs = load_jobs(dirs)
     out = Path(out_dir)
     if not jobs:
@@ -483,7 +485,10 @@ def write_report(dirs: Sequence[str], out_dir: str, echo: bool = True) -> Option
         f"drop is within the sampling noise of the validation set (a 95% interval for the difference of two accuracies, "
         f"from the number of val samples each job saw): then the note says 'not a significant drop'.\n\n"
     )
-    markdown = header + to_markdown(columns, rows)
+    missing = ""
+    if not_run:
+        missing = f"\n**Not run** ({note or 'the sweep stopped early'}): " + "; ".join(not_run) + "\n"
+    markdown = header + to_markdown(columns, rows) + missing
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "ab_report.md", markdown)
     atomic_write_text(out / "ab_report.csv", to_csv(columns, rows))
@@ -494,7 +499,7 @@ def write_report(dirs: Sequence[str], out_dir: str, echo: bool = True) -> Option
     if echo:
         verdicts = verdict_lines(jobs)
         print(
-            "\n" + to_markdown(columns, rows) + ("\n" + "\n".join(verdicts) + "\n" if verdicts else "")
+            "\n" + to_markdown(columns, rows) + missing + ("\n" + "\n".join(verdicts) + "\n" if verdicts else "")
             + f"\nreport: {out / 'ab_report.md'} (table), {out / 'ab_report.csv'}, chart: {out / 'ab_report.png'}\n",
             flush=True,
         )
@@ -509,62 +514,6 @@ def verdict_lines(jobs: List[Job]) -> List[str]:
         if verdict:
             by_verdict.setdefault(verdict, []).append(row.name)
     return [f"doctor, job{'s' if len(names) > 1 else ''} {', '.join(names)}: {verdict}" for verdict, names in by_verdict.items()]
-
-
-try:
-    from hydra.experimental.callback import Callback as _HydraCallback
-except ImportError:  # pragma: no cover - hydra is a dependency; keeps `python -m trainer.report` importable alone
-    _HydraCallback = object  # type: ignore[misc,assignment]
-
-
-class ABReportCallback(_HydraCallback):
-    """Hydra callback: warn about parallel launchers; write the A/B report when a sweep ends."""
-
-    # before Hydra writes anything into the output dir: never over an earlier run's results
-    def on_run_start(self, config, **kwargs) -> None:
-        run_dir = _select(config, "hydra.run.dir")
-        if run_dir:
-            _refuse_taken(lambda outputs: outputs.refuse_finished_run_dir(run_dir, config.get("ckpt_path")))
-
-    def on_multirun_start(self, config, **kwargs) -> None:
-        from . import console
-
-        # each job's status line shows the values of what the sweep varies
-        console.set_sweep(True, console.swept_keys(_select(config, "hydra.overrides.task") or []))
-        sweep_dir = _select(config, "hydra.sweep.dir")
-        if sweep_dir:
-            _refuse_taken(lambda outputs: outputs.refuse_used_sweep_dir(sweep_dir, config.get("ckpt_path")))
-        launcher = str(config.hydra.launcher.get("_target_", ""))
-        one_at_a_time = "BasicLauncher" in launcher or config.hydra.launcher.get("array_parallelism") == 1
-        if not one_at_a_time:
-            log.warning(
-                "hydra/launcher=%s may run jobs in parallel: their epoch times would interfere with each other. "
-                "For timing sweeps keep the default launcher (jobs one after another).",
-                launcher.rsplit(".", 1)[-1],
-            )
-
-    def on_multirun_end(self, config, **kwargs) -> None:
-        sweep_dir = config.hydra.sweep.dir
-        write_report([sweep_dir], sweep_dir)
-
-
-def _select(config, key: str):
-    from omegaconf import OmegaConf
-
-    return OmegaConf.select(config, key)
-
-
-def _refuse_taken(check) -> None:
-    """Run an output-dir check; a refusal is the user's one paragraph and exit code 2, not Hydra's error report."""
-    from . import outputs
-
-    if os.environ.get("LOCAL_RANK") is not None:
-        return  # a launched rank runs in its parent's dir, which was checked
-    try:
-        check(outputs)
-    except outputs.OutputTaken as e:
-        print(f"\nerror: {e}\n", file=sys.stderr)
-        sys.exit(e.exit_code)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf, open_dict
 
 from . import config as config_mod
 from . import metrics as metrics_mod
+from . import stopping
 from .errors import ConfigError, UserFacingError
 from .flops import mfu
 from .flops import peak_flops as peak_flops_of
@@ -217,6 +218,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         # before the try: a refused dir gets nothing written into it, not even a failure record
         # (in-process callers have no Hydra callback to check it for them)
         refuse_finished_run_dir(out_dir, cfg.get("ckpt_path"))
+    stopping.stop_during_setup(True)  # until the first step: a stop signal ends the run at once
     try:
         config_mod.validate(cfg)
         import warnings
@@ -228,13 +230,14 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         import pytorch_lightning as pl
         from pytorch_lightning.loggers import TensorBoardLogger
 
-        from . import hardware, switchboard
-        from .callbacks import BadSampleCounter, NaNGuard, SystemMonitor
+        from . import hardware, model_transforms, switchboard
+        from .callbacks import BadSampleCounter, NaNGuard, StepLoss, SystemMonitor
         from .checkpointing import AtomicCheckpointIO, PreemptionCallback, ResumableState, resolve_ckpt_path
         from .data import ImageDataModule
         from .launch import processes_per_node
         from .models import build_module
         from .models.build import check_user_module, user_lightning_module_class
+        from .models.classifier import ImageClassifier
 
         switchboard.set_cuda_alloc_conf(cfg.cuda_alloc_conf)  # before the first CUDA call
         hw = hardware.detect(cfg.accelerator)
@@ -276,7 +279,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         module = build_module(cfg)
         if user_class is None:  # a factory function may still return a LightningModule of the user's
             check_user_module(module, cfg, overrides)
-        module = switchboard.prepare_model(module, cfg)
+        module = model_transforms.prepare_model(module, cfg)
         _check_input_size(module, datamodule, cfg)
         with open_dict(cfg):
             if cfg.data.batch_size == "auto":
@@ -291,8 +294,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         if global_rank() == 0:
             save_config(cfg, config_path)  # what runs from here on: chosen batch size, scaled lr, classes
         timer.flops_per_sample = training_flops_per_sample(cfg)
-        peak_flops = peak_flops_of(plan.accelerator, plan.precision)
-        module = switchboard.compile_model(module, cfg)
+        peak_flops, notes["peak_flops_source"] = peak_flops_of(plan.accelerator, plan.precision, bool(cfg.tf32))
         plan.strategy = switchboard.build_strategy(cfg, plan, hw, module)
 
         checkpoint_dir = os.path.join(out_dir, "checkpoints")
@@ -304,6 +306,8 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         extra_callbacks = [peak, ResumableState(), preemption] + ([monitor] if monitor else [])
         extra_callbacks += [bad_samples] if cfg.data.name != "synthetic" else []
         extra_callbacks += [nan_guard] if cfg.on_nan != "off" else []
+        extra_callbacks += [model_transforms.CompileAfterSetup(cfg)] if cfg.compile else []
+        extra_callbacks += [StepLoss()] if isinstance(module, ImageClassifier) else []  # a user's module logs its own
         # sharded strategies save with their own checkpoint IO
         plugins = [AtomicCheckpointIO()] if cfg.strategy in ("auto", "ddp") else []
         trainer = pl.Trainer(
@@ -323,9 +327,9 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         except SystemExit:
             # Lightning turns SIGTERM into SIGTERMException (a SystemExit with status 0) after the
             # step in which our PreemptionCallback saved last.ckpt: that is a preemption, not a crash
-            if not preemption.received or preemption.exit_requested:
+            if preemption.saved_at_step is None or preemption.exit_requested:
                 raise  # a crash; or submitit requeued the job and exits this process: let it
-        if preemption.received:
+        if preemption.saved_at_step is not None:
             status, error = _preempted(notes, preemption)
         elif trainer.interrupted:
             status, error = "failed", "interrupted (KeyboardInterrupt or signal) before the last epoch finished"
@@ -333,9 +337,10 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         if preemption is not None and preemption.exit_requested:
             status, error = _preempted(notes, preemption)
         else:
-            status, error = "failed", (str(e) if isinstance(e, UserFacingError) else metrics_mod.one_line(e))
+            status, error = "failed", (str(e) if isinstance(e, (UserFacingError, stopping.Stopped)) else metrics_mod.one_line(e))
         raise
     finally:
+        stopping.stop_during_setup(False)  # the result below is written whatever arrives now
         kept = _already_finished(previous, timer, status)
         if kept:
             # resumed from the end of a finished run with nothing left to train: keep its result
@@ -358,7 +363,8 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
 
 def _preempted(notes: Dict[str, Any], preemption) -> tuple:
     notes["preempted"] = True
-    return "failed", f"preempted by {preemption.received} at step {preemption.saved_at_step}; resume with ckpt_path=last"
+    how = "stopped by Ctrl-C (SIGINT)" if preemption.received == "SIGINT" else f"preempted by {preemption.received}"
+    return "failed", f"{how} at step {preemption.saved_at_step}; resume with ckpt_path=last"
 
 
 def _already_finished(previous: Optional[Dict[str, Any]], timer, status: str) -> bool:

@@ -1,0 +1,270 @@
+"""A local sweep's life: its plan on disk, a stop that ends it after the job in flight, a re-run that finishes it.
+
+Hydra's basic launcher runs a sweep's jobs one after another in this process. Three things here:
+
+- **The plan.** When the sweep starts, ``sweep.json`` in the sweep dir records the command line,
+  its overrides and every job the sweep will run (Hydra's own sweep parser expands them, as its
+  basic sweeper does), with ``state: running``.
+- **A stop.** SIGTERM, SIGUSR1 or Ctrl-C (``trainer.stopping``) during a job: the job saves
+  last.ckpt at the next step boundary and stops (``PreemptionCallback``), and the sweep ends there
+  (``SweepStopped``) instead of starting its next job. ``finish_stopped`` writes the A/B report of
+  what finished, names the jobs that did not run, marks the plan ``stopped`` and says how to finish.
+- **Finishing it.** The same command with ``hydra.sweep.dir=<that dir>``: a sweep dir that holds a
+  stopped sweep of the same overrides (or one whose process died, on this host) is taken up
+  again. A job that finished is kept as it is, not trained again; a stopped job resumes from its
+  last.ckpt; the rest run. Anything else in a used sweep dir is still refused (``trainer.outputs``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+log = logging.getLogger(__name__)
+
+PLAN = "sweep.json"
+
+# this process's sweep: its dir, and whether it finishes a stopped one (set by on_multirun_start)
+_state: Dict[str, Any] = {"sweep_dir": None, "resuming": False, "configs": {}, "argv": None}
+
+
+def remember_argv(argv: List[str]) -> None:
+    """The command line as the user typed it (trainer.cli), for the "finish it with" hint."""
+    _state["argv"] = list(argv)
+
+
+class SweepStopped(BaseException):
+    """The job in flight stopped on a signal: end the sweep here. A BaseException, so that Hydra's
+    launcher, which records an ``Exception`` as one job's failure and goes on, lets it through."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+def running() -> bool:
+    """Whether this process is running a sweep (on_multirun_start was called)."""
+    return _state["sweep_dir"] is not None
+
+
+def plan_jobs(task_overrides: List[str]) -> Optional[List[List[str]]]:
+    """Each job's overrides, in Hydra's basic sweeper's order (None where Hydra cannot expand them here)."""
+    try:
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parsed = OverridesParser.create().parse_overrides(overrides=list(task_overrides))
+        return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    except Exception as e:  # a plan is a convenience for the stop report; the sweep runs without it
+        log.debug("no sweep plan: %s", e)
+        return None
+
+
+def _read(sweep_dir: str) -> Optional[Dict[str, Any]]:
+    try:
+        return json.loads(Path(sweep_dir, PLAN).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write(sweep_dir: str, plan: Dict[str, Any]) -> None:
+    from .metrics import atomic_write_text
+
+    atomic_write_text(Path(sweep_dir, PLAN), json.dumps(plan, indent=1) + "\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def resumable(sweep_dir: str, task_overrides: List[str]) -> Optional[str]:
+    """Why this sweep dir may be taken up again by a sweep of ``task_overrides`` (None: it may not)."""
+    plan = _read(sweep_dir)
+    if not plan or plan.get("overrides") != list(task_overrides):
+        return None
+    if plan.get("state") == "stopped":
+        return f"stopped by {plan.get('signal') or 'a signal'}"
+    if plan.get("state") == "running" and plan.get("host") == socket.gethostname() and not _alive(int(plan.get("pid") or 0)):
+        return "its process ended without finishing it"
+    return None
+
+
+def start(sweep_dir: str, task_overrides: List[str]) -> None:
+    """on_multirun_start: record the plan (or take up a stopped sweep's, keeping its finished jobs' configs)."""
+    why = resumable(sweep_dir, task_overrides) if Path(sweep_dir, PLAN).exists() else None
+    _state.update(sweep_dir=sweep_dir, resuming=bool(why), configs={})
+    if why:
+        # Hydra rewrites every job's .hydra/config.yaml before the job runs; a finished job's holds the
+        # config that actually ran (chosen batch size, scaled lr): kept here and put back (keep_finished)
+        for job in sorted(Path(sweep_dir).glob("*/metrics.json")):
+            config = job.parent / ".hydra" / "config.yaml"
+            if _status(job.parent) == "ok" and config.exists():
+                _state["configs"][str(job.parent.resolve())] = config.read_text()
+        log.warning("taking up the sweep in %s (%s): finished jobs are kept, a stopped job resumes from its last.ckpt, the rest run", sweep_dir, why)
+    plan = {
+        "sweep": 1,
+        "state": "running",
+        "argv": _state["argv"] if _state["argv"] is not None else sys.argv[1:],
+        "overrides": list(task_overrides),
+        "jobs": plan_jobs(task_overrides),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+    }
+    Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+    _write(sweep_dir, plan)
+
+
+def done(sweep_dir: str) -> None:
+    """on_multirun_end: every job ran."""
+    plan = _read(sweep_dir)
+    if plan:
+        plan["state"] = "done"
+        _write(sweep_dir, plan)
+
+
+def _status(job_dir: Path) -> Optional[str]:
+    try:
+        return json.loads((job_dir / "metrics.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def resume_action(out_dir: str) -> str:
+    """In a sweep being finished: ``keep`` a finished job, ``resume`` one stopped with a checkpoint, else ``run``."""
+    if not _state["resuming"]:
+        return "run"
+    from .checkpointing import checkpoint_candidates
+
+    status = _status(Path(out_dir))
+    if status == "ok":
+        return "keep"
+    if status in ("failed", "running") and checkpoint_candidates(out_dir):
+        return "resume"
+    return "run"
+
+
+def keep_finished(out_dir: str) -> Dict[str, Any]:
+    """A finished job of a sweep being finished: its config put back, its result returned unchanged."""
+    from . import metrics
+
+    config = _state["configs"].get(str(Path(out_dir).resolve()))
+    if config is not None:
+        metrics.atomic_write_text(Path(out_dir, ".hydra", "config.yaml"), config)
+    return dict(metrics.read(os.path.join(out_dir, "metrics.json")), already_finished=True)
+
+
+def not_run(sweep_dir: str) -> List[str]:
+    """Labels of the planned jobs with no result in the sweep dir (``#2 amp=true ...``)."""
+    from .console import job_label
+
+    plan = _read(sweep_dir) or {}
+    labels = []
+    for num, overrides in enumerate(plan.get("jobs") or []):
+        if _status(Path(sweep_dir, str(num))) is None:
+            labels.append(job_label(num, overrides))
+    return labels
+
+
+def finish_stopped(signal_name: str) -> int:
+    """After a stop: mark the plan, write the report of what finished, say what did not run and how to finish."""
+    import shlex
+
+    from .checkpointing import PREEMPTED_EXIT_CODE
+    from .report import write_report
+
+    sweep_dir = _state["sweep_dir"]
+    if not sweep_dir:
+        return PREEMPTED_EXIT_CODE
+    plan = _read(sweep_dir) or {}
+    plan.update(state="stopped", signal=signal_name)
+    _write(sweep_dir, plan)
+    missing = not_run(sweep_dir)
+    argv = [a for a in plan.get("argv") or sys.argv[1:] if not a.startswith(("hydra.sweep.dir=", "+hydra.sweep.dir="))]
+    again = "python train.py " + " ".join(shlex.quote(a) for a in argv + [f"hydra.sweep.dir={sweep_dir}"])
+    stopped = f"the sweep was stopped by {signal_name}"
+    write_report([sweep_dir], sweep_dir, not_run=missing, note=f"{stopped}; finish it with: {again}")
+    print(
+        f"\n{stopped} after the job in flight saved its checkpoint; "
+        + (f"{len(missing)} job(s) did not run: {'; '.join(missing)}. " if missing else "")
+        + f"Finish the sweep (finished jobs are kept, a stopped one resumes) with:\n  {again}\n",
+        file=sys.stderr,
+        flush=True,
+    )
+    return PREEMPTED_EXIT_CODE
+
+
+try:
+    from hydra.experimental.callback import Callback as _HydraCallback
+except ImportError:  # pragma: no cover - hydra is a dependency
+    _HydraCallback = object  # type: ignore[misc,assignment]
+
+
+class SweepCallback(_HydraCallback):
+    """Hydra's callback for runs and sweeps (configs/train.yaml): guards their output dirs before Hydra
+    writes anything there, records a sweep's plan and routes stop signals to it, warns about
+    launchers that run jobs in parallel, and writes the A/B report when the sweep ends."""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        run_dir = _select(config, "hydra.run.dir")
+        if run_dir:
+            _refuse_taken(lambda outputs: outputs.refuse_finished_run_dir(run_dir, config.get("ckpt_path")))
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        from . import console
+
+        task_overrides = list(_select(config, "hydra.overrides.task") or [])
+        console.set_sweep(True, console.swept_keys(task_overrides))  # each status line shows what the sweep varies
+        sweep_dir = _select(config, "hydra.sweep.dir")
+        if sweep_dir and os.environ.get("LOCAL_RANK") is None:
+            if not resumable(sweep_dir, task_overrides):  # a stopped sweep of the same command is finished instead
+                _refuse_taken(lambda outputs: outputs.refuse_used_sweep_dir(sweep_dir, config.get("ckpt_path")))
+            start(sweep_dir, task_overrides)
+        launcher = str(config.hydra.launcher.get("_target_", ""))
+        if "BasicLauncher" in launcher and os.environ.get("LOCAL_RANK") is None:
+            from . import stopping
+
+            stopping.install()  # the jobs run in this process: a signal stops the sweep after the job in flight
+        one_at_a_time = "BasicLauncher" in launcher or config.hydra.launcher.get("array_parallelism") == 1
+        if not one_at_a_time:
+            log.warning(
+                "hydra/launcher=%s may run jobs in parallel: their epoch times would interfere with each other. "
+                "For timing sweeps keep the default launcher (jobs one after another).",
+                launcher.rsplit(".", 1)[-1],
+            )
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        from .report import write_report
+
+        sweep_dir = config.hydra.sweep.dir
+        done(sweep_dir)
+        write_report([sweep_dir], sweep_dir)
+
+
+def _select(config, key: str):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(config, key)
+
+
+def _refuse_taken(check) -> None:
+    """Run an output-dir check; a refusal is the user's one paragraph and exit code 2, not Hydra's error report."""
+    from . import outputs
+
+    if os.environ.get("LOCAL_RANK") is not None:
+        return  # a launched rank runs in its parent's dir, which was checked
+    try:
+        check(outputs)
+    except outputs.OutputTaken as e:
+        print(f"\nerror: {e}\n", file=sys.stderr)
+        sys.exit(e.exit_code)
