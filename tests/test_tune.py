@@ -117,8 +117,19 @@ def test_compute_flags_are_kept_on_evidence_and_the_guard_rejects_a_faster_candi
     rejected = [row for row in rows if row["decision"] == "rejected"]
     assert rejected and "model.width=1" in rejected[0]["tried"] and "below the baseline" in rejected[0]["why"], rows  # ...but guarded
     assert not any("model.width" in o for o in _best(run_dir))
+    # the guard walks back along the path: every configuration with the narrow model is rejected, and
+    # the first without it (if the search kept anything else) is verified; best.yaml is that one when
+    # the final back-to-back measurement confirms it, else the configuration as given
     verified = [row for row in rows if row["decision"] == "verified"]
-    assert len(verified) == 1 or _best(run_dir) == []
+    assert all("model.width=1" in row["tried"] for row in rejected), rejected
+    kept_alone = [row for row in probed if row["decision"] == "kept" and "model.width=1" not in row["tried"]]
+    if not kept_alone:
+        assert verified == [] and _best(run_dir) == [], (verified, rows)
+    else:
+        assert len(verified) == 1 and verified[0]["tried"] == kept_alone[-1]["tried"], (verified, kept_alone)
+        final = next(row for row in rows if row["candidate"] == "final")
+        expected = verified[0]["tried"].split() if final["decision"] == "final" else []
+        assert final["decision"] in ("final", "not confirmed") and _best(run_dir) == expected, (final, _best(run_dir))
 
     # best.yaml goes back into train.py as +tuned=PATH (the tune's own, and one that surely has overrides)
     mine = tmp_path / "mine.yaml"
@@ -206,6 +217,40 @@ def test_the_search_on_planted_measurements():
     out = Search(probe, cands, ctx, {}, cfg, lambda: 31 * 60.0).run()
     assert out.budget_hit and out.winner == [] and [c[1] for c in calls] == ["baseline", "baseline"]  # its training and its probe
     assert {s.why for s in out.steps if s.decision == "skipped"} == {"the budget ran out first"}
+
+
+def test_a_probe_scales_the_steps_not_the_epochs_fixed_cost(train):
+    """Loader workers that take 1 s to start (non-persistent: every epoch) cost 1 s per epoch, long or
+    short: the timer puts that second in the epoch's fixed cost, and a probe's epoch is scaled to the
+    full epoch's length by its steps only."""
+    from trainer.tune.probe import Result, fixed_cost
+
+    # the scaling: 3 s for 16 samples, 2 s of them fixed -> 2 s + 4 x 1 s for 64 samples (not 4 x 3 s)
+    assert Result("probe", [], "p", "ok", steady=[[3.0, 16, 2.0]]).epoch_times(full_samples=64, horizon_epochs=1) == [6.0]
+    assert Result("probe", [], "p", "ok", steady=[[3.0, 16]]).epoch_times(full_samples=64, horizon_epochs=1) == [12.0]  # old journals
+    # the measurement: a planted 1 s start per epoch lands in the fixed cost, not in the steps
+    probe, _ = train("data=custom", "data.dataset._target_=probe.SlowStartDataset", "+data.dataset.n=64", "+data.dataset.startup_s=1.0",
+                     "data.num_workers=1", "data.persistent_workers=false", "data.val_samples=0", "trainer.limit_val_batches=0",
+                     "data.batch_size=8", "trainer.max_epochs=3", "trainer.limit_train_batches=2")
+    steady = [e for e in probe["epochs"] if not e["warmup"]]
+    assert steady and all(1.0 <= e["startup_s"] <= fixed_cost(e) < e["time_s"] for e in steady), steady
+
+
+def test_prefetch_is_reachable_when_the_user_set_loader_workers():
+    from types import SimpleNamespace
+
+    from trainer.tune.candidates import CATALOGUE, Context
+    from trainer.tune.search import Search
+
+    ctx = Context(cuda=False, bf16_native=True, capability=0.0, cores=4, data_name="imagefolder", allocators=())
+    cfg = SimpleNamespace(budget_min=30, horizon_epochs=10, verify_epochs=1, acc_tolerance=0.02)
+    by_name = {c.name: c for c in CATALOGUE}
+    mine = Search(None, CATALOGUE, ctx, {"data.num_workers": 4, "data.prefetch_factor": 2}, cfg, lambda: 0.0)
+    assert "already has workers" in mine._eligible(by_name["workers"], [], [])
+    assert mine._eligible(by_name["prefetch"], [], []) is None  # the user's workers are workers too
+    none = Search(None, CATALOGUE, ctx, {"data.num_workers": 0, "data.prefetch_factor": 2}, cfg, lambda: 0.0)
+    assert "needs loader workers" in none._eligible(by_name["prefetch"], [], [])
+    assert none._eligible(by_name["prefetch"], ["data.auto_workers=true", "data.persistent_workers=true"], ["workers"]) is None
 
 
 def test_a_journal_cut_mid_line_resumes_and_a_foreign_one_is_refused(tmp_path):

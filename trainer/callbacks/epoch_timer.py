@@ -7,7 +7,10 @@ taken out of the training epoch), so the measurement does not slow what it measu
 
 Each epoch is split three ways (``StepClock`` says how each part is measured):
 ``data_wait_s`` (blocked in the loader's ``__next__``), ``transfer_s`` (batch to device plus
-device-side decode/normalize) and the rest (the step itself, callbacks, logging).
+device-side decode/normalize) and the rest (the step itself, callbacks, logging). ``fixed_s`` is
+the part of the epoch outside its steps: ``startup_s`` before the first step (the loader's
+iterator, starting its workers unless they persist, the first fetch) and the time after the last
+step; it does not grow with the number of steps (the tuner scales only the rest).
 
 History across resumes: ``previous`` holds the epochs the run dir's metrics.json already recorded;
 ``history()`` merges them with this process's epochs, one entry per epoch number (a full epoch
@@ -78,6 +81,9 @@ class EpochTimer(pl.Callback):
         self._samples = self._steps = 0
         self._val_t0: float | None = None
         self._mid_epoch_start = False
+        self._startup = 0.0
+        self._last_step_end: float | None = None
+        self._val_at_last_step = 0.0
         self.clock.reset()
 
     def _start(self, trainer) -> None:
@@ -101,6 +107,9 @@ class EpochTimer(pl.Callback):
             self._start(trainer)
             self._mid_epoch_start = True
             now = self._t0
+        if self._steps == 0:
+            # creating the loader's iterator (starting its workers unless they persist) and the first fetch
+            self._startup = now - self._t0
         self._step_start = now
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -109,6 +118,7 @@ class EpochTimer(pl.Callback):
             self.first_step_s = now - self._step_start
         self._samples += _batch_size(batch)
         self._steps += 1
+        self._last_step_end, self._val_at_last_step = now, self._val
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         self._val_count = 0
@@ -139,6 +149,11 @@ class EpochTimer(pl.Callback):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if self._t0 is None:
             return  # resumed at an epoch's end: no batch of it ran in this process
+        # after the last step and outside validation (read before the sync: draining the device's
+        # queue is the steps' compute, not a fixed cost)
+        teardown = 0.0
+        if self._last_step_end is not None:
+            teardown = max(0.0, time.perf_counter() - self._last_step_end - (self._val - self._val_at_last_step))
         _sync(trainer)
         self.clock.active = False
         samples = self._samples
@@ -156,6 +171,8 @@ class EpochTimer(pl.Callback):
             "samples_per_s": round(samples / elapsed, 2) if elapsed > 0 else 0.0,
             "data_wait_s": round(wait, 4),
             "transfer_s": round(transfer, 4),
+            "startup_s": round(self._startup, 4),
+            "fixed_s": round(self._startup + teardown, 4),
             "steps": self._steps,
             "val_time_s": round(self._val, 4),
             "warmup": self._fresh,  # the first epoch pays for compile, autotune, worker start-up

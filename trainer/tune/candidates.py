@@ -74,7 +74,7 @@ def _workers(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
 
 def _prefetch(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
     if not cfg.get("data.num_workers") and not cfg.get("data.auto_workers"):
-        return "prefetch_factor needs loader workers (none kept)"
+        return "prefetch_factor needs loader workers (none set or kept yet)"
     return None
 
 
@@ -123,7 +123,8 @@ CATALOGUE: List[Candidate] = [
     Candidate("decoder_torchvision", INPUT, ("data.decoder=torchvision",), _encoded),
     Candidate("decoder_turbo", INPUT, ("data.decoder=turbo",), _turbo),
     Candidate("cache_in_memory", INPUT, ("data.cache_in_memory=true",), _image_files),
-    Candidate("prefetch", INPUT, ("data.prefetch_factor=4",), _prefetch, needs=("workers",)),
+    # needs loader workers, kept by the tuner or set by the user (data.num_workers): _prefetch says which
+    Candidate("prefetch", INPUT, ("data.prefetch_factor=4",), _prefetch),
     Candidate("gpu_normalize", INPUT, ("data.gpu_normalize=true",), _cuda_only("it moves normalization from the loader to the GPU")),
     # host-device transfer
     Candidate("pin_memory", TRANSFER, ("data.pin_memory=true",), _cuda_only("pinned memory speeds host-to-GPU copies")),

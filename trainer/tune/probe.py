@@ -42,7 +42,7 @@ class Result:
     dir: str
     status: str  # ok | failed
     error: Optional[str] = None
-    steady: List[List[float]] = field(default_factory=list)  # [time_s, samples] of each measured epoch
+    steady: List[List[float]] = field(default_factory=list)  # [time_s, samples, fixed_s] of each measured epoch
     compile_s: float = 0.0
     bottleneck: Optional[str] = None
     verdict: Optional[str] = None
@@ -56,8 +56,22 @@ class Result:
         return self.status == "ok" and (self.kind == "verify" or bool(self.steady))
 
     def epoch_times(self, full_samples: float, horizon_epochs: int) -> List[float]:
-        """Each measured epoch as the time of a full epoch of the real run, compile time spread over the horizon."""
-        return [t / max(1.0, s) * full_samples + self.compile_s / max(1, horizon_epochs) for t, s in self.steady]
+        """Each measured epoch as the time of a full epoch of the real run, compile time spread over the horizon.
+
+        Only the steps scale with the epoch's length: its fixed cost (starting non-persistent loader
+        workers and the first fetch, what follows the last step) is paid once per epoch, long or short.
+        """
+        out = []
+        for record in self.steady:
+            t, s = record[0], max(1.0, record[1])
+            fixed = min(record[2], t) if len(record) > 2 else 0.0  # journals written before it was measured
+            out.append(fixed + (t - fixed) / s * full_samples + self.compile_s / max(1, horizon_epochs))
+        return out
+
+
+def fixed_cost(epoch: Dict[str, Any]) -> float:
+    """The part of an epoch outside its steps (EpochTimer's ``fixed_s``; 0 in records from before it was measured)."""
+    return float(epoch.get("fixed_s") or 0.0)
 
 
 def _from_metrics(kind: str, config: List[str], run_dir: Path, wall_s: float, stderr: str) -> Result:
@@ -68,7 +82,7 @@ def _from_metrics(kind: str, config: List[str], run_dir: Path, wall_s: float, st
         return Result(kind, config, str(run_dir), "failed", error=f"the run wrote no metrics.json ({_last_lines(stderr) or 'no output'})", wall_s=wall_s)
     m = metrics_io.read(str(path))
     epochs = [e for e in m.get("epochs", []) if e.get("time_s") and e.get("samples")]
-    steady = [[e["time_s"], e["samples"]] for e in epochs if not e.get("warmup")]
+    steady = [[e["time_s"], e["samples"], fixed_cost(e)] for e in epochs if not e.get("warmup")]
     diagnosis = m.get("diagnosis") or {}
     return Result(
         kind,
