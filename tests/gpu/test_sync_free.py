@@ -1,0 +1,108 @@
+"""The step loop never makes the host wait for the GPU: every bench row, both recipes shrunk.
+
+torch's sync debug mode (``torch.cuda.set_sync_debug_mode("error")``) raises on every operation
+that blocks the host until the GPU catches up (``.item()``, a blocking copy, ``torch.tensor(list,
+device="cuda")``). It is switched on from the first step of the second epoch (the first pays for
+compile, cuDNN autotuning and the batch-size search, which may wait) until that epoch's steps are
+done, before the epoch's own synchronize (the timer's read, once per epoch) and validation. So
+every steady step, the fetch and transfer of each next batch, and every callback's batch hooks
+run under it. Marked ``gpu``; ``scripts/gpu_check.sh`` runs it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from conftest import ROOT
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run scripts/gpu_check.sh on one"),
+]
+
+ROWS = sorted(p.stem for p in (ROOT / "configs" / "bench").glob("*.yaml"))
+INPUT_ROWS = {"workers", "prefetch", "gpu_normalize", "nvjpeg", "all"}  # rows about the input pipeline: real JPEGs
+# smoke scale keeps the recipe's model and batch (32; big_batch and all search it, up to 64)
+SMALL = ["scale=smoke", "accelerator=gpu", "trainer.max_epochs=2", "trainer.limit_train_batches=5", "trainer.limit_val_batches=0",
+         "checkpoint.enabled=false", "batch_finder.max_batch_size=64", "monitor.interval_s=0.05",
+         "trainer.log_every_n_steps=2"]  # StepLoss and NaNGuard read every 2 steps: within the checked ones
+JPEGS = ["data=builtin", "data.images_per_class=40", "data.stored_size=48"]  # 5+ batches of 64 per epoch
+SYNTHETIC = ["data.device_resident=true", "data.num_samples=320"]
+
+
+class SyncDebugSteps(pl.Callback):
+    """First among the callbacks, so that it is on before and off after every other one's step hooks."""
+
+    def __init__(self) -> None:
+        self.checked_steps = 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.current_epoch == 1 and batch_idx == 0:
+            torch.cuda.set_sync_debug_mode("error")
+        if torch.cuda.get_sync_debug_mode() == 2:
+            self.checked_steps += 1
+
+    def _off(self, *args, **kwargs) -> None:
+        torch.cuda.set_sync_debug_mode(0)
+
+    on_validation_start = on_train_epoch_end = on_exception = on_fit_end = _off
+
+
+def _cases():
+    for recipe in ("resnet50", "vit"):
+        for row in ROWS:
+            yield pytest.param(recipe, row, JPEGS if row in INPUT_ROWS else SYNTHETIC, id=f"{recipe}-{row}")
+    # uint8 batches normalized where the device-resident pool gathers them (DeviceResidentImages.__getitems__)
+    yield pytest.param("vit", "gpu_normalize", SYNTHETIC + ["data.gpu_normalize=true"], id="vit-gpu_normalize-device_resident")
+    # fp16 with loss scaling: the loss scaler must not read its overflow flag on the host
+    yield pytest.param("resnet50", "amp", SYNTHETIC + ["amp_dtype=fp16"], id="resnet50-amp-fp16")
+
+
+@pytest.mark.parametrize("recipe, row, data", list(_cases()))
+def test_no_host_sync_inside_the_step_loop(compose, tmp_path, monkeypatch, recipe, row, data):
+    from trainer import run as run_mod
+
+    watch = SyncDebugSteps()
+    real = run_mod._callbacks
+    monkeypatch.setattr(run_mod, "_callbacks", lambda *a: [watch] + real(*a))
+    args = [f"+recipe={recipe}", f"+bench={row}", *SMALL, *data]
+    try:
+        m = run_mod.run(compose(*args), str(tmp_path / "run"), args)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert m["status"] == "ok", m["error"]  # a host sync in the checked steps fails the run with its stack's message
+    assert watch.checked_steps >= 4, watch.checked_steps  # the check really covered the steady steps
+
+
+def test_normalizing_a_uint8_batch_does_not_wait_for_the_gpu():
+    """The mean and std are built once per device: a batch normalized after the first never copies them again."""
+    from trainer.data.gpu_transforms import normalize_uint8
+
+    x = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8, device="cuda")
+    normalize_uint8(x)  # the first call on this device builds the constants
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        y = normalize_uint8(x)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert y.dtype == torch.float32 and y.is_cuda
+
+
+def test_host_reads_arrive_without_a_wait():
+    from trainer.callbacks.host_reads import HostReads
+
+    reads, got = HostReads(slots=4), {}
+    values = [torch.full((), float(i), device="cuda") for i in range(6)]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i, v in enumerate(values):
+            reads.push(i, v)
+            got.update(reads.ready())  # may hand back nothing yet; never waits
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    got.update(reads.drain())
+    assert len(got) + reads.dropped == 6 and len(got) >= 4 and all(got[k] == float(k) for k in got), (got, reads.dropped)
