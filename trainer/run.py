@@ -258,6 +258,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         warnings.filterwarnings("ignore", message=".*overridden `on_after_batch_transfer` in both.*")
         pl.seed_everything(cfg.seed, workers=True, verbose=False)
         switchboard.apply_global_settings(cfg)
+        model_transforms.warm_up_compiler(cfg, plan.accelerator)
 
         user_class = user_lightning_module_class(cfg)
         if user_class is not None:
