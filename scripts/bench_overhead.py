@@ -20,16 +20,19 @@ first flips from one repeat to the next, so slow drift in the machine's speed hi
 
 How to read it: per repeat, ``ratio = trainer_slope / plain_slope``; 1.00 means no overhead,
 1.03 means the trainer costs 3% more per epoch. The summary is the median ratio over the repeats
-with its spread (min-max). A spread wider than the overhead you are looking for means the
-measurement cannot resolve it: other processes were running (the JSON records the load average
-before and after, and each run's CPU time next to its wall time; CPU/wall near the core count means
-a run had the machine to itself) or the machine's speed wanders (shared VMs do). More ``--repeats``
-narrow the median best; longer runs (``--batches``, ``--long-epochs``) shrink start-up jitter.
+with a bootstrap 95% interval, and a conclusion: within 3% only if the whole interval is at or
+below 1.03, over 3% only if it is all above, otherwise "cannot conclude" (the measurement cannot
+resolve 3% on this machine now). Beside the wall-time slopes, each side's CPU-time slope (user +
+kernel, from the child's rusage) gives a second ratio that other processes disturb less, and the
+kernel's share of each side's CPU time is reported (a large one means page faults or thread
+wake-ups, not training). Other processes (the JSON records the load average before and after) and
+a wandering VM widen the interval; more ``--repeats`` narrow the median best; longer runs
+(``--batches``, ``--long-epochs``) shrink start-up jitter.
 Both sides' last-epoch mean training loss is printed as a check that they trained the same thing:
 same initial weights and data, so they should be close (not equal: the trainer's sampler shuffles
 in its own order).
 
-    python scripts/bench_overhead.py      # the full benchmark: 5 repeats, 80 batches, 1 vs 4 epochs (~6-7 min on 2 cores)
+    python scripts/bench_overhead.py      # the full benchmark: 9 repeats, 80 batches, 1 vs 4 epochs (~12 min on 2 cores)
     python scripts/bench_overhead.py --repeats 1 --batches 5 --short-epochs 1 --long-epochs 2   # does it run? (~30 s)
 
 Results go to ``--out`` (default scripts/results/bench_overhead.json): every raw wall time and
@@ -161,11 +164,12 @@ def timed_run(side: str, epochs: int, batches: int, work_dir: str) -> dict:
     """Run one side as a subprocess (output captured: not a terminal); return its wall time."""
     run_dir = tempfile.mkdtemp(prefix="trainer-", dir=work_dir)  # the trainer's hydra.run.dir
     cmd = plain_command(epochs, batches) if side == "plain" else trainer_command(epochs, batches, run_dir)
-    cpu_start = _children_cpu_s()
+    user_start, sys_start = _children_cpu_s()
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     wall = time.perf_counter() - start
-    cpu = _children_cpu_s() - cpu_start
+    user_end, sys_end = _children_cpu_s()
+    user, system = user_end - user_start, sys_end - sys_start
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
         sys.exit(f"error: the {side} run failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
@@ -178,13 +182,35 @@ def timed_run(side: str, epochs: int, batches: int, work_dir: str) -> dict:
             sys.exit(f"error: the trainer run did not train what the plain loop trains: {'; '.join(problems)}\n{' '.join(cmd)}")
         loss = metrics.get("train_loss")
     shutil.rmtree(run_dir, ignore_errors=True)
-    # cpu_s / wall_s near the core count means the run had the machine to itself while training
-    return {"side": side, "epochs": epochs, "wall_s": round(wall, 4), "cpu_s": round(cpu, 2), "train_loss": loss, "command": cmd}
+    # cpu_s / wall_s near the core count means the run had the machine to itself while training;
+    # sys_s is the kernel's share (page faults of freed-and-remapped tensors, thread wake-ups)
+    return {"side": side, "epochs": epochs, "wall_s": round(wall, 4), "cpu_s": round(user + system, 3), "sys_s": round(system, 3),
+            "train_loss": loss, "command": cmd}
 
 
-def _children_cpu_s() -> float:
+def _children_cpu_s() -> tuple:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+    return usage.ru_utime, usage.ru_stime
+
+
+def bootstrap_median_interval(values: list, resamples: int = 4000, seed: int = 0) -> tuple:
+    """95% interval of the median of ``values`` by bootstrap (seeded: the same data gives the same interval)."""
+    import random
+
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
+def conclusion(interval: tuple, target: float) -> str:
+    """What the interval of the median ratio lets us say about the target."""
+    lo, hi = interval
+    if hi <= target:
+        return f"within {100 * (target - 1):.0f}%: the whole 95% interval ({lo:.3f}-{hi:.3f}) is at or below {target:.2f}"
+    if lo > target:
+        return f"OVER {100 * (target - 1):.0f}%: the whole 95% interval ({lo:.3f}-{hi:.3f}) is above {target:.2f}"
+    return (f"cannot conclude: the 95% interval ({lo:.3f}-{hi:.3f}) spans {target:.2f}, wider than the {100 * (target - 1):.0f}% asked about; "
+            "rerun on a quieter machine or with more --repeats")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,20 +259,25 @@ def benchmark(args) -> dict:
             timed_run(side, args.short_epochs, args.batches, work_dir)
         for r in range(1, args.repeats + 1):
             order = ("plain", "trainer") if r % 2 else ("trainer", "plain")
-            wall = {}
+            wall, cpus = {}, {}
             for epochs in (args.short_epochs, args.long_epochs):
                 for side in order:
                     run = timed_run(side, epochs, args.batches, work_dir)
                     runs.append({"repeat": r, **run})
-                    wall[side, epochs] = run["wall_s"]
-                    print(f"  repeat {r}: {side:7s} {epochs:2d} epoch(s) {run['wall_s']:8.2f} s", flush=True)
+                    wall[side, epochs], cpus[side, epochs] = run["wall_s"], run["cpu_s"]
+                    print(f"  repeat {r}: {side:7s} {epochs:2d} epoch(s) {run['wall_s']:8.2f} s wall, {run['cpu_s']:8.2f} s CPU "
+                          f"({run['sys_s']:.2f} s of it in the kernel)", flush=True)
             slope = {s: (wall[s, args.long_epochs] - wall[s, args.short_epochs]) / span for s in order}
+            cpu = {s: (cpus[s, args.long_epochs] - cpus[s, args.short_epochs]) / span for s in order}
             repeats.append(
                 {
                     "repeat": r,
                     "plain_slope_s": round(slope["plain"], 4),
                     "trainer_slope_s": round(slope["trainer"], 4),
                     "ratio": round(slope["trainer"] / slope["plain"], 4),
+                    "plain_cpu_slope_s": round(cpu["plain"], 4),
+                    "trainer_cpu_slope_s": round(cpu["trainer"], 4),
+                    "cpu_ratio": round(cpu["trainer"] / cpu["plain"], 4) if cpu["plain"] > 0 else None,
                 }
             )
     finally:
@@ -265,6 +296,10 @@ def benchmark(args) -> dict:
         )
     ratios = [r["ratio"] for r in repeats]
     median = statistics.median(ratios)
+    interval = bootstrap_median_interval(ratios) if len(ratios) > 1 else (median, median)
+    cpu_ratios = [r["cpu_ratio"] for r in repeats if r["cpu_ratio"]]
+    sys_share = {side: round(sum(x["sys_s"] for x in runs if x["side"] == side) / max(1e-9, sum(x["cpu_s"] for x in runs if x["side"] == side)), 3)
+                 for side in ("plain", "trainer")}
     last = {side: next(run["train_loss"] for run in reversed(runs) if run["side"] == side) for side in ("plain", "trainer")}
     return {
         "what": "per-epoch wall-time slope of train.py vs a plain PyTorch loop (scripts/bench_overhead.py)",
@@ -287,25 +322,35 @@ def benchmark(args) -> dict:
         "median_ratio": round(median, 4),
         "ratio_min": min(ratios),
         "ratio_max": max(ratios),
+        "ratio_interval_95": [round(interval[0], 4), round(interval[1], 4)],
+        "conclusion": conclusion(interval, TARGET_RATIO),
+        "median_cpu_ratio": round(statistics.median(cpu_ratios), 4) if cpu_ratios else None,
+        "cpu_ratio_min": min(cpu_ratios) if cpu_ratios else None,
+        "cpu_ratio_max": max(cpu_ratios) if cpu_ratios else None,
+        "kernel_share_of_cpu": sys_share,
         "median_plain_slope_s": round(statistics.median(r["plain_slope_s"] for r in repeats), 4),
         "median_trainer_slope_s": round(statistics.median(r["trainer_slope_s"] for r in repeats), 4),
         "overhead_pct": round(100 * (median - 1), 2),
         "target_ratio": TARGET_RATIO,
-        "within_target": median <= TARGET_RATIO,
+        "within_target": interval[1] <= TARGET_RATIO,
         "last_train_loss": last,
         "warnings": warnings,
     }
 
 
 def print_table(result: dict) -> None:
-    print(f"\n{'repeat':>6}  {'plain s/epoch':>13}  {'trainer s/epoch':>15}  {'ratio':>6}")
+    print(f"\n{'repeat':>6}  {'plain s/epoch':>13}  {'trainer s/epoch':>15}  {'ratio':>6}  {'CPU ratio':>9}")
     for r in result["repeats"]:
-        print(f"{r['repeat']:>6}  {r['plain_slope_s']:>13.3f}  {r['trainer_slope_s']:>15.3f}  {r['ratio']:>6.3f}")
-    verdict = "within" if result["within_target"] else "OVER"
+        cpu = f"{r['cpu_ratio']:.3f}" if r.get("cpu_ratio") else "-"
+        print(f"{r['repeat']:>6}  {r['plain_slope_s']:>13.3f}  {r['trainer_slope_s']:>15.3f}  {r['ratio']:>6.3f}  {cpu:>9}")
+    lo, hi = result["ratio_interval_95"]
     print(
-        f"\nmedian ratio {result['median_ratio']:.3f} (spread {result['ratio_min']:.3f}-{result['ratio_max']:.3f}): "
-        f"the trainer costs {result['overhead_pct']:+.1f}% per epoch, {verdict} the {TARGET_RATIO:.2f} target"
+        f"\nmedian ratio {result['median_ratio']:.3f} (95% interval {lo:.3f}-{hi:.3f}, min-max {result['ratio_min']:.3f}-{result['ratio_max']:.3f}): "
+        f"the trainer costs {result['overhead_pct']:+.1f}% per epoch; {result['conclusion']}"
     )
+    if result.get("median_cpu_ratio"):
+        print(f"per-epoch CPU time ratio {result['median_cpu_ratio']:.3f} (min-max {result['cpu_ratio_min']:.3f}-{result['cpu_ratio_max']:.3f}); "
+              f"kernel share of CPU time: plain {result['kernel_share_of_cpu']['plain']:.0%}, trainer {result['kernel_share_of_cpu']['trainer']:.0%}")
     print(
         f"median per-epoch cost: plain {result['median_plain_slope_s']:.3f} s, trainer {result['median_trainer_slope_s']:.3f} s; "
         f"last-epoch train loss: plain {result['last_train_loss']['plain']}, trainer {result['last_train_loss']['trainer']}"
@@ -316,7 +361,7 @@ def print_table(result: dict) -> None:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--repeats", type=int, default=5, help="plain/trainer pairs of slopes to measure (default 5)")
+    p.add_argument("--repeats", type=int, default=9, help="plain/trainer pairs of slopes to measure (default 9)")
     p.add_argument("--batches", type=int, default=80, help="training batches per epoch (default 80)")
     p.add_argument("--short-epochs", type=int, default=1, help="epochs of the short run (default 1)")
     p.add_argument("--long-epochs", type=int, default=4, help="epochs of the long run (default 4)")

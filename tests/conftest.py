@@ -25,6 +25,15 @@ TINY = [
 ]
 
 
+def pytest_report_header(config):
+    """The machine in the suite's header: a slow run reads differently on a CPU that emulates bf16."""
+    from trainer.hardware import detect
+
+    hw = detect("cpu")
+    bf16 = "native bf16 (AVX512-BF16/AMX)" if hw.bf16_native else "no native bf16 (AVX2 only: amp tests keep to tiny models)"
+    return f"machine: {hw.name}, {hw.cpu_cores} usable cores, {bf16}"
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     # one builtin-dataset cache per test session, never the user's ~/.cache

@@ -34,7 +34,16 @@ def test_planted_heavy_compute_is_compute_bound(train):
     native = detect().bf16_native  # AMX/AVX512-BF16 CPUs run bf16 at full speed; AVX2-only ones emulate it
     assert "compile=true" in d["try"]
     assert ("amp=true" in d["try"]) == native  # amp is only suggested where it can pay off
-    assert any("no native bf16" in n for n in d["hardware"]) != native
+    assert not any("bf16" in n for n in d["hardware"])  # amp is off: nothing to say about bf16 on any CPU
+
+
+def test_hardware_notes_speak_of_the_flags_that_are_on():
+    avx2 = dict(CPU, bf16_native=False)
+    assert any("amp=true ran emulated bf16" in n for n in doctor.hardware_notes(avx2, {"amp": True, "amp_dtype": "auto"}))
+    assert doctor.hardware_notes(avx2, {"amp": False}) == []
+    assert doctor.hardware_notes(dict(CPU, bf16_native=True), {"amp": True}) == []
+    v100 = {"accelerator": "cuda", "cpu_cores": 8, "bf16_native": False, "capability": "7.0"}
+    assert doctor.hardware_notes(v100, {"amp": False, "tf32": False}) == [] and doctor.hardware_notes(v100, {"tf32": True})
 
 
 def test_input_bound_with_a_saturated_cpu_does_not_ask_for_more_workers():

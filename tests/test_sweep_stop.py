@@ -130,3 +130,19 @@ def test_a_signal_while_a_run_sets_up_stops_it_at_once(tmp_path):
     assert "stopped by SIGTERM before training started" in out and "Traceback" not in out, out[-3000:]
     m = read_metrics(run_dir)
     assert m["status"] == "failed" and m["error"] == "stopped by SIGTERM before training started (nothing to save)"
+
+
+@pytest.mark.slow
+def test_a_sweep_with_emulated_bf16_says_how_long_before_the_slow_job(tmp_path):
+    """On a CPU without native bf16 (TRAINER_CPU_FLAGS makes this one look like an AVX2-only one): the
+    amp=true job is named before the first job starts, and its expected time is said before it starts."""
+    r = run_cli("-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "amp=false,true", "trainer.max_epochs=1", "checkpoint.enabled=false",
+                "data.image_size=16", "data.num_samples=64", "data.val_samples=16", env_extra={"TRAINER_CPU_FLAGS": "fpu sse sse2 avx avx2 fma"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    named = out.index("#1 amp=true: amp=true runs emulated bf16 on this CPU")
+    expect = out.index("#1 amp=true: expect about")
+    first_done, second_done = out.index("#0 amp=false: "), out.index("#1 amp=true: ", expect + 1)
+    assert named < first_done < expect < second_done, out[-3000:]  # named before any job, timed before its own start
+    assert "x the " in out[expect:second_done] and "that #0 took in fp32" in out[expect:second_done], out[expect:second_done]
+    assert "probe of this model measured a bf16 step" in out[named:first_done]

@@ -238,9 +238,11 @@ def task(cfg) -> None:
         # a single run in this process (also a launched rank); a local sweep's jobs have the sweep's
         # (ABReportCallback.on_multirun_start), and a Slurm job keeps submitit's until fit takes over
         stopping.install()
-    elif stopping.requested():
+    elif sweep.running() and stopping.requested():
         raise sweep.SweepStopped(stopping.requested())  # the signal came between two jobs
     action = sweep.resume_action(out_dir) if multirun else "run"
+    if multirun and action != "keep":
+        sweep.announce(num, overrides)
     if action == "keep":  # finishing a stopped sweep: this job had finished
         _status(console.status_line(num, overrides, sweep.keep_finished(out_dir), out_dir), ok=True)
         return
@@ -279,7 +281,7 @@ def task(cfg) -> None:
                 _failed_jobs.append(out_dir)
             elif multirun:
                 _log_status(num, overrides, out_dir)
-            if multirun and stopping.requested():
+            if multirun and sweep.running() and stopping.requested():
                 raise sweep.SweepStopped(stopping.requested())
             return
         result = run(cfg, out_dir, overrides, config_path=config_path)
@@ -297,8 +299,10 @@ def task(cfg) -> None:
                 print(f"\n{result['error']} (exit code {PREEMPTED_EXIT_CODE})", file=sys.stderr)
                 sys.exit(PREEMPTED_EXIT_CODE)
             _failed_jobs.append(out_dir)
-        if multirun and stopping.requested():
-            raise sweep.SweepStopped(stopping.requested())  # this job saved (or finished): the sweep ends here
+        if multirun and sweep.running() and stopping.requested():
+            # this job saved (or finished): the sweep ends here. Only a sweep whose jobs run in this
+            # process: a Slurm job (submitit) returns its result, and its sweep goes on waiting
+            raise sweep.SweepStopped(stopping.requested())
     except UserFacingError as e:
         from .outputs import OutputTaken
 

@@ -187,12 +187,14 @@ def compute_suggestions(flags: Dict[str, Any], hardware: Dict[str, Any], is_conv
 
 
 def hardware_notes(hardware: Dict[str, Any], flags: Dict[str, Any]) -> List[str]:
+    """What this hardware makes of the flags that are on (a flag that is off gets no note: the
+    compute suggestions already leave out what would not pay off here)."""
     notes = []
     cuda = hardware.get("accelerator") == "cuda"
     cap = float(hardware.get("capability") or 0)
-    if not cuda and not hardware.get("bf16_native"):
-        notes.append("this CPU has no native bf16 (no AVX512-BF16/AMX): amp=true runs emulated bf16, usually slower than fp32.")
-    if cuda and cap and cap < 8.0:
+    if not cuda and not hardware.get("bf16_native") and flags.get("amp") and flags.get("amp_dtype", "auto") in ("auto", "bf16"):
+        notes.append("this CPU has no native bf16 (no AVX512-BF16/AMX): amp=true ran emulated bf16, usually slower than fp32.")
+    if cuda and cap and cap < 8.0 and (flags.get("amp") or flags.get("tf32")):
         notes.append(f"this GPU (sm{hardware.get('capability')}) has no native bf16 or TF32: amp uses fp16 with loss scaling, and tf32=true changes nothing.")
     if cuda and cap and cap < 7.0 and flags.get("compile"):
         notes.append(f"torch.compile's GPU backend (Triton) needs sm70 or newer; this GPU is sm{hardware.get('capability')}.")

@@ -8,6 +8,7 @@ build machines).
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -30,6 +31,10 @@ class Hardware:
 
 
 def _cpu_flags() -> set:
+    """The CPU's feature flags; ``TRAINER_CPU_FLAGS="avx2 fma"`` makes the trainer treat this CPU as one
+    with only those (to see what it says and decides on another CPU kind; the kernels that run do not change)."""
+    if os.environ.get("TRAINER_CPU_FLAGS") is not None:
+        return set(os.environ["TRAINER_CPU_FLAGS"].split())
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -56,6 +61,37 @@ def usable_cores() -> int:
     from .sysstats import usable_cores as from_affinity_and_quota
 
     return from_affinity_and_quota()
+
+
+def bf16_slowdown(module, image_size: int) -> float:
+    """How many times slower a training step of ``module`` runs under bf16 autocast than in fp32 on
+    this CPU: a short probe (batch 2 at ``image_size``, forward and backward, the better of 2 after
+    a warm-up each; a second or two where bf16 is emulated). The weights are left as they were."""
+    import time
+
+    import torch
+
+    saved = {k: v.clone() for k, v in module.state_dict().items()}
+    x = torch.randn(2, 3, image_size, image_size)
+    was_training = module.training
+    module.train()
+
+    def step(bf16: bool) -> float:
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            module(x).float().sum().backward()
+        return time.perf_counter() - start
+
+    try:
+        times = {}
+        for bf16 in (False, True):
+            step(bf16)
+            times[bf16] = min(step(bf16) for _ in range(2))
+    finally:
+        module.zero_grad(set_to_none=True)
+        module.load_state_dict(saved)
+        module.train(was_training)
+    return times[True] / max(times[False], 1e-6)
 
 
 @lru_cache(maxsize=None)

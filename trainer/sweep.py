@@ -9,6 +9,9 @@ Hydra's basic launcher runs a sweep's jobs one after another in this process. Th
   last.ckpt at the next step boundary and stops (``PreemptionCallback``), and the sweep ends there
   (``SweepStopped``) instead of starting its next job. ``finish_stopped`` writes the A/B report of
   what finished, names the jobs that did not run, marks the plan ``stopped`` and says how to finish.
+- **What to expect.** Jobs that will be very slow here (amp=true where this CPU only emulates bf16)
+  are named before the first job starts, with a short probe's slowdown factor, and each one's
+  expected time is said before it starts (from its fp32 twin's measured time). Never refused.
 - **Finishing it.** The same command with ``hydra.sweep.dir=<that dir>``: a sweep dir that holds a
   stopped sweep of the same overrides (or one whose process died, on this host) is taken up
   again. A job that finished is kept as it is, not trained again; a stopped job resumes from its
@@ -30,7 +33,7 @@ log = logging.getLogger(__name__)
 PLAN = "sweep.json"
 
 # this process's sweep: its dir, and whether it finishes a stopped one (set by on_multirun_start)
-_state: Dict[str, Any] = {"sweep_dir": None, "resuming": False, "configs": {}, "argv": None}
+_state: Dict[str, Any] = {"sweep_dir": None, "in_process": False, "resuming": False, "configs": {}, "argv": None, "slow": {}}
 
 
 def remember_argv(argv: List[str]) -> None:
@@ -48,8 +51,9 @@ class SweepStopped(BaseException):
 
 
 def running() -> bool:
-    """Whether this process is running a sweep (on_multirun_start was called)."""
-    return _state["sweep_dir"] is not None
+    """Whether this process runs a sweep's jobs itself (Hydra's basic launcher: on_multirun_start was
+    called here). A Slurm job that submitit started for a sweep does not: its sweep is elsewhere."""
+    return _state["sweep_dir"] is not None and _state.get("in_process", False)
 
 
 def plan_jobs(task_overrides: List[str]) -> Optional[List[List[str]]]:
@@ -123,6 +127,116 @@ def start(sweep_dir: str, task_overrides: List[str]) -> None:
     }
     Path(sweep_dir).mkdir(parents=True, exist_ok=True)
     _write(sweep_dir, plan)
+
+
+def _job_config(base, overrides: List[str], swept: List[str]):
+    """A planned job's config: the sweep's composed config with the job's values and the scale applied
+    (as ``trainer.cli.task`` will). None where the sweep varies a config group (that needs Hydra to compose)."""
+    from omegaconf import open_dict
+
+    from .config import GROUPS
+    from .model_config import replace_retargeted_model
+    from .scale import _reapply_cli, apply_scale
+
+    if any(key in GROUPS for key in swept):
+        return None
+    cfg = base.copy()
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+        _reapply_cli(cfg, overrides)
+    cfg = apply_scale(cfg, overrides)
+    return replace_retargeted_model(cfg, overrides)
+
+
+def expect_slow_jobs(config, jobs: Optional[List[List[str]]]) -> None:
+    """Before the first job: name the jobs that will be very slow here, and why; their expected time is
+    said before each starts (``announce``). Never refuses: the user may want the measurement."""
+    _state["slow"] = {}
+    if not jobs:
+        return
+    from . import hardware
+    from .console import swept_keys
+
+    cpu_bf16 = {}
+    swept = swept_keys((_read(_state["sweep_dir"]) or {}).get("overrides") or []) if _state["sweep_dir"] else []
+    for num, overrides in enumerate(jobs):
+        cfg = _job_config(config, overrides, swept)
+        if cfg is None or cfg.accelerator in ("gpu", "cuda"):
+            continue
+        hw = hardware.detect(cfg.accelerator)
+        if hw.accelerator != "cpu":
+            continue
+        if cfg.amp and cfg.amp_dtype in ("auto", "bf16") and not hw.bf16_native:
+            cpu_bf16[num] = cfg
+    if not cpu_bf16:
+        return
+    from .models import build_module
+
+    first = next(iter(cpu_bf16.values()))
+    try:
+        factor = hardware.bf16_slowdown(build_module(first), int(first.data.image_size))
+    except Exception as e:  # a model that cannot be built here: say it without a figure
+        log.debug("bf16 probe failed: %s", e)
+        factor = None
+    for num in cpu_bf16:
+        _state["slow"][num] = factor
+    from .console import job_label
+
+    names = ", ".join(job_label(num, jobs[num]) for num in cpu_bf16)
+    probe = (f"a probe of this model measured a bf16 step at {factor:.1f}x the time of an fp32 one here" if factor
+             else "expect it several times slower than fp32")
+    log.warning(
+        "%s: amp=true runs emulated bf16 on this CPU (no AVX512-BF16/AMX): %s. Each one's expected time is said before it "
+        "starts; Ctrl-C stops the sweep after the job in flight (the same command with hydra.sweep.dir finishes it later).",
+        names, probe,
+    )
+
+
+def announce(num: int, overrides: List[str]) -> None:
+    """Before a job named by ``expect_slow_jobs``: its expected time, from a finished fp32 twin's."""
+    if num not in _state.get("slow", {}):
+        return
+    from .console import job_label
+
+    factor = _state["slow"][num]
+    twin = _finished_twin(num, overrides)
+    label = job_label(num, overrides)
+    if factor and twin:
+        other, wall, steps = twin  # the steps slow down by the factor, setting up does not
+        seconds = (wall - steps) + steps * factor
+        log.warning("%s: expect about %s (emulated bf16: %.1fx the %s of training and validation that #%s took in fp32)",
+                    label, _duration(seconds), factor, _duration(steps), other)
+    elif factor:
+        log.warning("%s: expect about %.1fx the time of the same job in fp32 (emulated bf16)", label, factor)
+
+
+def _finished_twin(num: int, overrides: List[str]) -> Optional[tuple]:
+    """(job number, wall seconds, seconds in its epochs) of a finished fp32 job that differs from this one only in
+    amp/amp_dtype (else the first finished fp32 one)."""
+    sweep_dir, plan = _state["sweep_dir"], _read(_state["sweep_dir"] or "") or {}
+    mine = {o for o in overrides if not o.lstrip("+~").startswith("amp")}
+    finished = []
+    for other, other_overrides in enumerate(plan.get("jobs") or []):
+        if other == num:
+            continue
+        try:
+            m = json.loads(Path(sweep_dir, str(other), "metrics.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if m.get("status") == "ok" and m.get("wall_time_s") and not m.get("flags", {}).get("amp"):
+            same = {o for o in other_overrides if not o.lstrip("+~").startswith("amp")} == mine
+            steps = sum((e.get("time_s") or 0) + (e.get("val_time_s") or 0) for e in m.get("epochs") or [])
+            finished.append((not same, other, m["wall_time_s"], min(steps, m["wall_time_s"])))
+    if not finished:
+        return None
+    _, other, wall, steps = min(finished)
+    return other, wall, steps
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    return f"{seconds:.0f} s" if seconds < 120 else (f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h")
 
 
 def done(sweep_dir: str) -> None:
@@ -230,10 +344,12 @@ class SweepCallback(_HydraCallback):
             if not resumable(sweep_dir, task_overrides):  # a stopped sweep of the same command is finished instead
                 _refuse_taken(lambda outputs: outputs.refuse_used_sweep_dir(sweep_dir, config.get("ckpt_path")))
             start(sweep_dir, task_overrides)
+            expect_slow_jobs(config, (_read(sweep_dir) or {}).get("jobs"))
         launcher = str(config.hydra.launcher.get("_target_", ""))
         if "BasicLauncher" in launcher and os.environ.get("LOCAL_RANK") is None:
             from . import stopping
 
+            _state["in_process"] = True
             stopping.install()  # the jobs run in this process: a signal stops the sweep after the job in flight
         one_at_a_time = "BasicLauncher" in launcher or config.hydra.launcher.get("array_parallelism") == 1
         if not one_at_a_time:
