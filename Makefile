@@ -11,10 +11,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	touch $@
 
-# A CPU-sized A/B sweep of the ResNet-50 recipe on the built-in real JPEGs: 4 jobs of 6 epochs,
-# about 1.5 minutes on 2 cores, the baseline reaching about 0.8 val_acc (chance is 0.1).
+# A CPU-sized A/B sweep on the built-in real JPEGs: the JPEG decoder x channels_last, 4 jobs of 6
+# epochs of the small CNN, about 40 s on 2 cores of any CPU kind (no flag that a CPU may only
+# emulate), every row learning to about 0.99 val_acc (chance is 0.1). See the README for why.
 demo: setup
-	$(PY) train.py -m +recipe=resnet50 scale=smoke data=builtin trainer.max_epochs=6 trainer.limit_train_batches=1.0 trainer.limit_val_batches=1.0 amp=false,true channels_last=false,true
+	$(PY) train.py -m data=builtin data.image_size=32 trainer.max_epochs=6 data.decoder=pil,turbo channels_last=false,true
 
 test: setup
 	$(PY) -m pytest -q --durations=15
