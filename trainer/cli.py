@@ -334,25 +334,33 @@ def main() -> None:
 
     import hydra
 
+    from .launch import exit_launched_rank, leave_process_group
+
     prepare_hydra()
     stopping.clear()
+    code = None  # how the process is about to end, once it ends by itself or by sys.exit
     try:
-        hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(task)()
-    except (sweep.SweepStopped, stopping.Stopped) as stop:
-        if isinstance(stop, stopping.Stopped) and not sweep.running():
-            import signal
+        try:
+            hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(task)()
+        except (sweep.SweepStopped, stopping.Stopped) as stop:
+            if isinstance(stop, stopping.Stopped) and not sweep.running():
+                import signal
 
-            print(f"\n{stop}\n", file=sys.stderr)
-            sys.exit(128 + int(signal.Signals[stop.signal_name]))
-        sys.exit(sweep.finish_stopped(stop.signal_name))
+                print(f"\n{stop}\n", file=sys.stderr)
+                sys.exit(128 + int(signal.Signals[stop.signal_name]))
+            sys.exit(sweep.finish_stopped(stop.signal_name))
+        if _failed_jobs:
+            print(f"\n{len(_failed_jobs)} job(s) failed; see metrics.json in: {', '.join(_failed_jobs)}", file=sys.stderr)
+            sys.exit(1)
+        code = 0
+    except SystemExit as e:
+        code = e.code
+        raise
     finally:
-        from .launch import leave_process_group
-
         stopping.uninstall_all()
         leave_process_group()
-    if _failed_jobs:
-        print(f"\n{len(_failed_jobs)} job(s) failed; see metrics.json in: {', '.join(_failed_jobs)}", file=sys.stderr)
-        sys.exit(1)
+        if code is not None or sys.exc_info()[0] is SystemExit:
+            exit_launched_rank(code)  # a torchrun rank ends here; any other exception on its way is left to Python
 
 
 if __name__ == "__main__":
