@@ -25,6 +25,19 @@ TINY = [
 ]
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``make test``'s parallel part), each worker gets its own share of the CPUs
+    (its processes inherit it): the trainer reads its affinity mask as the machine it has, so a
+    worker's runs neither compete with the other's nor see its load as "other processes". Tests
+    that need every core (several processes, or a machine-wide measurement) are marked
+    ``whole_machine`` and run afterwards, alone."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker and count > 1 and hasattr(os, "sched_setaffinity"):
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) >= count:
+            os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) % count :: count])
+
+
 def pytest_report_header(config):
     """The machine in the suite's header: a slow run reads differently on a CPU that emulates bf16."""
     from trainer.hardware import detect

@@ -13,6 +13,7 @@ SMALL = ["data.num_samples=256", "data.image_size=16", "data.val_samples=32", "t
 
 
 @pytest.mark.slow
+@pytest.mark.whole_machine  # two ranks: one core each
 def test_ddp_two_processes_match_one_process_at_the_same_global_batch(tmp_path):
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     # no BatchNorm: per-rank batch statistics would differ from one process's (SyncBatchNorm is GPU-only)
@@ -30,6 +31,7 @@ def test_ddp_two_processes_match_one_process_at_the_same_global_batch(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.whole_machine  # two ranks: one core each
 def test_fsdp2_two_processes_train_save_and_resume(tmp_path):
     run_dir = tmp_path / "fsdp2"
     r = run_cli(f"hydra.run.dir={run_dir}", *SMALL, "strategy=fsdp2", "devices=2", "data.batch_size=8")
@@ -81,6 +83,7 @@ def test_accumulate_under_ddp_syncs_gradients_only_on_stepping_batches(train):
 
 
 @pytest.mark.slow
+@pytest.mark.whole_machine  # two ranks: one core each
 def test_a_sweep_of_ddp_jobs_makes_one_sweep_dir(tmp_path):
     sweep = tmp_path / "multirun" / "sweep"
     r = run_cli("-m", f"hydra.sweep.dir={sweep}", *SMALL, "strategy=ddp", "devices=2", "data.batch_size=8", "amp=false,true", cwd=tmp_path)
@@ -97,6 +100,7 @@ def test_a_sweep_of_ddp_jobs_makes_one_sweep_dir(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.whole_machine  # two ranks: one core each
 def test_two_nodes_with_torchrun_on_localhost(tmp_path):
     import socket
 
@@ -149,6 +153,7 @@ def test_ddp_knobs_reach_the_strategy(compose):
     assert switchboard.trainer_kwargs(compose("sync_batchnorm=true"), plan)["sync_batchnorm"] is True
 
 
+@pytest.mark.whole_machine  # two ranks: one core each
 def test_a_distributed_job_refused_before_launch_keeps_its_report_row(tmp_path):
     sweep = tmp_path / "sweep"
     r = run_cli("-m", f"hydra.sweep.dir={sweep}", *SMALL, "strategy=ddp", "devices=2", "data.batch_size=auto,8", "trainer.max_epochs=1", cwd=tmp_path)
@@ -160,6 +165,7 @@ def test_a_distributed_job_refused_before_launch_keeps_its_report_row(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.whole_machine  # two ranks: one core each
 def test_a_failing_rank_gives_the_same_paragraph_and_exit_code_as_one_process(tmp_path):
     bad = ["model._target_=probe.ProbeNet", "+model.fail_when=init", "data.image_size=16", "data.num_samples=64", "trainer.max_epochs=1"]
     one = run_cli(f"hydra.run.dir={tmp_path / 'one'}", *bad)

@@ -131,6 +131,7 @@ def test_block_sampler_pads_unequal_ranks_and_skips_trained_batches():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", BLOCK_FORMATS)
+@pytest.mark.whole_machine  # two ranks: one core each
 def test_ddp_two_ranks_two_workers_resumed_mid_epoch_ends_with_the_uninterrupted_weights(packed, tmp_path, fmt):
     args = [
         f"data={fmt}", f"data.root={packed[fmt]}", "data.augment=false", "data.image_size=16", "data.batch_size=10", "data.num_workers=2",

@@ -98,6 +98,7 @@ def test_recipe_models_build_at_smoke_scale(compose):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["torchvision", "timm"])
+@pytest.mark.whole_machine  # two ranks: one core each
 def test_fsdp2_on_two_processes_shards_the_blocks_of(kind, tmp_path):
     run_dir = tmp_path / kind
     r = run_cli(f"hydra.run.dir={run_dir}", *TINY, *KINDS[kind], "strategy=fsdp2", "devices=2", "data.image_size=32", "trainer.max_epochs=2")

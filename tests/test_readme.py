@@ -25,8 +25,10 @@ import pytest
 
 from conftest import ROOT, clean_env
 
-# appended to every command: any recipe at smoke scale, one short epoch, no checkpoints
-SMOKE = ["scale=smoke", "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "checkpoint.enabled=false"]
+# appended to every command: any recipe at smoke scale, one short epoch of small batches (a bf16
+# step of ResNet-50 is slow where a CPU only emulates bf16), no checkpoints
+SMOKE = ["scale=smoke", "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "data.batch_size=4",
+         "checkpoint.enabled=false"]
 # and to a tune: the shortest probes, one candidate that a CPU skips (the search itself is tested in test_tune)
 TUNE_SMOKE = ["tune.only=[pin_memory]", "tune.probe_batches=2", "tune.probe_epochs=3", "tune.verify_epochs=1"]
 # the best.yaml the README's +tuned= example reads
@@ -102,6 +104,10 @@ def _param(c: Command):
         "gpu": [pytest.mark.gpu, pytest.mark.skipif(not _cuda(), reason="[needs GPU]: scripts/gpu_check.sh runs it on a CUDA machine")],
         "slurm": [pytest.mark.slurm, pytest.mark.skipif(_slurm_problem() is not None, reason=f"[needs Slurm]: {_slurm_problem()}")],
     }.get(c.marker, [])
+    if "compile=" in c.text:
+        # one pytest-xdist worker runs the commands that compile a recipe, one after the other: a
+        # graph the first compiled is then in Inductor's on-disk cache for the next
+        marks = [*marks, pytest.mark.xdist_group("compile")]
     return pytest.param(c, id=f"{c.source}: {c.text}", marks=[pytest.mark.slow, *marks])
 
 
@@ -150,9 +156,12 @@ def _args(c: Command) -> List[str]:
     if args[0] == "train.py" and c.expected_error is None:
         # the suffix's sizes replace any the command gives (the demo's six epochs); other keys as written
         sizes = {s.split("=", 1)[0]: s for s in SMOKE if s.startswith("trainer.")}
+        if "compile=true" in c.text or "compile=false,true" in c.text:
+            # no validation: its eval-mode graph would be a second compile (a fifth of a cold compile's time)
+            sizes["trainer.limit_val_batches"] = "trainer.limit_val_batches=0"
         args = [sizes.get(a.split("=", 1)[0], a) for a in args]
         given = {a.split("=", 1)[0] for a in args}
-        suffix = [s for s in SMOKE if s.split("=", 1)[0] not in given]
+        suffix = [sizes.get(s.split("=", 1)[0], s) for s in SMOKE if s.split("=", 1)[0] not in given]
         return args + suffix + (["hydra.sweep.dir=sweep"] if "-m" in args else ["hydra.run.dir=run"])
     return args
 

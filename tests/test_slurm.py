@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, clean_env, final_loss, read_metrics, run_cli
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.whole_machine]  # one cluster, its 2 CPUs
 
 # ~4 s of training in 512 steps, a checkpoint every 7 steps: a preemption lands mid-run
 RUN = ["seed=42", "data.num_samples=1024", "data.batch_size=8", "data.image_size=16", "data.val_samples=16",

@@ -119,6 +119,7 @@ def test_a_killed_cache_copy_resumes_where_it_stopped(s3, tmp_path):
     assert not list(copy.rglob("*.part"))  # no torn file left in place
 
 
+@pytest.mark.whole_machine  # two ranks: one core each
 def test_two_ddp_ranks_share_one_cache_and_train_from_s3(s3, formats, tmp_path):
     url = _upload(s3, formats["parquet"], f"{_bucket(s3, 'datasets')}/ddp-parquet")
     run_dir, cache = tmp_path / "run", tmp_path / "cache"

@@ -18,6 +18,7 @@ needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="ne
 
 
 @needs_two_cpus
+@pytest.mark.whole_machine  # pins a competitor to the other core
 def test_under_a_restricted_affinity_cores_and_busy_time_are_those_cpus_only():
     """A process pinned to one CPU, with a competitor busy on another: one usable core, and the
     competitor is not "other processes" on this run's CPU (host-wide readings said it was)."""

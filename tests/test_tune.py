@@ -49,6 +49,7 @@ def _best(run_dir: Path) -> list:
     return yaml.safe_load((run_dir / "best.yaml").read_text())["overrides"]
 
 
+@pytest.mark.whole_machine  # loader workers are a candidate only with a core to spare
 def test_a_dataset_that_sleeps_gets_loader_workers_first_and_a_killed_tune_resumes(tmp_path):
     run_dir = tmp_path / "tune"
     args = [f"hydra.run.dir={run_dir}", *SLOW_DATA, *PROBE, "tune.only=[workers,amp]"]
