@@ -31,20 +31,10 @@ DEFAULT = [
 
 
 def loader_images_per_s(overrides, batches: int, repeats: int) -> dict:
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from trainer.paths import CONFIG_DIR
-    from trainer.config import register_schema
+    from trainer.compose import compose_for_run
     from trainer.data import ImageDataModule
-    from trainer.model_config import replace_retargeted_model
-    from trainer.scale import apply_scale
 
-    register_schema()
-    OmegaConf.register_new_resolver("trainer_rank_suffix", lambda: "", replace=True)
-    OmegaConf.register_new_resolver("trainer_rank0_only", lambda v: v, replace=True)
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = replace_retargeted_model(apply_scale(compose(config_name="train", overrides=overrides), overrides), overrides)
+    cfg = compose_for_run(overrides)
     dm = ImageDataModule(cfg.data, cfg.seed)
     dm.build()
     rates = []

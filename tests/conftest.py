@@ -65,26 +65,10 @@ def clear_probe():
 
 @pytest.fixture
 def compose():
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    """What ``python train.py OVERRIDES`` would run, composed in-process."""
+    from trainer.compose import compose_for_run
 
-    from trainer.paths import CONFIG_DIR
-    from omegaconf import OmegaConf
-
-    from trainer.config import register_schema
-    from trainer.model_config import replace_retargeted_model
-    from trainer.scale import apply_scale
-
-    register_schema()
-    OmegaConf.register_new_resolver("trainer_rank_suffix", lambda: "", replace=True)
-    OmegaConf.register_new_resolver("trainer_rank0_only", lambda value: value, replace=True)
-
-    def _compose(*overrides: str):
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = hydra_compose(config_name="train", overrides=list(overrides))
-        return replace_retargeted_model(apply_scale(cfg, overrides), overrides)
-
-    return _compose
+    return lambda *overrides: compose_for_run(overrides)
 
 
 @pytest.fixture

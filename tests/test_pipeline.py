@@ -164,8 +164,14 @@ def test_device_prefetcher_copies_ahead_and_trains_the_same(train, monkeypatch, 
     monkeypatch.setattr(dm_mod.ImageDataModule, "_loader", logged_loader)
     from trainer import run as run_mod
 
-    real_callbacks = run_mod._callbacks
-    monkeypatch.setattr(run_mod, "_callbacks", lambda *a: real_callbacks(*a) + [StepWatch()])
+    real_callbacks = run_mod.build_callbacks
+
+    def with_step_watch(parts):
+        found = real_callbacks(parts)
+        found.all.append(StepWatch())
+        return found
+
+    monkeypatch.setattr(run_mod, "build_callbacks", with_step_watch)
     prefetched, _ = train(*args, "data.device_prefetch=true")
     assert prefetched["status"] == "ok"
     import threading

@@ -1,9 +1,9 @@
 """The Hydra entry point behind ``train.py`` and the ``trainer-train`` console script.
 
 It checks the command line against the schema before Hydra composes (so a typo gets a one-paragraph
-answer, not a Hydra stack), applies ``scale=``, saves the effective config, runs the job, and
-keeps a sweep going when one job fails (its metrics.json says why; the exit code says that
-something failed).
+answer, not a Hydra stack), finishes the config (``trainer.compose``), runs the job here or
+launches its ranks, and keeps a sweep going when one job fails (its metrics.json says why; the
+exit code says that something failed).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 from .errors import ConfigError, UserFacingError
 from .paths import CONFIG_DIR, RECIPE_DIR
-from .rank import global_rank
 
 log = logging.getLogger("trainer")
 
@@ -202,104 +202,68 @@ def _status(line: str, ok: bool) -> None:
     log.log(logging.INFO if ok else logging.WARNING, line, extra={console.STATUS_LINE: True})
 
 
-def prepare_hydra() -> None:
-    """The schema in Hydra's ConfigStore and the resolvers configs/train.yaml uses."""
-    from omegaconf import OmegaConf
+@dataclass
+class JobContext:
+    """Where one Hydra job runs and how it was asked for (from Hydra's runtime config)."""
 
-    from .config import register_schema
+    out_dir: str
+    overrides: List[str]
+    multirun: bool
+    num: int  # hydra.job.num in a sweep; 0 for a single run
+    config_path: Optional[str]  # .hydra/config.yaml, where the run saves the config it ran
 
-    register_schema()
-    rank = str(global_rank())
-    OmegaConf.register_new_resolver("trainer_rank_suffix", lambda: "" if rank == "0" else f"_rank{rank}", replace=True)
-    OmegaConf.register_new_resolver("trainer_rank0_only", lambda value: value if rank == "0" else None, replace=True)
+    @classmethod
+    def from_hydra(cls) -> "JobContext":
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        out_dir = hc.runtime.output_dir
+        multirun = hc.mode == RunMode.MULTIRUN
+        return cls(
+            out_dir=out_dir,
+            overrides=list(hc.overrides.task),
+            multirun=multirun,
+            num=hc.job.num if multirun else 0,  # hydra.job.num exists in sweeps only
+            config_path=os.path.join(out_dir, hc.output_subdir, "config.yaml") if hc.output_subdir is not None else None,
+        )
+
+    @property
+    def label(self) -> str:
+        from . import console
+
+        return console.job_label(self.num, self.overrides)
 
 
 def task(cfg) -> None:
-    """One Hydra job: apply the scale, save the effective config, run, record the outcome."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-    from omegaconf import OmegaConf, open_dict
+    """One Hydra job: finish the config (scale, model), then run it here or launch its ranks; record the outcome."""
+    from . import console, stopping, sweep
+    from .compose import finish
 
-    from . import console
-    from .model_config import replace_retargeted_model
-    from .run import run
-    from .scale import apply_scale
-
-    from . import stopping, sweep
-
-    hc = HydraConfig.get()
-    out_dir = hc.runtime.output_dir
-    multirun = hc.mode == RunMode.MULTIRUN
-    overrides = list(hc.overrides.task)
-    console.set_sweep(multirun)
-    num = hc.job.num if multirun else 0  # hydra.job.num exists in sweeps only
-    label = console.job_label(num, overrides)
-    if not multirun:
+    job = JobContext.from_hydra()
+    console.set_sweep(job.multirun)
+    if not job.multirun:
         # a single run in this process (also a launched rank); a local sweep's jobs have the sweep's
-        # (ABReportCallback.on_multirun_start), and a Slurm job keeps submitit's until fit takes over
+        # (SweepCallback.on_multirun_start), and a Slurm job keeps submitit's until fit takes over
         stopping.install()
     elif sweep.running() and stopping.requested():
         raise sweep.SweepStopped(stopping.requested())  # the signal came between two jobs
-    action = sweep.resume_action(out_dir) if multirun else "run"
-    if multirun and action != "keep":
-        sweep.announce(num, overrides)
+    action = sweep.resume_action(job.out_dir) if job.multirun else "run"
+    if job.multirun and action != "keep":
+        sweep.announce(job.num, job.overrides)
     if action == "keep":  # finishing a stopped sweep: this job had finished
-        _status(console.status_line(num, overrides, sweep.keep_finished(out_dir), out_dir), ok=True)
+        _status(console.status_line(job.num, job.overrides, sweep.keep_finished(job.out_dir), job.out_dir), ok=True)
         return
     try:
-        cfg = replace_retargeted_model(apply_scale(cfg, overrides), overrides)
-        config_path = os.path.join(out_dir, hc.output_subdir, "config.yaml") if hc.output_subdir is not None else None
-        if config_path and global_rank() == 0:
-            # Hydra saved the config before scale= was applied; keep the one that actually runs
-            # (run() rewrites it again once the batch size, lr and class count are settled).
-            OmegaConf.save(cfg, config_path, resolve=True)
-        from .launch import inside_launcher, launch, needs_launch
-        from .outputs import refuse_finished_run_dir
-        from .slurm import resume_if_requeued
+        cfg = finish(cfg, job.overrides)
+        _prepare_job_dir(cfg, job, resume=action == "resume")
+        from .launch import needs_launch
 
-        resume_if_requeued(cfg, out_dir)
-        if action == "resume":  # finishing a stopped sweep: this job stopped after saving
-            with open_dict(cfg):
-                cfg.ckpt_path = "last"
-
-        if not inside_launcher():  # a launched rank's dir is its parent's, which checked it
-            refuse_finished_run_dir(out_dir, cfg.ckpt_path, "hydra.sweep.dir" if multirun else "hydra.run.dir")
         if needs_launch(cfg):
-            # check the config once here, not once per rank
-            from . import hardware, switchboard
-            from .config import validate
-
-            validate(cfg)
-            switchboard.resolve(cfg, hardware.detect(cfg.accelerator))
-            # the child processes run this job in this job's dir; (rank 0 of) them writes metrics.json
-            code = launch(cfg, out_dir, overrides, quiet=multirun)
-            if code != 0:
-                _record_failure(out_dir, cfg, overrides, f"its processes exited with status {code}; see the logs in {out_dir}")
-                if not multirun:
-                    sys.exit(code)
-                log.error("%s: its processes exited with status %d; see %s", label, code, out_dir)
-                _failed_jobs.append(out_dir)
-            elif multirun:
-                _log_status(num, overrides, out_dir)
-            if multirun and sweep.running() and stopping.requested():
-                raise sweep.SweepStopped(stopping.requested())
-            return
-        result = run(cfg, out_dir, overrides, config_path=config_path)
-        from .slurm import leave_for_requeue
-
-        leave_for_requeue(result)
-        if multirun:
-            _status(console.status_line(num, overrides, result, out_dir), ok=result.get("status") == "ok")
+            _launch_job(cfg, job)
         else:
-            log.info("results: %s (TensorBoard: tensorboard --logdir %s)", os.path.join(out_dir, "metrics.json"), out_dir)
-        if result.get("preempted"):
-            from .checkpointing import PREEMPTED_EXIT_CODE
-
-            if not multirun:
-                print(f"\n{result['error']} (exit code {PREEMPTED_EXIT_CODE})", file=sys.stderr)
-                sys.exit(PREEMPTED_EXIT_CODE)
-            _failed_jobs.append(out_dir)
-        if multirun and sweep.running() and stopping.requested():
+            _run_job(cfg, job)
+        if job.multirun and sweep.running() and stopping.requested():
             # this job saved (or finished): the sweep ends here. Only a sweep whose jobs run in this
             # process: a Slurm job (submitit) returns its result, and its sweep goes on waiting
             raise sweep.SweepStopped(stopping.requested())
@@ -307,16 +271,74 @@ def task(cfg) -> None:
         from .outputs import OutputTaken
 
         if not isinstance(e, OutputTaken):  # an earlier run's results are not ours to overwrite, even with a failure record
-            _record_failure(out_dir, cfg, overrides, str(e))
-        if not multirun:
+            _record_failure(job.out_dir, cfg, job.overrides, str(e))
+        if not job.multirun:
             fail(str(e), e.exit_code)
-        log.error("%s stopped: %s", label, e)
-        _failed_jobs.append(out_dir)
+        log.error("%s stopped: %s", job.label, e)
+        _failed_jobs.append(job.out_dir)
     except Exception:
-        if not multirun:
+        if not job.multirun:
             raise
-        log.exception("%s failed; its metrics.json records the error, and the sweep goes on", label)
-        _failed_jobs.append(out_dir)
+        log.exception("%s failed; its metrics.json records the error, and the sweep goes on", job.label)
+        _failed_jobs.append(job.out_dir)
+
+
+def _prepare_job_dir(cfg, job: JobContext, resume: bool) -> None:
+    """A requeued Slurm job or a stopped sweep job resumes from its last.ckpt; any other job's dir must not hold a result."""
+    from omegaconf import open_dict
+
+    from .launch import inside_launcher
+    from .outputs import refuse_finished_run_dir
+    from .slurm import resume_if_requeued
+
+    resume_if_requeued(cfg, job.out_dir)
+    if resume:  # finishing a stopped sweep: this job stopped after saving
+        with open_dict(cfg):
+            cfg.ckpt_path = "last"
+    if not inside_launcher():  # a launched rank's dir is its parent's, which checked it
+        refuse_finished_run_dir(job.out_dir, cfg.ckpt_path, "hydra.sweep.dir" if job.multirun else "hydra.run.dir")
+
+
+def _launch_job(cfg, job: JobContext) -> None:
+    """Start the job's ranks (or the job under another allocator); rank 0 of them writes metrics.json."""
+    from . import hardware, switchboard
+    from .config import validate
+    from .launch import launch
+
+    # check the config once here, not once per rank
+    validate(cfg)
+    switchboard.resolve(cfg, hardware.detect(cfg.accelerator))
+    # the child processes run this job in this job's dir
+    code = launch(cfg, job.out_dir, job.overrides, quiet=job.multirun)
+    if code != 0:
+        _record_failure(job.out_dir, cfg, job.overrides, f"its processes exited with status {code}; see the logs in {job.out_dir}")
+        if not job.multirun:
+            sys.exit(code)
+        log.error("%s: its processes exited with status %d; see %s", job.label, code, job.out_dir)
+        _failed_jobs.append(job.out_dir)
+    elif job.multirun:
+        _log_status(job.num, job.overrides, job.out_dir)
+
+
+def _run_job(cfg, job: JobContext) -> None:
+    """Train in this process; say how it went (a preempted single run exits with the requeue code)."""
+    from . import console
+    from .run import run
+    from .slurm import leave_for_requeue
+
+    result = run(cfg, job.out_dir, job.overrides, config_path=job.config_path)
+    leave_for_requeue(result)
+    if job.multirun:
+        _status(console.status_line(job.num, job.overrides, result, job.out_dir), ok=result.get("status") == "ok")
+    else:
+        log.info("results: %s (TensorBoard: tensorboard --logdir %s)", os.path.join(job.out_dir, "metrics.json"), job.out_dir)
+    if result.get("preempted"):
+        from .checkpointing import PREEMPTED_EXIT_CODE
+
+        if not job.multirun:
+            print(f"\n{result['error']} (exit code {PREEMPTED_EXIT_CODE})", file=sys.stderr)
+            sys.exit(PREEMPTED_EXIT_CODE)
+        _failed_jobs.append(job.out_dir)
 
 
 def main() -> None:
@@ -334,6 +356,7 @@ def main() -> None:
 
     import hydra
 
+    from .compose import prepare_hydra
     from .launch import exit_launched_rank, leave_process_group
 
     prepare_hydra()

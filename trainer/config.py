@@ -11,85 +11,58 @@ combinations on the composed config, where the hardware is known.
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional
 
 from .errors import ConfigError
 
-# Top-level switchboard flags and the other keys with a fixed set of values: key -> allowed values.
-CHOICES: Dict[str, tuple] = {
-    "amp_dtype": ("auto", "bf16", "fp16"),
-    "compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
-    "strategy": ("auto", "ddp", "fsdp", "fsdp2"),
-    "accelerator": ("auto", "cpu", "gpu", "cuda"),
-    "data.name": ("synthetic", "imagefolder", "builtin", "custom", "packed", "parquet", "webdataset"),
-    "data.decoder": ("pil", "torchvision", "turbo", "nvjpeg"),
-    "runtime.allocator": ("default", "jemalloc", "tcmalloc"),
-    "optim.name": ("sgd", "adamw"),
-    "sched.name": ("cosine", "constant"),
-    "lr_scaling": ("none", "linear", "sqrt"),
-    "on_nan": ("stop", "skip", "off"),
-    "data.on_bad_sample": ("skip", "stop"),
-    "checkpoint.mode": ("max", "min"),
-    "fsdp.sharding_strategy": ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"),
-    "optim.fused": ("auto", True, False, "foreach"),
-    "trainer.deterministic": (False, True, "warn"),
-    "trainer.gradient_clip_algorithm": ("norm", "value"),
-}
-
 # Config groups: selecting one of these is not a value override.
 GROUPS = ("data", "model", "scale", "recipe", "bench")
 
-# The flags recorded under ``flags`` in metrics.json and compared by the A/B report.
-FLAG_KEYS = (
-    "amp",
-    "amp_dtype",
-    "compile",
-    "compile_mode",
-    "channels_last",
-    "accumulate",
-    "strategy",
-    "devices",
-    "num_nodes",
-    "profile",
-    "tf32",
-    "cudnn_benchmark",
-    "activation_checkpointing",
-    "sync_batchnorm",
-    "lr_scaling",
-    "cuda_alloc_conf",
-    "optim.fused",
-    "optim.zero_grad_to_none",
-    "data.batch_size",
-    "data.num_workers",
-    "data.auto_workers",
-    "data.gpu_normalize",
-    "data.device_prefetch",
-    "data.device_resident",
-    "data.decoder",
-    "data.cache_in_memory",
-    "data.cache",
-    "runtime.allocator",
-)
+OPTIMIZATION = "optimization"  # a switch that changes how fast the same training runs (SPEC's switchboard)
+SETTING = "setting"  # a run setting the A/B report compares too (devices, batch size, workers, profile)
+
+
+def key(
+    default: Any = None, help: str = "", *, choices: tuple = (), check: tuple = (), flag: str = "", lightning: Optional[str] = None, factory: Any = None
+) -> Any:
+    """A schema field and everything said about it, in one place: its default, its help text, its
+    allowed values (``choices``) or range (``check``: a predicate and what it allows), and whether
+    it is a flag metrics.json records (``flag``: OPTIMIZATION or SETTING); under ``trainer.``, the
+    Lightning Trainer argument it is passed as (``lightning``: "" for none). CHOICES, RANGES,
+    FLAG_KEYS, the Trainer's arguments and ``train.py --help`` are derived from these."""
+    metadata = {"help": help, "choices": tuple(choices), "check": tuple(check), "flag": flag}
+    if lightning is not None:
+        metadata["lightning"] = lightning
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _positive(v) -> bool:
+    return math.isfinite(v) and v > 0
 
 
 @dataclass
 class DataConfig:
-    name: str = "synthetic"
+    name: str = key("synthetic", "the dataset", choices=("synthetic", "imagefolder", "builtin", "custom", "packed", "parquet", "webdataset"))
     root: Optional[str] = None  # imagefolder: a folder of class subfolders, or with train/ and val/ inside
-    batch_size: Any = 32  # an integer, or "auto": the largest that fits (see batch_finder)
-    image_size: int = 32
-    num_classes: int = 10
-    num_workers: int = 0
+    batch_size: Any = key(
+        32, "per-process batch: an integer, or auto (the largest that fits; see batch_finder)", check=(lambda v: v >= 1, "an integer >= 1, or auto"), flag=SETTING
+    )
+    image_size: int = key(32, "pixels per side", check=(lambda v: v >= 8, "an integer >= 8 (pixels)"))
+    num_classes: int = key(10, "follows the data unless given", check=(lambda v: v >= 2, "an integer >= 2"))
+    num_workers: int = key(0, "DataLoader worker processes", check=(lambda v: v >= 0, "an integer >= 0 (0 loads in the main process)"), flag=SETTING)
     pin_memory: bool = False
     persistent_workers: bool = False
-    prefetch_factor: Optional[int] = None
+    prefetch_factor: Optional[int] = key(None, "batches each worker loads ahead", check=(lambda v: v is None or v >= 1, "null or an integer >= 1"))
     drop_last: bool = True
     # synthetic: samples per epoch (a fixed pool of distinct images is cycled through)
-    num_samples: int = 1024
+    num_samples: int = key(1024, check=(lambda v: v >= 1, "an integer >= 1"))
     val_samples: int = 256
     # imagefolder without train/ and val/ subfolders: fraction of each class held out for validation
-    val_split: float = 0.2
+    val_split: float = key(0.2, check=(lambda v: 0.0 <= v < 1.0, "a fraction in [0, 1)"))
     # builtin: where the generated JPEG folder is cached, and how many images per class it holds
     cache_dir: Optional[str] = None
     images_per_class: int = 100
@@ -97,20 +70,20 @@ class DataConfig:
     # augmentation for real images: random resized crop + flip in training
     augment: bool = True
     # an image file that cannot be decoded: skip it (and count it) or stop with its path
-    on_bad_sample: str = "skip"
+    on_bad_sample: str = key("skip", choices=("skip", "stop"))
     # input pipeline switches
-    auto_workers: bool = False  # pick num_workers from the cores (and ranks) of this machine
-    gpu_normalize: bool = False  # ship uint8 batches; convert and normalize on the device
-    device_prefetch: bool = False  # CUDA: copy the next batch to the GPU on a side stream during the step
-    device_resident: bool = False  # synthetic: keep the images on the device; batches are gathered there
-    decoder: str = "pil"  # pil | torchvision | turbo (libjpeg-turbo via simplejpeg) | nvjpeg (CUDA)
-    cache_in_memory: bool = False  # keep the encoded image files in RAM after the first read
-    cache: Optional[str] = None  # copy data.root to this local folder once (checksummed, resumable), read from there
+    auto_workers: bool = key(False, "pick num_workers from the cores (and ranks) of this machine", flag=OPTIMIZATION)
+    gpu_normalize: bool = key(False, "ship uint8 batches; convert and normalize on the device", flag=OPTIMIZATION)
+    device_prefetch: bool = key(False, "CUDA: copy the next batch to the GPU on a side stream during the step", flag=OPTIMIZATION)
+    device_resident: bool = key(False, "synthetic: keep the images on the device; batches are gathered there", flag=OPTIMIZATION)
+    decoder: str = key("pil", "JPEG decoder: pil, torchvision, turbo (libjpeg-turbo via simplejpeg), nvjpeg (CUDA)", choices=("pil", "torchvision", "turbo", "nvjpeg"), flag=OPTIMIZATION)
+    cache_in_memory: bool = key(False, "keep the encoded image files in RAM after the first read", flag=OPTIMIZATION)
+    cache: Optional[str] = key(None, "copy data.root to this local folder once (checksummed, resumable), read from there", flag=OPTIMIZATION)
     # data.root as an fsspec URL: passed to fsspec (e.g. {anon: true}, {endpoint_url: ...}); credentials from AWS_* env vars
     storage_options: Any = None
     # parquet / webdataset: samples are shuffled within windows of this many consecutive samples
     # (after shuffling the row groups / shards); a loader worker holds the blocks one window spans
-    shuffle_window: int = 1024
+    shuffle_window: int = key(1024, check=(lambda v: v >= 1, "an integer >= 1 (samples shuffled together; 1: row groups / shards in order, each shuffled inside)"))
     # data=custom: any map-style Dataset of (image tensor, label) by _target_ (val_dataset optional)
     dataset: Any = None
     val_dataset: Any = None
@@ -118,31 +91,32 @@ class DataConfig:
 
 @dataclass
 class TrainerConfig:
-    """Passed to ``lightning.Trainer``; only keys whose meaning we keep stable are listed.
+    """Lightning Trainer arguments (``lightning_trainer_args``); only those whose meaning we keep stable.
 
     Every value Lightning accepts for these is accepted here too (null where Lightning takes None).
+    The last three set how the console shows the run; each field says what Lightning gets from it.
     """
 
-    max_epochs: Optional[int] = 3  # -1: until stopped (needs sched.name=constant); null: Lightning's default
+    max_epochs: Optional[int] = key(3, "-1: until stopped (needs sched.name=constant); null: Lightning's default", check=(lambda v: v is None or v >= -1, "an integer >= 0, -1 (train until stopped) or null"))
     limit_train_batches: Any = 1.0  # a fraction, a number of batches, or null (all)
     limit_val_batches: Any = 1.0
-    log_every_n_steps: Optional[int] = 50
+    log_every_n_steps: Optional[int] = key(50, check=(lambda v: v is None or v >= 0, "an integer >= 0 or null"))
     gradient_clip_val: Optional[float] = None
-    gradient_clip_algorithm: str = "norm"
-    num_sanity_val_steps: int = 0  # -1: the whole val set
-    check_val_every_n_epoch: Optional[int] = 1
-    deterministic: Any = False  # false, true or warn
-    # null: show the progress bar only when stderr is a terminal
-    enable_progress_bar: Optional[bool] = None
-    progress_refresh_rate: int = 20
+    gradient_clip_algorithm: str = key("norm", choices=("norm", "value"))
+    num_sanity_val_steps: int = key(0, "-1: the whole val set", check=(lambda v: v >= -1, "an integer >= 0, or -1 (the whole validation set)"))
+    check_val_every_n_epoch: Optional[int] = key(1, check=(lambda v: v is None or v >= 1, "null or an integer >= 1"))
+    deterministic: Any = key(False, "false, true or warn", choices=(False, True, "warn"))
+    # null: show the progress bar only when stderr is a terminal (passed as decided: trainer.run)
+    enable_progress_bar: Optional[bool] = key(None, "the progress bar; null: only when stderr is a terminal", lightning="")
+    progress_refresh_rate: int = key(20, "steps between progress bar updates (TQDMProgressBar's refresh_rate)", lightning="")
     # Lightning's table of layers and parameter counts before training (off: the console stays short)
-    model_summary: bool = False
+    model_summary: bool = key(False, "Lightning's table of layers and parameter counts before training", lightning="enable_model_summary")
 
 
 @dataclass
 class OptimConfig:
-    name: str = "sgd"
-    lr: float = 0.05  # at ref_batch_size (with lr_scaling); the recipes set their own
+    name: str = key("sgd", choices=("sgd", "adamw"))
+    lr: float = key(0.05, "at ref_batch_size (with lr_scaling); the recipes set their own", check=(lambda v: v > 0, "a number > 0"))
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 5e-5
@@ -150,20 +124,20 @@ class OptimConfig:
     # the batch size ``lr`` was tuned for: with lr_scaling, lr follows the effective batch size
     ref_batch_size: int = 32
     # optimizer implementation: auto (torch's choice), true (fused kernels), foreach, false (per-parameter loop)
-    fused: Any = "auto"
-    zero_grad_to_none: bool = True
+    fused: Any = key("auto", choices=("auto", True, False, "foreach"), flag=OPTIMIZATION)
+    zero_grad_to_none: bool = key(True, "zero_grad(set_to_none=True): gradients freed, not zeroed", flag=OPTIMIZATION)
 
 
 @dataclass
 class SchedConfig:
-    name: str = "cosine"
-    warmup_epochs: float = 0.0
+    name: str = key("cosine", choices=("cosine", "constant"))
+    warmup_epochs: float = key(0.0, check=(lambda v: v >= 0, "a number >= 0"))
     min_lr_ratio: float = 0.0
 
 
 @dataclass
 class LossConfig:
-    label_smoothing: float = 0.0
+    label_smoothing: float = key(0.0, check=(lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"))
 
 
 @dataclass
@@ -178,12 +152,12 @@ class CheckpointConfig:
     """checkpoints/ in the run dir; last.ckpt is always kept and always the newest state."""
 
     enabled: bool = True
-    every_n_epochs: Optional[int] = 1
-    every_n_steps: Optional[int] = None
-    every_n_minutes: Optional[float] = None
-    keep_last_k: int = 1  # periodic checkpoints kept besides last.ckpt (-1: all)
+    every_n_epochs: Optional[int] = key(1, check=(lambda v: v is None or v >= 1, "null or an integer >= 1"))
+    every_n_steps: Optional[int] = key(None, check=(lambda v: v is None or v >= 1, "null or an integer >= 1"))
+    every_n_minutes: Optional[float] = key(None, check=(lambda v: v is None or v > 0, "null or a number of minutes > 0"))
+    keep_last_k: int = key(1, "periodic checkpoints kept besides last.ckpt (-1: all)", check=(lambda v: v == -1 or v >= 0, "-1 (all) or an integer >= 0"))
     monitor: Optional[str] = None  # also keep the best by this metric, e.g. val/acc
-    mode: str = "max"
+    mode: str = key("max", choices=("max", "min"))
     save_weights_only: bool = False
 
 
@@ -191,7 +165,7 @@ class CheckpointConfig:
 class ProfilerConfig:
     wait: int = 1
     warmup: int = 1
-    active: int = 3
+    active: int = key(3, check=(lambda v: v >= 1, "an integer >= 1"))
     repeat: int = 1
     skip_first: int = 1
     memory: bool = False
@@ -216,14 +190,14 @@ class DDPConfig:
 class FSDPConfig:
     """strategy=fsdp (GPU, Lightning FSDPStrategy); the wrap unit is the recipe's repeated block."""
 
-    sharding_strategy: str = "FULL_SHARD"
+    sharding_strategy: str = key("FULL_SHARD", choices=("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD"))
 
 
 @dataclass
 class RuntimeConfig:
     """Process-level settings applied by re-launching the job (see trainer/launch.py)."""
 
-    allocator: str = "default"  # default | jemalloc | tcmalloc (LD_PRELOAD; Debian: libjemalloc2, libtcmalloc-minimal4)
+    allocator: str = key("default", "malloc by LD_PRELOAD (Debian: libjemalloc2, libtcmalloc-minimal4)", choices=("default", "jemalloc", "tcmalloc"), flag=OPTIMIZATION)
 
 
 @dataclass
@@ -250,12 +224,12 @@ class BatchFinderConfig:
 class TuneConfig:
     """``python -m trainer.tune``: the search's budget and its accuracy guard (training ignores these)."""
 
-    budget_min: float = 30.0  # stop probing after this many minutes (the accuracy check still runs)
-    probe_batches: int = 20  # training steps per probe epoch
-    probe_epochs: int = 4  # per probe: 1 warm-up epoch, the rest measured
-    horizon_epochs: int = 10  # compile time is spread over this many full epochs of the real run
-    verify_epochs: int = 3  # the accuracy guard: the winner and the baseline each train this many full epochs
-    acc_tolerance: float = 0.02  # the winner's val_acc may be at most this far below the baseline's
+    budget_min: float = key(30.0, "stop probing after this many minutes (the accuracy check still runs)", check=(_positive, "above 0"))
+    probe_batches: int = key(20, "training steps per probe epoch", check=(lambda v: v >= 1, "at least 1"))
+    probe_epochs: int = key(4, "per probe: 1 warm-up epoch, the rest measured", check=(lambda v: v >= 3, "at least 3 (one warm-up epoch and at least two measured ones, to judge the noise)"))
+    horizon_epochs: int = key(10, "compile time is spread over this many full epochs of the real run", check=(lambda v: v >= 1, "at least 1"))
+    verify_epochs: int = key(3, "the accuracy guard: the winner and the baseline each train this many full epochs", check=(lambda v: v >= 1, "at least 1"))
+    acc_tolerance: float = key(0.02, "the winner's val_acc may be at most this far below the baseline's", check=(lambda v: math.isfinite(v) and v >= 0, "0 or more (a val_acc difference, e.g. 0.02)"))
     # restrict the search to these candidates (names as in the tune report; null: all that apply)
     only: Optional[List[str]] = None
     # candidates of your own: name -> overrides, space separated (e.g. tune.extra.narrow='model.width=4')
@@ -268,31 +242,31 @@ class TrainSchema:
     # repeats=N (with -m) runs every configuration of the sweep N times, interleaved, and the A/B
     # report folds the repeats into one row with their spread; repeat is which one a job is
     # (set by repeats=N; training does not read it)
-    repeats: int = 1
+    repeats: int = key(1, "with -m: run every configuration this many times, interleaved", check=(lambda v: v >= 1, "an integer >= 1 (with -m: how many times to run each configuration)"))
     repeat: int = 0
     recipe: Optional[str] = None
     # the switchboard (SPEC): one top-level key per optimization
-    amp: bool = False
-    amp_dtype: str = "auto"
-    compile: bool = False
-    compile_mode: str = "default"
-    channels_last: bool = False
-    accumulate: int = 1
-    strategy: str = "auto"
-    devices: Any = 1
-    num_nodes: int = 1
-    accelerator: str = "auto"
-    profile: bool = False
-    tf32: bool = False
-    cudnn_benchmark: bool = False
-    activation_checkpointing: bool = False
-    sync_batchnorm: bool = False  # BatchNorm statistics across ranks (ResNet under ddp)
+    amp: bool = key(False, "mixed precision (bf16 where native, else fp16 on CUDA)", flag=OPTIMIZATION)
+    amp_dtype: str = key("auto", "amp's dtype: auto picks bf16 where native", choices=("auto", "bf16", "fp16"), flag=OPTIMIZATION)
+    compile: bool = key(False, "torch.compile each network of the model", flag=OPTIMIZATION)
+    compile_mode: str = key("default", choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"), flag=OPTIMIZATION)
+    channels_last: bool = key(False, "NHWC memory format for weights and inputs", flag=OPTIMIZATION)
+    accumulate: int = key(1, "gradient accumulation steps", check=(lambda v: v >= 1, "an integer >= 1 (1 means no accumulation)"), flag=OPTIMIZATION)
+    strategy: str = key("auto", "auto (one process), ddp, fsdp (GPU), fsdp2", choices=("auto", "ddp", "fsdp", "fsdp2"), flag=OPTIMIZATION)
+    devices: Any = key(1, "processes per node: a positive integer, -1 (all) or auto", flag=SETTING)
+    num_nodes: int = key(1, check=(lambda v: v >= 1, "an integer >= 1"), flag=SETTING)
+    accelerator: str = key("auto", choices=("auto", "cpu", "gpu", "cuda"))
+    profile: bool = key(False, "torch.profiler trace of a few steps (TensorBoard's profile tab)", flag=SETTING)
+    tf32: bool = key(False, "TF32 matmuls and convolutions (CUDA, Ampere or newer)", flag=OPTIMIZATION)
+    cudnn_benchmark: bool = key(False, "cuDNN picks the fastest convolution for each shape", flag=OPTIMIZATION)
+    activation_checkpointing: bool = key(False, "recompute each repeated block's activations in backward", flag=OPTIMIZATION)
+    sync_batchnorm: bool = key(False, "BatchNorm statistics across ranks (ResNet under ddp)", flag=OPTIMIZATION)
     # learning rate vs effective batch size (batch x accumulate x world size) relative to optim.ref_batch_size
-    lr_scaling: str = "none"
+    lr_scaling: str = key("none", "lr follows the effective batch size", choices=("none", "linear", "sqrt"), flag=SETTING)
     # PYTORCH_CUDA_ALLOC_CONF for this run (e.g. expandable_segments:True), set before CUDA initializes
-    cuda_alloc_conf: Optional[str] = None
+    cuda_alloc_conf: Optional[str] = key(None, "PYTORCH_CUDA_ALLOC_CONF for this run", flag=OPTIMIZATION)
     ckpt_path: Optional[str] = None  # a .ckpt file, or "last": the newest good checkpoint of the run dir
-    on_nan: str = "stop"  # a non-finite training loss: stop | skip (the step) | off (no check)
+    on_nan: str = key("stop", "a non-finite training loss: stop, skip (the step) or off (no check)", choices=("stop", "skip", "off"))
     data: DataConfig = field(default_factory=DataConfig)
     model: Dict[str, Any] = field(default_factory=dict)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -337,6 +311,41 @@ def _schema_keys(cls=TrainSchema, prefix: str = "") -> Dict[str, Any]:
 
 
 SCHEMA_KEYS = _schema_keys()
+
+
+def _schema_fields(cls=TrainSchema, prefix: str = ""):
+    """(dotted key, dataclass field) for every leaf key of the schema, in declaration order."""
+    for f in fields(cls):
+        default = f.default_factory() if callable(f.default_factory) else f.default  # type: ignore[misc]
+        if is_dataclass(default):
+            yield from _schema_fields(type(default), prefix + f.name + ".")
+        else:
+            yield prefix + f.name, f
+
+
+SCHEMA_FIELDS = dict(_schema_fields())
+# Derived from the fields' metadata (see ``key``): key -> allowed values; key -> (predicate, what is allowed)
+CHOICES: Dict[str, tuple] = {k: f.metadata["choices"] for k, f in SCHEMA_FIELDS.items() if f.metadata.get("choices")}
+RANGES: Dict[str, tuple] = {k: f.metadata["check"] for k, f in SCHEMA_FIELDS.items() if f.metadata.get("check")}
+# metrics.json's ``flags`` (compared by the A/B report): the optimizations and the run settings
+OPTIMIZATION_FLAGS = tuple(k for k, f in SCHEMA_FIELDS.items() if f.metadata.get("flag") == OPTIMIZATION)
+RUN_SETTINGS = tuple(k for k, f in SCHEMA_FIELDS.items() if f.metadata.get("flag") == SETTING)
+FLAG_KEYS = tuple(k for k, f in SCHEMA_FIELDS.items() if f.metadata.get("flag"))
+
+
+def lightning_trainer_args(trainer_cfg) -> Dict[str, Any]:
+    """The ``trainer.`` keys as Lightning Trainer keyword arguments (a field's ``lightning`` name, "" for none)."""
+    args = {}
+    for f in fields(TrainerConfig):
+        name = f.metadata.get("lightning", f.name)
+        if name:
+            args[name] = trainer_cfg[f.name]
+    return args
+
+
+def help_text(key: str) -> str:
+    field_ = SCHEMA_FIELDS.get(key)
+    return field_.metadata.get("help", "") if field_ is not None else ""
 # Open nodes: any key below them is allowed (model kwargs, scale overrides).
 OPEN_PREFIXES = ("model.", "scale.overrides.", "scales.", "data.dataset.", "data.val_dataset.", "data.storage_options.", "tune.extra.")
 SECTIONS = sorted({k.split(".")[0] for k in SCHEMA_KEYS if "." in k} | {"model", "scales"})
@@ -427,34 +436,6 @@ def allowed_values(key: str) -> str:
     if tp in (bool, "bool"):
         return "Allowed values: true, false. "
     return ""
-
-
-# Simple per-key ranges: key -> (predicate, description of what is allowed)
-RANGES = {
-    "repeats": (lambda v: v >= 1, "an integer >= 1 (with -m: how many times to run each configuration)"),
-    "accumulate": (lambda v: v >= 1, "an integer >= 1 (1 means no accumulation)"),
-    "num_nodes": (lambda v: v >= 1, "an integer >= 1"),
-    "data.batch_size": (lambda v: v >= 1, "an integer >= 1, or auto"),
-    "data.image_size": (lambda v: v >= 8, "an integer >= 8 (pixels)"),
-    "data.num_classes": (lambda v: v >= 2, "an integer >= 2"),
-    "data.num_workers": (lambda v: v >= 0, "an integer >= 0 (0 loads in the main process)"),
-    "data.prefetch_factor": (lambda v: v is None or v >= 1, "null or an integer >= 1"),
-    "data.num_samples": (lambda v: v >= 1, "an integer >= 1"),
-    "data.val_split": (lambda v: 0.0 <= v < 1.0, "a fraction in [0, 1)"),
-    "data.shuffle_window": (lambda v: v >= 1, "an integer >= 1 (samples shuffled together; 1: row groups / shards in order, each shuffled inside)"),
-    "trainer.max_epochs": (lambda v: v is None or v >= -1, "an integer >= 0, -1 (train until stopped) or null"),
-    "trainer.log_every_n_steps": (lambda v: v is None or v >= 0, "an integer >= 0 or null"),
-    "trainer.num_sanity_val_steps": (lambda v: v >= -1, "an integer >= 0, or -1 (the whole validation set)"),
-    "trainer.check_val_every_n_epoch": (lambda v: v is None or v >= 1, "null or an integer >= 1"),
-    "optim.lr": (lambda v: v > 0, "a number > 0"),
-    "sched.warmup_epochs": (lambda v: v >= 0, "a number >= 0"),
-    "loss.label_smoothing": (lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
-    "profiler.active": (lambda v: v >= 1, "an integer >= 1"),
-    "checkpoint.every_n_epochs": (lambda v: v is None or v >= 1, "null or an integer >= 1"),
-    "checkpoint.every_n_steps": (lambda v: v is None or v >= 1, "null or an integer >= 1"),
-    "checkpoint.every_n_minutes": (lambda v: v is None or v > 0, "null or a number of minutes > 0"),
-    "checkpoint.keep_last_k": (lambda v: v == -1 or v >= 0, "-1 (all) or an integer >= 0"),
-}
 
 
 def _check_value(key: str, value: Any) -> None:

@@ -48,6 +48,8 @@ def diagnose(
     h2d_share: Optional[float] = None,
     device_memory_mb: Optional[float] = None,
 ) -> Dict[str, Any]:
+    # why longer: the verdict is a list of rules read top to bottom (the first that holds wins), all
+    # reading the same evidence; split across functions, the order that decides would be hidden
     wait = metrics.get("data_wait_fraction") or 0.0
     transfer = metrics.get("transfer_fraction") or 0.0
     cores = int(hardware.get("cpu_cores") or 1)

@@ -27,6 +27,8 @@ import subprocess
 import sys
 from typing import List
 
+from .rank import is_launched_rank
+
 log = logging.getLogger(__name__)
 
 DISTRIBUTED = ("ddp", "fsdp", "fsdp2")
@@ -34,7 +36,7 @@ DISTRIBUTED = ("ddp", "fsdp", "fsdp2")
 
 def inside_launcher() -> bool:
     """True when some launcher (torchrun, SLURM srun, Lightning) already started this process as a rank."""
-    if "LOCAL_RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ:
+    if is_launched_rank() or "TORCHELASTIC_RUN_ID" in os.environ:
         return True
     return int(os.environ.get("SLURM_NTASKS", "1")) > 1
 
@@ -137,7 +139,7 @@ def exit_launched_rank(code) -> None:
     (metrics.json, checkpoints, TensorBoard's files: all closed by Lightning's teardown), so the
     rank flushes its logs and leaves with ``os._exit``, which skips that destruction.
     """
-    if os.environ.get("LOCAL_RANK") is None or "torch.distributed" not in sys.modules:
+    if not is_launched_rank() or "torch.distributed" not in sys.modules:
         return
     if code is None:
         code = 0

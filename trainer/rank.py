@@ -19,6 +19,15 @@ def world_size() -> int:
         return 1
 
 
+def is_launched_rank() -> bool:
+    """True in a process torchrun started (ours for strategy=ddp/fsdp/fsdp2 on one node, or the user's).
+
+    Such a rank runs in the dir of the process that launched it, which checked that dir and owns
+    the sweep around it. (A rank srun started is a job of its own: ``launch.inside_launcher``.)
+    """
+    return "LOCAL_RANK" in os.environ
+
+
 def global_rank() -> int:
     for key in ("RANK", "SLURM_PROCID"):
         value = os.environ.get(key)

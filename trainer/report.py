@@ -296,6 +296,8 @@ def _fmt(value: Any, column: str = "") -> str:
 
 def build_rows(jobs: List[Job], acc_drop: float = ACC_DROP_THRESHOLD) -> tuple:
     """Return (columns, rows as dicts, baseline Row)."""
+    # why longer: one row of the table per loop turn, each column next to the notes that qualify it
+    # (a changed epoch size, an accuracy drop, a failed job); split, the notes would lose their column
     varied = varied_keys(jobs)
     rows = fold_repeats(jobs, varied)
     base = pick_baseline(rows, varied)

@@ -10,6 +10,8 @@ import logging
 import os
 import sys
 import time
+import warnings
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from omegaconf import OmegaConf, open_dict
@@ -24,7 +26,7 @@ from .flops import training_flops_per_sample
 from .launch import allocator_loaded
 from .outputs import refuse_finished_run_dir
 from .memory import PeakMemory
-from .rank import global_rank
+from .rank import global_rank, is_launched_rank
 
 log = logging.getLogger(__name__)
 
@@ -33,19 +35,241 @@ def flags_of(cfg) -> Dict[str, Any]:
     return {k: OmegaConf.select(cfg, k) for k in config_mod.FLAG_KEYS}
 
 
-def _trainer_args(cfg) -> Dict[str, Any]:
-    t = cfg.trainer
-    return {
-        "max_epochs": t.max_epochs,
-        "limit_train_batches": t.limit_train_batches,
-        "limit_val_batches": t.limit_val_batches,
-        "log_every_n_steps": t.log_every_n_steps,
-        "gradient_clip_val": t.gradient_clip_val,
-        "gradient_clip_algorithm": t.gradient_clip_algorithm,
-        "num_sanity_val_steps": t.num_sanity_val_steps,
-        "check_val_every_n_epoch": t.check_val_every_n_epoch,
-        "deterministic": t.deterministic,
-    }
+@dataclass
+class Parts:
+    """One job: what it was asked, what was built for it (in build order), and what it settled.
+
+    ``build`` fills the fields in order, so a job that fails part-way leaves what it built, and
+    ``record`` reads whatever is there. ``settled`` holds the values the run decided itself (the
+    class count the data has, the batch size a search chose, the scaled learning rate): they are set
+    on the job's config in one place (``_settle``), which is then saved once as ``.hydra/config.yaml``.
+    """
+
+    cfg: Any
+    out_dir: str
+    overrides: List[str]
+    config_path: Optional[str]
+    timer: Any = None
+    started: float = field(default_factory=time.time)
+    requested: Dict[str, Any] = field(default_factory=dict)  # the flags as asked for (batch_size=auto stays "auto")
+    hw: Any = None
+    plan: Any = None
+    ckpt_path: Optional[str] = None
+    previous: Optional[Dict[str, Any]] = None  # the run dir's metrics.json when resuming
+    datamodule: Any = None
+    module: Any = None
+    settled: Dict[str, Any] = field(default_factory=dict)
+    strategy: Any = None  # Lightning's strategy object (built once the model exists)
+    peak_flops: Optional[float] = None
+    callbacks: "Callbacks | None" = None
+    trainer: Any = None
+    notes: Dict[str, Any] = field(default_factory=dict)  # extra metrics.json fields (lr_note, resumed_from, ...)
+    config_saved: bool = False
+
+    @property
+    def metrics_path(self) -> str:
+        return os.path.join(self.out_dir, "metrics.json")
+
+
+@dataclass
+class Callbacks:
+    """The job's own callbacks that its result reads back; ``all`` is every callback given to Lightning."""
+
+    peak: Any
+    preemption: Any
+    bad_samples: Any
+    nan_guard: Any
+    monitor: Any
+    all: List[Any]
+
+    def find(self, kind) -> Any:
+        return next((c for c in self.all if isinstance(c, kind)), None)
+
+
+def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: Optional[str] = None) -> Dict[str, Any]:
+    """Train one job into ``out_dir``; return its metrics (also written to ``out_dir/metrics.json``).
+
+    metrics.json is a journal: rewritten atomically (``status: running``) after every epoch, so a
+    killed run keeps its finished epochs, and a resume merges them with its own. ``config_path``
+    (Hydra's ``.hydra/config.yaml``) is rewritten once with the config that actually runs.
+
+    Raises ConfigError for bad input (before anything is built) and re-raises training errors,
+    after metrics.json records them.
+    """
+    from .callbacks import EpochTimer
+
+    parts = Parts(cfg=cfg, out_dir=out_dir, overrides=list(overrides or []), config_path=config_path, requested=flags_of(cfg))
+    # after every epoch (rank 0): the run so far, so a kill loses at most the epoch in flight.
+    # train_loss: Lightning reduces the epoch's loss only after the epoch-end callbacks, so a
+    # running record leaves it out rather than show the previous epoch's value
+    parts.timer = EpochTimer(on_epoch=lambda: metrics_mod.write(parts.metrics_path, record_of(parts, "running", None, train_loss=False)))
+    if not is_launched_rank():  # launched ranks: the launching process checked already
+        # before the try: a refused dir gets nothing written into it, not even a failure record
+        # (in-process callers have no Hydra callback to check it for them)
+        refuse_finished_run_dir(out_dir, cfg.get("ckpt_path"))
+    status, error = "ok", None
+    stopping.stop_during_setup(True)  # until the first step: a stop signal ends the run at once
+    try:
+        build(parts)
+        status, error = fit(parts)
+    except BaseException as e:
+        status, error = _failure(parts, e)
+        raise
+    finally:
+        stopping.stop_during_setup(False)  # the result below is written whatever arrives now
+        final = record(parts, status, error)
+    return final
+
+
+# ---- building the parts, in order
+
+
+def build(parts: Parts) -> None:
+    """Everything the job needs, in the order it needs it: plan, data, model, settled values, Trainer."""
+    _plan(parts)
+    _data_and_model(parts)
+    _settle(parts)
+    _trainer(parts)
+
+
+def _plan(parts: Parts) -> None:
+    """Check the config, see the hardware, decide precision and strategy, set process-wide state."""
+    import pytorch_lightning as pl
+
+    from . import hardware, model_transforms, switchboard
+    from .checkpointing import resolve_ckpt_path
+    from .console import quiet_known_warnings
+
+    cfg = parts.cfg
+    config_mod.validate(cfg)
+    quiet_known_warnings()
+    switchboard.set_cuda_alloc_conf(cfg.cuda_alloc_conf)  # before the first CUDA call
+    parts.hw = hardware.detect(cfg.accelerator)
+    parts.plan = switchboard.resolve(cfg, parts.hw)
+    log.info(parts.plan.banner(cfg, parts.hw))
+    for warning in parts.plan.warnings:
+        log.warning(warning)
+    parts.ckpt_path = resolve_ckpt_path(cfg.ckpt_path, parts.out_dir)
+    if parts.ckpt_path:
+        parts.previous = _previous_result(parts.out_dir)
+        parts.timer.previous = (parts.previous or {}).get("epochs") or []
+        parts.notes["resumed_from"] = parts.ckpt_path
+        log.info("resuming from %s", parts.ckpt_path)
+        # our sampler and ResumableState make mid-epoch resume exact; Lightning cannot see that
+        warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended.*")
+    # the datamodule's on_after_batch_transfer calls a LightningModule's own after normalizing
+    # (see ImageDataModule.on_after_batch_transfer): Lightning's "overridden in both" is expected
+    warnings.filterwarnings("ignore", message=".*overridden `on_after_batch_transfer` in both.*")
+    pl.seed_everything(cfg.seed, workers=True, verbose=False)
+    switchboard.apply_global_settings(cfg)
+    model_transforms.warm_up_compiler(cfg, parts.plan.accelerator)
+
+
+def _data_and_model(parts: Parts) -> None:
+    """The datamodule (it counts the classes), the model for that many classes, its model-side flags."""
+    from . import model_transforms
+    from .data import ImageDataModule
+    from .launch import processes_per_node
+    from .models import build_module
+    from .models.build import check_user_module, user_lightning_module_class
+
+    cfg, overrides = parts.cfg, parts.overrides
+    user_class = user_lightning_module_class(cfg)
+    if user_class is not None:
+        check_user_module(user_class, cfg, overrides)  # before any data is read or copied
+    ranks_per_node = processes_per_node(cfg) if cfg.strategy != "auto" else 1
+    parts.datamodule = ImageDataModule(cfg.data, cfg.seed, parts.plan.accelerator, ranks_per_node)
+    parts.datamodule.step_clock = parts.timer.clock
+    num_classes = parts.datamodule.build()
+    if num_classes != cfg.data.num_classes:
+        _check_given_num_classes(parts, num_classes)
+        log.info("data.num_classes set to %d: the dataset has %d classes", num_classes, num_classes)
+        parts.settled["data.num_classes"] = num_classes
+        _apply_settled(cfg, parts.settled)  # the model is built for the classes the data has
+    module = build_module(cfg)
+    if user_class is None:  # a factory function may still return a LightningModule of the user's
+        check_user_module(module, cfg, overrides)
+    parts.module = model_transforms.prepare_model(module, cfg)
+    _check_input_size(parts.module, parts.datamodule, cfg)
+
+
+def _check_given_num_classes(parts: Parts, num_classes: int) -> None:
+    """A data.num_classes the user gave that the data contradicts is an error; the default just follows the data."""
+    cfg = parts.cfg
+    if any(o.lstrip("+").split("=", 1)[0] == "data.num_classes" for o in parts.overrides):
+        names = [str(c) for c in parts.datamodule.classes or []]
+        listed = f" ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})" if names else ""
+        raise ConfigError(
+            f"'data.num_classes={cfg.data.num_classes}' was given, but the data ({cfg.data.name}) has {num_classes} classes{listed}. "
+            "Drop data.num_classes (it follows the data), or give the number the data has."
+        )
+
+
+def _settle(parts: Parts) -> None:
+    """The values the run decides itself: the batch size (data.batch_size=auto) and the scaled lr.
+
+    Then the job's config is complete, and it is saved once as ``.hydra/config.yaml``.
+    """
+    import pytorch_lightning as pl
+
+    from . import switchboard
+
+    cfg, plan = parts.cfg, parts.plan
+    if cfg.data.batch_size == "auto":
+        from .batch_finder import find_batch_size
+
+        batch_size, parts.notes["batch_size_reason"] = find_batch_size(parts.module, parts.datamodule, cfg, plan.accelerator, plan.amp_dtype)
+        parts.settled["data.batch_size"] = batch_size
+        _apply_settled(cfg, parts.settled)
+        pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the search consumed random numbers
+    parts.settled["optim.lr"], parts.notes["lr_note"] = switchboard.scaled_lr(cfg, plan.world_size(parts.hw))
+    log.info(parts.notes["lr_note"])
+    _apply_settled(cfg, parts.settled)
+    _save_config(parts)
+
+
+def _apply_settled(cfg, settled: Dict[str, Any]) -> None:
+    """The one place the run changes its config: the values it settled itself (see Parts)."""
+    with open_dict(cfg):
+        for key, value in settled.items():
+            OmegaConf.update(cfg, key, value, merge=False)
+
+
+def _save_config(parts: Parts) -> None:
+    """Rewrite ``.hydra/config.yaml`` with the config that runs (Hydra saved it before scale= and the settled values)."""
+    path = parts.config_path
+    if parts.config_saved or global_rank() != 0 or not path or not os.path.isdir(os.path.dirname(path)):
+        return
+    metrics_mod.atomic_write_text(path, OmegaConf.to_yaml(parts.cfg, resolve=True))
+    parts.config_saved = True
+
+
+def _trainer(parts: Parts) -> None:
+    """The strategy object (it needs the model), the callbacks, and Lightning's Trainer."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.loggers import TensorBoardLogger
+
+    from . import switchboard
+    from .checkpointing import AtomicCheckpointIO
+
+    cfg, plan = parts.cfg, parts.plan
+    parts.timer.flops_per_sample = training_flops_per_sample(cfg)
+    parts.peak_flops, parts.notes["peak_flops_source"] = peak_flops_of(plan.accelerator, plan.precision, bool(cfg.tf32))
+    parts.strategy = switchboard.build_strategy(cfg, plan, parts.hw, parts.module)
+    parts.callbacks = build_callbacks(parts)
+    # sharded strategies save with their own checkpoint IO
+    plugins = [AtomicCheckpointIO()] if cfg.strategy in ("auto", "ddp") else []
+    parts.trainer = pl.Trainer(
+        **switchboard.trainer_kwargs(cfg, plan, parts.strategy),
+        **config_mod.lightning_trainer_args(cfg.trainer),
+        enable_progress_bar=_show_progress_bar(cfg),
+        plugins=plugins,
+        profiler=parts.timer.clock,  # times the loader fetch and the batch transfer (see StepClock)
+        callbacks=parts.callbacks.all,
+        logger=TensorBoardLogger(save_dir=parts.out_dir, name="", version="", default_hp_metric=False),
+        default_root_dir=parts.out_dir,
+        enable_checkpointing=cfg.checkpoint.enabled,
+    )
 
 
 def _show_progress_bar(cfg) -> bool:
@@ -54,21 +278,39 @@ def _show_progress_bar(cfg) -> bool:
     return sys.stderr.isatty() if show is None else bool(show)
 
 
-def _callbacks(cfg, out_dir: str, timer, extra: List[Any]) -> List[Any]:
+def build_callbacks(parts: Parts) -> Callbacks:
+    """Every callback of the job, in one place (the order is the order Lightning calls them in)."""
     import pytorch_lightning as pl
 
-    from .callbacks import ProfilerCallback
-    from .checkpointing import checkpoint_callbacks
+    from . import model_transforms
+    from .callbacks import BadSampleCounter, NaNGuard, ProfilerCallback, StepLoss, SystemMonitor
+    from .checkpointing import PreemptionCallback, ResumableState, checkpoint_callbacks
+    from .models.classifier import ImageClassifier
 
-    callbacks: List[Any] = [timer, *extra]
+    cfg, out_dir = parts.cfg, parts.out_dir
+    checkpoint_dir = os.path.join(out_dir, "checkpoints")
+    found = Callbacks(
+        peak=PeakMemory(parts.plan.accelerator),
+        preemption=PreemptionCallback(os.path.join(checkpoint_dir, "last.ckpt")),
+        bad_samples=BadSampleCounter() if cfg.data.name != "synthetic" else None,
+        nan_guard=NaNGuard(cfg.on_nan, checkpoint_dir if cfg.checkpoint.enabled else None) if cfg.on_nan != "off" else None,
+        monitor=SystemMonitor(cfg.monitor.interval_s) if cfg.monitor.enabled else None,
+        all=[],
+    )
+    found.all = [parts.timer, found.peak, ResumableState(), found.preemption, found.monitor, found.bad_samples, found.nan_guard]
+    if cfg.compile:
+        found.all.append(model_transforms.CompileAfterSetup(cfg))
+    if isinstance(parts.module, ImageClassifier):
+        found.all.append(StepLoss())  # a user's module logs its own
     if cfg.profile:
-        callbacks.append(ProfilerCallback(os.path.join(out_dir, "profiler"), cfg.profiler))
+        found.all.append(ProfilerCallback(os.path.join(out_dir, "profiler"), cfg.profiler))
     if _show_progress_bar(cfg):
         # a low refresh rate keeps the bar from costing time on fast steps
-        callbacks.append(pl.callbacks.TQDMProgressBar(refresh_rate=cfg.trainer.progress_refresh_rate))
+        found.all.append(pl.callbacks.TQDMProgressBar(refresh_rate=cfg.trainer.progress_refresh_rate))
     if cfg.checkpoint.enabled:
-        callbacks += checkpoint_callbacks(cfg.checkpoint, os.path.join(out_dir, "checkpoints"))
-    return callbacks
+        found.all += checkpoint_callbacks(cfg.checkpoint, checkpoint_dir)
+    found.all = [c for c in found.all if c is not None]
+    return found
 
 
 def _check_input_size(module, datamodule, cfg) -> None:
@@ -93,17 +335,114 @@ def _check_input_size(module, datamodule, cfg) -> None:
         module.train(was_training)
 
 
-def _diagnose(result: Dict[str, Any], cfg, hw, trainer, monitor, module, timer) -> Dict[str, Any]:
+# ---- fitting
+
+
+def fit(parts: Parts) -> tuple:
+    """``Trainer.fit``; returns (status, error): a preemption or a stop is a failed run that resumes."""
+    trainer, preemption = parts.trainer, parts.callbacks.preemption
+    try:
+        trainer.fit(parts.module, datamodule=parts.datamodule, ckpt_path=parts.ckpt_path, weights_only=True if parts.ckpt_path else None)
+    except SystemExit:
+        # Lightning turns SIGTERM into SIGTERMException (a SystemExit with status 0) after the
+        # step in which our PreemptionCallback saved last.ckpt: that is a preemption, not a crash
+        if preemption.saved_at_step is None or preemption.exit_requested:
+            raise  # a crash; or submitit requeued the job and exits this process: let it
+    if preemption.saved_at_step is not None:
+        return _preempted(parts.notes, preemption)
+    if trainer.interrupted:
+        return "failed", "interrupted (KeyboardInterrupt or signal) before the last epoch finished"
+    return "ok", None
+
+
+def _failure(parts: Parts, e: BaseException) -> tuple:
+    preemption = parts.callbacks.preemption if parts.callbacks else None
+    if preemption is not None and preemption.exit_requested:
+        return _preempted(parts.notes, preemption)
+    return "failed", (str(e) if isinstance(e, (UserFacingError, stopping.Stopped)) else metrics_mod.one_line(e))
+
+
+# ---- recording the result
+
+
+def record(parts: Parts, status: str, error: Optional[str]) -> Dict[str, Any]:
+    """The job's metrics.json (rank 0), with the doctor's diagnosis when it trained; returned too."""
+    previous = parts.previous
+    _save_config(parts)  # a run that failed before it settled: the config it was given, scale applied
+    if _already_finished(previous, parts.timer, status):
+        # resumed from the end of a finished run with nothing left to train: keep its result
+        log.info(
+            "this run had already finished (epochs %s); its metrics.json is unchanged. Raise trainer.max_epochs to train on.",
+            _epoch_span(previous["epochs"]),
+        )
+        return dict(previous, already_finished=True)
+    final = record_of(parts, status, error)
+    trainer = parts.trainer
+    if status == "ok" and parts.hw is not None and trainer is not None and trainer.is_global_zero:
+        final["diagnosis"] = _diagnose(parts, final)
+        log.info("doctor: %s", final["diagnosis"]["verdict"])
+        for note in final["diagnosis"]["hardware"]:
+            log.warning("doctor: %s", note)
+    if trainer is None or trainer.is_global_zero:
+        metrics_mod.write(parts.metrics_path, final)
+    return final
+
+
+def record_of(parts: Parts, status: str, error: Optional[str], train_loss: bool = True) -> Dict[str, Any]:
+    """metrics.json's fields from the parts (whatever was built before a failure)."""
+    cfg, timer, trainer, hw, plan = parts.cfg, parts.timer, parts.trainer, parts.hw, parts.plan
+    found = parts.callbacks
+    peak = found.peak if found else None
+    summary = timer.summary(compiled=bool(cfg.compile))
+    devices = trainer.world_size if trainer else 1
+    summary["mfu"] = mfu(summary.get("tflops"), parts.peak_flops, devices)
+    # nothing trained in this process (resumed at the very end): the last record's readings stand
+    earlier = parts.previous if (parts.previous and not timer.epochs) else {}
+    return metrics_mod.build(
+        status=status,
+        error=error,
+        recipe=cfg.get("recipe"),
+        flags=parts.requested,
+        device={"accelerator": hw.accelerator, "name": hw.name, "count": devices} if hw else None,
+        epochs=timer.history(),
+        summary=summary,
+        peak_memory=earlier.get("peak_memory_mb") if earlier else (peak.result_mb if peak else None),
+        train_loss=earlier.get("train_loss") if earlier else (_metric(trainer, "train/loss_epoch") if train_loss else None),
+        val_acc=earlier.get("val_acc") if earlier else _metric(trainer, "val/acc"),
+        extra={
+            "precision": plan.precision if plan else None,
+            "batch_size": cfg.data.batch_size,
+            "lr": cfg.optim.lr,
+            "peak_memory_method": peak.method if peak else None,
+            "peak_memory_reserved_mb": earlier.get("peak_memory_reserved_mb") if earlier else (peak.reserved_mb if peak else None),
+            "peak_flops": parts.peak_flops,
+            "skipped_samples": found.bad_samples.skipped if found and found.bad_samples else 0,
+            "nan_skipped_steps": found.nan_guard.skipped if found and found.nan_guard else 0,
+            "val_samples": earlier.get("val_samples") if earlier else timer.val_samples,
+            "grad_scale": _grad_scale(trainer),
+            **parts.notes,
+            "overrides": parts.overrides,
+            "data": {k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers")},
+            "num_workers": parts.datamodule.num_workers if parts.datamodule else None,
+            "allocator": allocator_loaded(),
+            "decoder": parts.datamodule.decoder if parts.datamodule else None,
+            "wall_time_s": round(time.time() - parts.started, 2),
+        },
+    )
+
+
+def _diagnose(parts: Parts, result: Dict[str, Any]) -> Dict[str, Any]:
     import torch
 
     from . import doctor
     from .callbacks import ProfilerCallback
 
+    trainer, timer, module, monitor = parts.trainer, parts.timer, parts.module, parts.callbacks.monitor
     if monitor is not None and not monitor.samples:
         monitor.sample()
-    profiler = next((c for c in (trainer.callbacks if trainer else []) if isinstance(c, ProfilerCallback)), None)
+    profiler = parts.callbacks.find(ProfilerCallback)
     device_memory = None
-    if hw.accelerator == "cuda":
+    if parts.hw.accelerator == "cuda":
         device_memory = torch.cuda.get_device_properties(trainer.strategy.root_device).total_memory / 2**20
     # the same epochs data wait is measured on (this process's steady ones); the monitor's tree
     # holds this node's other ranks too (torchrun), so their CPU is not "other processes"
@@ -112,9 +451,9 @@ def _diagnose(result: Dict[str, Any], cfg, hw, trainer, monitor, module, timer) 
     return doctor.diagnose(
         metrics=result,
         system=system,
-        hardware=hw.as_dict(),
+        hardware=parts.hw.as_dict(),
         flags=result["flags"],
-        data=OmegaConf.to_container(cfg.data, resolve=True),
+        data=OmegaConf.to_container(parts.cfg.data, resolve=True),
         is_convnet=module is not None and any(isinstance(m, torch.nn.Conv2d) for m in module.modules()),
         h2d_share=profiler.h2d_share if profiler else None,
         device_memory_mb=device_memory,
@@ -129,12 +468,6 @@ def _previous_result(out_dir: str) -> Optional[Dict[str, Any]]:
         return None
 
 
-def save_config(cfg, path: Optional[str]) -> None:
-    """Rewrite ``.hydra/config.yaml`` with the config that actually ran (chosen batch size, scaled lr, classes)."""
-    if path and os.path.isdir(os.path.dirname(path)):
-        metrics_mod.atomic_write_text(path, OmegaConf.to_yaml(cfg, resolve=True))
-
-
 def _metric(trainer, name: str) -> Optional[float]:
     if trainer is None:
         return None
@@ -146,220 +479,6 @@ def _grad_scale(trainer) -> Optional[float]:
     """amp_dtype=fp16: the loss scale the GradScaler ended at (it halves on every skipped step)."""
     scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None) if trainer else None
     return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None
-
-
-def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: Optional[str] = None) -> Dict[str, Any]:
-    """Train one job into ``out_dir``; return its metrics (also written to ``out_dir/metrics.json``).
-
-    metrics.json is a journal: rewritten atomically (``status: running``) after every epoch, so a
-    killed run keeps its finished epochs, and a resume merges them with its own. ``config_path``
-    (Hydra's ``.hydra/config.yaml``) is rewritten with the config that actually ran.
-
-    Raises ConfigError for bad input (before anything is built) and re-raises training errors,
-    after metrics.json records them.
-    """
-    from .callbacks import EpochTimer
-
-    started = time.time()
-    requested = flags_of(cfg)  # as asked for (data.batch_size=auto stays "auto"; the chosen size is batch_size)
-    metrics_path = os.path.join(out_dir, "metrics.json")
-    datamodule = hw = plan = trainer = peak = preemption = bad_samples = nan_guard = monitor = module = None
-    previous: Optional[Dict[str, Any]] = None
-    peak_flops = None
-    status, error = "ok", None
-    notes: Dict[str, Any] = {}
-
-    def result(status: str, error: Optional[str], train_loss: bool = True) -> Dict[str, Any]:
-        summary = timer.summary(compiled=bool(cfg.compile))
-        devices = trainer.world_size if trainer else 1
-        summary["mfu"] = mfu(summary.get("tflops"), peak_flops, devices)
-        # nothing trained in this process (resumed at the very end): the last record's readings stand
-        earlier = previous if (previous and not timer.epochs) else {}
-        return metrics_mod.build(
-            status=status,
-            error=error,
-            recipe=cfg.get("recipe"),
-            flags=requested,
-            device={"accelerator": hw.accelerator, "name": hw.name, "count": devices} if hw else None,
-            epochs=timer.history(),
-            summary=summary,
-            peak_memory=earlier.get("peak_memory_mb") if earlier else (peak.result_mb if peak else None),
-            train_loss=earlier.get("train_loss") if earlier else (_metric(trainer, "train/loss_epoch") if train_loss else None),
-            val_acc=earlier.get("val_acc") if earlier else _metric(trainer, "val/acc"),
-            extra={
-                "precision": plan.precision if plan else None,
-                "batch_size": cfg.data.batch_size,
-                "lr": cfg.optim.lr,
-                "peak_memory_method": peak.method if peak else None,
-                "peak_memory_reserved_mb": earlier.get("peak_memory_reserved_mb") if earlier else (peak.reserved_mb if peak else None),
-                "peak_flops": peak_flops,
-                "skipped_samples": bad_samples.skipped if bad_samples else 0,
-                "nan_skipped_steps": nan_guard.skipped if nan_guard else 0,
-                "val_samples": earlier.get("val_samples") if earlier else timer.val_samples,
-                "grad_scale": _grad_scale(trainer),
-                **notes,
-                "overrides": list(overrides or []),
-                "data": {k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers")},
-                "num_workers": datamodule.num_workers if datamodule else None,
-                "allocator": allocator_loaded(),
-                "decoder": datamodule.decoder if datamodule else None,
-                "wall_time_s": round(time.time() - started, 2),
-            },
-        )
-
-    def journal() -> None:
-        """After every epoch (rank 0): the run so far, so a kill loses at most the epoch in flight."""
-        # train_loss: Lightning reduces the epoch's loss only after the epoch-end callbacks, so a
-        # running record leaves it out rather than show the previous epoch's value
-        metrics_mod.write(metrics_path, result("running", None, train_loss=False))
-
-    timer = EpochTimer(on_epoch=journal)
-    if "LOCAL_RANK" not in os.environ:  # launched ranks: the launching process checked already
-        # before the try: a refused dir gets nothing written into it, not even a failure record
-        # (in-process callers have no Hydra callback to check it for them)
-        refuse_finished_run_dir(out_dir, cfg.get("ckpt_path"))
-    stopping.stop_during_setup(True)  # until the first step: a stop signal ends the run at once
-    try:
-        config_mod.validate(cfg)
-        import warnings
-
-        from .console import quiet_known_warnings
-
-        quiet_known_warnings()
-
-        import pytorch_lightning as pl
-        from pytorch_lightning.loggers import TensorBoardLogger
-
-        from . import hardware, model_transforms, switchboard
-        from .callbacks import BadSampleCounter, NaNGuard, StepLoss, SystemMonitor
-        from .checkpointing import AtomicCheckpointIO, PreemptionCallback, ResumableState, resolve_ckpt_path
-        from .data import ImageDataModule
-        from .launch import processes_per_node
-        from .models import build_module
-        from .models.build import check_user_module, user_lightning_module_class
-        from .models.classifier import ImageClassifier
-
-        switchboard.set_cuda_alloc_conf(cfg.cuda_alloc_conf)  # before the first CUDA call
-        hw = hardware.detect(cfg.accelerator)
-        plan = switchboard.resolve(cfg, hw)
-        log.info(plan.banner(cfg, hw))
-        for warning in plan.warnings:
-            log.warning(warning)
-        ckpt_path = resolve_ckpt_path(cfg.ckpt_path, out_dir)
-        if ckpt_path:
-            previous = _previous_result(out_dir)
-            timer.previous = (previous or {}).get("epochs") or []
-            notes["resumed_from"] = ckpt_path
-            log.info("resuming from %s", ckpt_path)
-            # our sampler and ResumableState make mid-epoch resume exact; Lightning cannot see that
-            warnings.filterwarnings("ignore", message=".*resuming from a checkpoint that ended before the epoch ended.*")
-        # the datamodule's on_after_batch_transfer calls a LightningModule's own after normalizing
-        # (see ImageDataModule.on_after_batch_transfer): Lightning's "overridden in both" is expected
-        warnings.filterwarnings("ignore", message=".*overridden `on_after_batch_transfer` in both.*")
-        pl.seed_everything(cfg.seed, workers=True, verbose=False)
-        switchboard.apply_global_settings(cfg)
-        model_transforms.warm_up_compiler(cfg, plan.accelerator)
-
-        user_class = user_lightning_module_class(cfg)
-        if user_class is not None:
-            check_user_module(user_class, cfg, overrides)  # before any data is read or copied
-        datamodule = ImageDataModule(cfg.data, cfg.seed, plan.accelerator, processes_per_node(cfg) if cfg.strategy != "auto" else 1)
-        datamodule.step_clock = timer.clock
-        num_classes = datamodule.build()
-        if num_classes != cfg.data.num_classes:
-            if any(o.lstrip("+").split("=", 1)[0] == "data.num_classes" for o in overrides or []):
-                names = [str(c) for c in datamodule.classes or []]
-                listed = f" ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})" if names else ""
-                raise ConfigError(
-                    f"'data.num_classes={cfg.data.num_classes}' was given, but the data ({cfg.data.name}) has {num_classes} classes{listed}. "
-                    "Drop data.num_classes (it follows the data), or give the number the data has."
-                )
-            log.info("data.num_classes set to %d: the dataset has %d classes", num_classes, num_classes)
-            with open_dict(cfg):
-                cfg.data.num_classes = num_classes
-        module = build_module(cfg)
-        if user_class is None:  # a factory function may still return a LightningModule of the user's
-            check_user_module(module, cfg, overrides)
-        module = model_transforms.prepare_model(module, cfg)
-        _check_input_size(module, datamodule, cfg)
-        with open_dict(cfg):
-            if cfg.data.batch_size == "auto":
-                from .batch_finder import find_batch_size
-
-                cfg.data.batch_size, notes["batch_size_reason"] = find_batch_size(
-                    module, datamodule, cfg, plan.accelerator, plan.amp_dtype
-                )
-                pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the search consumed random numbers
-            notes["lr_note"] = switchboard.scale_lr(cfg, plan.world_size(hw))
-        log.info(notes["lr_note"])
-        if global_rank() == 0:
-            save_config(cfg, config_path)  # what runs from here on: chosen batch size, scaled lr, classes
-        timer.flops_per_sample = training_flops_per_sample(cfg)
-        peak_flops, notes["peak_flops_source"] = peak_flops_of(plan.accelerator, plan.precision, bool(cfg.tf32))
-        plan.strategy = switchboard.build_strategy(cfg, plan, hw, module)
-
-        checkpoint_dir = os.path.join(out_dir, "checkpoints")
-        preemption = PreemptionCallback(os.path.join(checkpoint_dir, "last.ckpt"))
-        bad_samples = BadSampleCounter()
-        nan_guard = NaNGuard(cfg.on_nan, checkpoint_dir if cfg.checkpoint.enabled else None)
-        monitor = SystemMonitor(cfg.monitor.interval_s) if cfg.monitor.enabled else None
-        peak = PeakMemory(plan.accelerator)
-        extra_callbacks = [peak, ResumableState(), preemption] + ([monitor] if monitor else [])
-        extra_callbacks += [bad_samples] if cfg.data.name != "synthetic" else []
-        extra_callbacks += [nan_guard] if cfg.on_nan != "off" else []
-        extra_callbacks += [model_transforms.CompileAfterSetup(cfg)] if cfg.compile else []
-        extra_callbacks += [StepLoss()] if isinstance(module, ImageClassifier) else []  # a user's module logs its own
-        # sharded strategies save with their own checkpoint IO
-        plugins = [AtomicCheckpointIO()] if cfg.strategy in ("auto", "ddp") else []
-        trainer = pl.Trainer(
-            **switchboard.trainer_kwargs(cfg, plan),
-            **_trainer_args(cfg),
-            plugins=plugins,
-            profiler=timer.clock,  # times the loader fetch and the batch transfer (see StepClock)
-            callbacks=_callbacks(cfg, out_dir, timer, extra_callbacks),
-            logger=TensorBoardLogger(save_dir=out_dir, name="", version="", default_hp_metric=False),
-            default_root_dir=out_dir,
-            enable_checkpointing=cfg.checkpoint.enabled,
-            enable_progress_bar=_show_progress_bar(cfg),
-            enable_model_summary=cfg.trainer.model_summary,
-        )
-        try:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True if ckpt_path else None)
-        except SystemExit:
-            # Lightning turns SIGTERM into SIGTERMException (a SystemExit with status 0) after the
-            # step in which our PreemptionCallback saved last.ckpt: that is a preemption, not a crash
-            if preemption.saved_at_step is None or preemption.exit_requested:
-                raise  # a crash; or submitit requeued the job and exits this process: let it
-        if preemption.saved_at_step is not None:
-            status, error = _preempted(notes, preemption)
-        elif trainer.interrupted:
-            status, error = "failed", "interrupted (KeyboardInterrupt or signal) before the last epoch finished"
-    except BaseException as e:
-        if preemption is not None and preemption.exit_requested:
-            status, error = _preempted(notes, preemption)
-        else:
-            status, error = "failed", (str(e) if isinstance(e, (UserFacingError, stopping.Stopped)) else metrics_mod.one_line(e))
-        raise
-    finally:
-        stopping.stop_during_setup(False)  # the result below is written whatever arrives now
-        kept = _already_finished(previous, timer, status)
-        if kept:
-            # resumed from the end of a finished run with nothing left to train: keep its result
-            log.info(
-                "this run had already finished (epochs %s); its metrics.json is unchanged. Raise trainer.max_epochs to train on.",
-                _epoch_span(previous["epochs"]),
-            )
-            final = dict(previous, already_finished=True)
-        else:
-            final = result(status, error)
-            if status == "ok" and hw is not None and trainer is not None and trainer.is_global_zero:
-                final["diagnosis"] = _diagnose(final, cfg, hw, trainer, monitor, module, timer)
-                log.info("doctor: %s", final["diagnosis"]["verdict"])
-                for note in final["diagnosis"]["hardware"]:
-                    log.warning("doctor: %s", note)
-            if trainer is None or trainer.is_global_zero:
-                metrics_mod.write(metrics_path, final)
-    return final
 
 
 def _preempted(notes: Dict[str, Any], preemption) -> tuple:

@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from .rank import is_launched_rank
+
 log = logging.getLogger(__name__)
 
 PLAN = "sweep.json"
@@ -134,9 +136,9 @@ def _job_config(base, overrides: List[str], swept: List[str]):
     (as ``trainer.cli.task`` will). None where the sweep varies a config group (that needs Hydra to compose)."""
     from omegaconf import open_dict
 
+    from .compose import finish
     from .config import GROUPS
-    from .model_config import replace_retargeted_model
-    from .scale import _reapply_cli, apply_scale
+    from .scale import _reapply_cli
 
     if any(key in GROUPS for key in swept):
         return None
@@ -144,8 +146,7 @@ def _job_config(base, overrides: List[str], swept: List[str]):
     with open_dict(cfg):
         cfg.pop("hydra", None)
         _reapply_cli(cfg, overrides)
-    cfg = apply_scale(cfg, overrides)
-    return replace_retargeted_model(cfg, overrides)
+    return finish(cfg, overrides)
 
 
 def expect_slow_jobs(config, jobs: Optional[List[List[str]]]) -> None:
@@ -340,13 +341,13 @@ class SweepCallback(_HydraCallback):
         task_overrides = list(_select(config, "hydra.overrides.task") or [])
         console.set_sweep(True, console.swept_keys(task_overrides))  # each status line shows what the sweep varies
         sweep_dir = _select(config, "hydra.sweep.dir")
-        if sweep_dir and os.environ.get("LOCAL_RANK") is None:
+        if sweep_dir and not is_launched_rank():
             if not resumable(sweep_dir, task_overrides):  # a stopped sweep of the same command is finished instead
                 _refuse_taken(lambda outputs: outputs.refuse_used_sweep_dir(sweep_dir, config.get("ckpt_path")))
             start(sweep_dir, task_overrides)
             expect_slow_jobs(config, (_read(sweep_dir) or {}).get("jobs"))
         launcher = str(config.hydra.launcher.get("_target_", ""))
-        if "BasicLauncher" in launcher and os.environ.get("LOCAL_RANK") is None:
+        if "BasicLauncher" in launcher and not is_launched_rank():
             from . import stopping
 
             _state["in_process"] = True
@@ -377,7 +378,7 @@ def _refuse_taken(check) -> None:
     """Run an output-dir check; a refusal is the user's one paragraph and exit code 2, not Hydra's error report."""
     from . import outputs
 
-    if os.environ.get("LOCAL_RANK") is not None:
+    if is_launched_rank():
         return  # a launched rank runs in its parent's dir, which was checked
     try:
         check(outputs)

@@ -29,7 +29,7 @@ class Plan:
     num_nodes: int
     precision: str  # Lightning precision string
     amp_dtype: str | None  # "bf16" | "fp16" | None (amp off)
-    strategy: Any
+    strategy: str  # the strategy= name (the object is built once the model exists: build_strategy)
     warnings: List[str] = field(default_factory=list)
 
     def world_size(self, hw: Hardware) -> int:
@@ -56,25 +56,7 @@ def resolve(cfg, hw: Hardware) -> Plan:
     if cfg.accelerator in ("gpu", "cuda") and hw.accelerator != "cuda":
         raise ConfigError("'accelerator' is set to a GPU, but torch sees no CUDA device here. Allowed on this machine: auto, cpu.")
     accelerator = hw.accelerator if cfg.accelerator == "auto" else ("cpu" if cfg.accelerator == "cpu" else "cuda")
-
-    amp_dtype = None
-    precision = "32-true"
-    if cfg.amp:
-        amp_dtype = cfg.amp_dtype
-        if amp_dtype == "auto":
-            amp_dtype = "bf16" if (accelerator == "cpu" or hw.bf16_native) else "fp16"
-        if amp_dtype == "fp16" and accelerator == "cpu":
-            raise ConfigError(
-                "'amp_dtype=fp16' needs a CUDA GPU: fp16 autocast with loss scaling is not supported on CPU. "
-                "Allowed here: amp_dtype=auto or amp_dtype=bf16 (or amp=false)."
-            )
-        precision = "bf16-mixed" if amp_dtype == "bf16" else "16-mixed"
-        if amp_dtype == "bf16" and not hw.bf16_native:
-            where = "this CPU has no AVX512-BF16/AMX" if accelerator == "cpu" else f"this GPU (sm{hw.capability}) has no native bf16"
-            warnings.append(
-                f"amp=true with bf16: {where}, so bf16 is emulated and will be SLOWER than fp32 here "
-                "(about 30x for a ResNet-50 step on the AVX2 build machines). Measure it, but do not expect a speed-up."
-            )
+    amp_dtype, precision = _precision(cfg, hw, accelerator, warnings)
 
     if cfg.strategy == "fsdp2" and precision == "16-mixed":
         why = "amp_dtype=fp16" if cfg.amp_dtype == "fp16" else f"amp_dtype=auto, which picks fp16 on this GPU (sm{hw.capability}, no native bf16)"
@@ -94,7 +76,6 @@ def resolve(cfg, hw: Hardware) -> Plan:
             f"'devices={devices}' asks for {devices} CPU processes, but this process may use {hw.cpu_cores} core(s) here: they would "
             f"fight over the cores and every timing would be meaningless. Allowed on this machine: devices=1..{hw.cpu_cores} (or a GPU machine)."
         )
-    strategy: Any = cfg.strategy  # the strategy object is built later, when the model exists
     if cfg.strategy == "fsdp" and accelerator != "cuda":
         raise ConfigError(
             "'strategy=fsdp' needs CUDA GPUs (Lightning's FSDPStrategy refuses CPU). On this machine use "
@@ -123,7 +104,30 @@ def resolve(cfg, hw: Hardware) -> Plan:
         warnings.append("tf32=true only changes CUDA matmuls and convolutions (Ampere or newer); on CPU it has no effect.")
     if cfg.cudnn_benchmark and accelerator == "cpu":
         warnings.append("cudnn_benchmark=true only affects cuDNN on CUDA; on CPU it has no effect.")
-    return Plan(accelerator, devices, cfg.num_nodes, precision, amp_dtype, strategy, warnings)
+    return Plan(accelerator, devices, cfg.num_nodes, precision, amp_dtype, cfg.strategy, warnings)
+
+
+def _precision(cfg, hw: Hardware, accelerator: str, warnings: List[str]) -> tuple:
+    """(amp_dtype, Lightning precision) for amp= and amp_dtype= on this hardware; emulated bf16 is warned about."""
+    amp_dtype = None
+    precision = "32-true"
+    if cfg.amp:
+        amp_dtype = cfg.amp_dtype
+        if amp_dtype == "auto":
+            amp_dtype = "bf16" if (accelerator == "cpu" or hw.bf16_native) else "fp16"
+        if amp_dtype == "fp16" and accelerator == "cpu":
+            raise ConfigError(
+                "'amp_dtype=fp16' needs a CUDA GPU: fp16 autocast with loss scaling is not supported on CPU. "
+                "Allowed here: amp_dtype=auto or amp_dtype=bf16 (or amp=false)."
+            )
+        precision = "bf16-mixed" if amp_dtype == "bf16" else "16-mixed"
+        if amp_dtype == "bf16" and not hw.bf16_native:
+            where = "this CPU has no AVX512-BF16/AMX" if accelerator == "cpu" else f"this GPU (sm{hw.capability}) has no native bf16"
+            warnings.append(
+                f"amp=true with bf16: {where}, so bf16 is emulated and will be SLOWER than fp32 here "
+                "(about 30x for a ResNet-50 step on the AVX2 build machines). Measure it, but do not expect a speed-up."
+            )
+    return amp_dtype, precision
 
 
 def build_strategy(cfg, plan: Plan, hw: Hardware, module: torch.nn.Module) -> Any:
@@ -177,16 +181,16 @@ def apply_global_settings(cfg) -> None:
     torch.backends.cudnn.allow_tf32 = bool(cfg.tf32)
 
 
-def scale_lr(cfg, world_size: int) -> str:
-    """Set optim.lr for the effective batch size (batch x accumulate x world) per ``lr_scaling``; return a note."""
+def scaled_lr(cfg, world_size: int) -> tuple:
+    """optim.lr for the effective batch size (batch x accumulate x world) per ``lr_scaling``, and a note saying so."""
     effective = int(cfg.data.batch_size) * cfg.accumulate * world_size
     ratio = effective / cfg.optim.ref_batch_size
     factor = {"linear": ratio, "sqrt": ratio**0.5}.get(cfg.lr_scaling, 1.0)
     base = cfg.optim.lr
-    cfg.optim.lr = base * factor
+    lr = base * factor
     if cfg.lr_scaling == "none":
-        return f"lr {base:g} (effective batch {effective}; lr_scaling=none)"
-    return f"lr {base:g} at batch {cfg.optim.ref_batch_size} -> {cfg.optim.lr:.4g} at effective batch {effective} (lr_scaling={cfg.lr_scaling})"
+        return lr, f"lr {base:g} (effective batch {effective}; lr_scaling=none)"
+    return lr, f"lr {base:g} at batch {cfg.optim.ref_batch_size} -> {lr:.4g} at effective batch {effective} (lr_scaling={cfg.lr_scaling})"
 
 
 def set_cuda_alloc_conf(conf: str | None) -> None:
@@ -200,14 +204,14 @@ def set_cuda_alloc_conf(conf: str | None) -> None:
         log.warning("cuda_alloc_conf=%s applied to an already initialized CUDA allocator (a previous job started CUDA)", conf)
 
 
-def trainer_kwargs(cfg, plan: Plan) -> dict:
-    """Lightning Trainer arguments owned by the switchboard."""
+def trainer_kwargs(cfg, plan: Plan, strategy: Any = None) -> dict:
+    """Lightning Trainer arguments owned by the switchboard (``strategy``: the object build_strategy made)."""
     return {
         "accelerator": "gpu" if plan.accelerator == "cuda" else "cpu",
         "devices": plan.devices,
         "num_nodes": plan.num_nodes,
         "precision": plan.precision,
-        "strategy": plan.strategy,
+        "strategy": plan.strategy if strategy is None else strategy,
         "sync_batchnorm": bool(cfg.sync_batchnorm),
         "accumulate_grad_batches": cfg.accumulate,
         "benchmark": bool(cfg.cudnn_benchmark),

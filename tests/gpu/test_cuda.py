@@ -281,8 +281,14 @@ def test_nvjpeg_decode_overlaps_the_step_with_device_prefetch(train, compose, tm
         def on_train_batch_end(self, *a):
             time.sleep(0.05)  # a step the decode of 8 small JPEGs easily keeps up with
 
-    real_callbacks = run_mod._callbacks
-    monkeypatch.setattr(run_mod, "_callbacks", lambda *a: real_callbacks(*a) + [SlowStep()])
+    real_callbacks = run_mod.build_callbacks
+
+    def with_slow_step(parts):
+        found = real_callbacks(parts)
+        found.all.append(SlowStep())
+        return found
+
+    monkeypatch.setattr(run_mod, "build_callbacks", with_slow_step)
     root = _jpeg_folder(tmp_path / "imgs", per_class=24)
     m, _ = train(*GPU, "data=imagefolder", f"data.root={root}", "data.image_size=32", "data.batch_size=8", "data.decoder=nvjpeg",
                  "data.device_prefetch=true", "data.num_workers=2", "trainer.max_epochs=3", "data.val_split=0")

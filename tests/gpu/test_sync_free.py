@@ -67,8 +67,14 @@ def test_no_host_sync_inside_the_step_loop(compose, tmp_path, monkeypatch, recip
     from trainer import run as run_mod
 
     watch = SyncDebugSteps()
-    real = run_mod._callbacks
-    monkeypatch.setattr(run_mod, "_callbacks", lambda *a: [watch] + real(*a))
+    real = run_mod.build_callbacks
+
+    def watched_first(parts):
+        found = real(parts)
+        found.all.insert(0, watch)
+        return found
+
+    monkeypatch.setattr(run_mod, "build_callbacks", watched_first)
     args = [f"+recipe={recipe}", f"+bench={row}", *SMALL, *data]
     try:
         m = run_mod.run(compose(*args), str(tmp_path / "run"), args)

@@ -108,6 +108,11 @@ class ImageDataModule(pl.LightningDataModule):
             self.train_set = instantiate(c.dataset, _convert_="all")
             self.val_set = instantiate(c.val_dataset, _convert_="all") if c.val_dataset else None
             return c.num_classes
+        return self._build_image_folders()
+
+    def _build_image_folders(self) -> int:
+        """data=imagefolder / builtin: class subfolders of JPEGs (the built-in set is generated once)."""
+        c = self.cfg
         if c.name == "builtin":
             from .builtin import ensure_builtin
 

@@ -168,6 +168,8 @@ def build_image_folders(
     ``decoder="nvjpeg"`` the datasets deliver encoded files and no transform runs in the loader:
     ``device_decode`` decodes and transforms each batch on the device.
     """
+    # why longer: the local and the object-store cases set the same four helpers (isdir, join, make,
+    # check) side by side, and one layout walk below uses them; split, the pairing would be lost
     from .decoders import Loader
     from .storage import is_remote, local_path, open_root
 

@@ -78,6 +78,31 @@ def user_run_overrides(task_overrides: List[str]) -> List[str]:
     return [o for o in task_overrides if not o.lstrip("+~").startswith(("tune.", "hydra."))]
 
 
+def own_candidates(tune) -> list:
+    """``tune.only`` and ``tune.extra`` checked (a typo is said now, not after a failed probe); the user's own candidates."""
+    from omegaconf import OmegaConf
+
+    from ..cli import recipes
+    from ..config import check_overrides
+    from .candidates import NAMES, extra_candidates
+
+    unknown = [n for n in (tune.only or []) if n not in NAMES and n not in (tune.extra or {})]
+    if unknown:
+        raise ConfigError(f"'tune.only' names {', '.join(unknown)}, which is not a candidate. Candidates: {', '.join(NAMES)} (and your tune.extra names).")
+    clash = [n for n in (tune.extra or {}) if n in NAMES]
+    if clash:
+        raise ConfigError(f"'tune.extra.{clash[0]}' has the name of a built-in candidate; give your candidate another name.")
+    extras = extra_candidates(OmegaConf.to_container(tune.extra) if tune.extra else {})
+    for cand in extras:  # a typo in a candidate of your own is said now, not after a failed probe
+        if not cand.overrides or not all("=" in o for o in cand.overrides):
+            raise ConfigError(f"'tune.extra.{cand.name}' must hold key=value overrides separated by spaces, e.g. +tune.extra.narrow=\"model.width=4\".")
+        try:
+            check_overrides(list(cand.overrides), recipes())
+        except ConfigError as e:
+            raise ConfigError(f"'tune.extra.{cand.name}': {e}") from None
+    return extras
+
+
 def tune_task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
@@ -85,9 +110,8 @@ def tune_task(cfg) -> None:
     from .. import hardware
     from ..cli import recipes
     from ..config import FLAG_KEYS, check_overrides, validate
-    from ..model_config import replace_retargeted_model
-    from ..scale import apply_scale
-    from .candidates import CATALOGUE, NAMES, Context, allocators_installed, extra_candidates
+    from ..compose import finish
+    from .candidates import CATALOGUE, Context
     from .output import machine_name, write_best, write_report
     from .probe import JOURNAL, Journal, Prober
     from .search import Search
@@ -96,38 +120,12 @@ def tune_task(cfg) -> None:
     run_dir = Path(hc.runtime.output_dir)
     user = user_run_overrides(list(hc.overrides.task))
     try:
-        cfg = replace_retargeted_model(apply_scale(cfg, list(hc.overrides.task)), list(hc.overrides.task))
+        cfg = finish(cfg, hc.overrides.task)
         validate(cfg)
-        tune = cfg.tune
-        for key, low in (("budget_min", 0), ("probe_batches", 1), ("probe_epochs", 3), ("horizon_epochs", 1), ("verify_epochs", 1)):
-            if tune[key] is None or not math.isfinite(tune[key]) or tune[key] < low or (low == 0 and tune[key] <= 0):
-                raise ConfigError(f"Bad value for 'tune.{key}': {tune[key]!r}. It must be {'above 0' if low == 0 else f'at least {low}'}"
-                                  + (" (one warm-up epoch and at least two measured ones, to judge the noise)" if key == "probe_epochs" else "") + ".")
-        if tune.acc_tolerance is None or not math.isfinite(tune.acc_tolerance) or tune.acc_tolerance < 0:
-            raise ConfigError(f"Bad value for 'tune.acc_tolerance': {tune.acc_tolerance!r}. It must be 0 or more (a val_acc difference, e.g. 0.02).")
-        unknown = [n for n in (tune.only or []) if n not in NAMES and n not in (tune.extra or {})]
-        if unknown:
-            raise ConfigError(f"'tune.only' names {', '.join(unknown)}, which is not a candidate. Candidates: {', '.join(NAMES)} (and your tune.extra names).")
-        clash = [n for n in (tune.extra or {}) if n in NAMES]
-        if clash:
-            raise ConfigError(f"'tune.extra.{clash[0]}' has the name of a built-in candidate; give your candidate another name.")
-        extras = extra_candidates(OmegaConf.to_container(tune.extra) if tune.extra else {})
-        for cand in extras:  # a typo in a candidate of your own is said now, not after a failed probe
-            if not cand.overrides or not all("=" in o for o in cand.overrides):
-                raise ConfigError(f"'tune.extra.{cand.name}' must hold key=value overrides separated by spaces, e.g. +tune.extra.narrow=\"model.width=4\".")
-            try:
-                check_overrides(list(cand.overrides), recipes())
-            except ConfigError as e:
-                raise ConfigError(f"'tune.extra.{cand.name}': {e}") from None
+        tune = cfg.tune  # its ranges are checked by validate, from the schema (config.TuneConfig)
+        extras = own_candidates(tune)
         hw = hardware.detect(cfg.accelerator)
-        ctx = Context(
-            cuda=hw.accelerator == "cuda",
-            bf16_native=hw.bf16_native,
-            capability=float(hw.capability or 0),
-            cores=hw.cpu_cores,
-            data_name=str(cfg.data.name),
-            allocators=allocators_installed(),
-        )
+        ctx = Context.of(hw, cfg)
         candidates = list(CATALOGUE) + extras
         if tune.only:
             candidates = [c for c in candidates if c.name in set(tune.only)]
@@ -165,7 +163,8 @@ def tune_task(cfg) -> None:
 
 
 def main() -> None:
-    from ..cli import checked_argv, fail, prepare_hydra
+    from ..cli import checked_argv, fail
+    from ..compose import prepare_hydra
     from ..console import quiet_known_warnings
     from ..paths import CONFIG_DIR
 

@@ -40,6 +40,18 @@ class Context:
     data_name: str
     allocators: tuple  # installed malloc replacements
 
+    @classmethod
+    def of(cls, hw, cfg) -> "Context":
+        """This machine (``hardware.detect``'s answer) and the run's data."""
+        return cls(
+            cuda=hw.accelerator == "cuda",
+            bf16_native=hw.bf16_native,
+            capability=float(hw.capability or 0),
+            cores=hw.cpu_cores,
+            data_name=str(cfg.data.name),
+            allocators=allocators_installed(),
+        )
+
 
 @dataclass(frozen=True)
 class Candidate:

@@ -153,6 +153,8 @@ class Search:
         return None
 
     def run(self) -> Outcome:
+        # why longer: one greedy search whose loop state (config, incumbent, kept, tried, dropped) every
+        # branch reads and changes; split, those five values would be passed back and forth each turn
         base_verify = self.probe("verify", "baseline", [])
         if not base_verify.ok:
             raise RuntimeError(f"the configuration as given does not train: {base_verify.error} (see {base_verify.dir})")
@@ -232,36 +234,8 @@ class Search:
         return self._guard(base, base_verify, path, budget_hit)
 
     def _guard(self, base: Result, base_verify: Result, path: List[List[str]], budget_hit: bool) -> Outcome:
-        winner: List[str] = []
-        winner_verify = base_verify
-        for config in reversed(path[1:]):
-            name = " ".join(config)
-            check = self.probe("verify", "candidate", config)
-            n = len(self.steps)
-            tolerance = self.cfg.acc_tolerance
-            if not check.ok:
-                self._add(Step(n, "accuracy check", "", "", config, "rejected", f"it did not train: {check.error}", dir=check.dir))
-                log.info("accuracy check %s: it did not train (%s): checking the configuration before it", name, check.error)
-                continue
-            if base_verify.val_acc is None or check.val_acc is None:
-                self._add(Step(n, "accuracy check", "", "", config, "verified",
-                               "trained, but accuracy NOT CHECKED: this run has no validation (data.val_samples / trainer.limit_val_batches)",
-                               dir=check.dir))
-                winner, winner_verify = config, check
-                log.warning("accuracy check %s: trained, but this run has no validation: its accuracy is not checked", name)
-                break
-            if check.val_acc >= base_verify.val_acc - tolerance:
-                self._add(Step(n, "accuracy check", "", "", config, "verified",
-                               f"val_acc {check.val_acc:.3f} vs baseline {base_verify.val_acc:.3f} (tolerance {tolerance:g})",
-                               val_acc=check.val_acc, dir=check.dir))
-                winner, winner_verify = config, check
-                log.info("accuracy check %s: val_acc %.3f vs %.3f: kept", name, check.val_acc, base_verify.val_acc)
-                break
-            self._add(Step(n, "accuracy check", "", "", config, "rejected",
-                           f"val_acc {check.val_acc:.3f} is more than {tolerance:g} below the baseline's {base_verify.val_acc:.3f}",
-                           val_acc=check.val_acc, dir=check.dir))
-            log.info("accuracy check %s: val_acc %.3f vs %.3f: REJECTED, checking the configuration before it", name, check.val_acc, base_verify.val_acc)
-
+        """The accuracy check down the path of kept configurations, then the winner and the baseline measured again."""
+        winner, winner_verify = self._accuracy_check(base_verify, path)
         speed = ci = None
         unconfirmed = None
         winner_probe: List[Result] = []
@@ -298,6 +272,39 @@ class Search:
         )
         outcome.verdict = verdict_text(outcome, self.cfg)
         return outcome
+
+    def _accuracy_check(self, base_verify: Result, path: List[List[str]]) -> tuple:
+        """The fastest kept configuration whose val_acc is within tolerance of the baseline's: (overrides, its verify run)."""
+        winner: List[str] = []
+        winner_verify = base_verify
+        for config in reversed(path[1:]):
+            name = " ".join(config)
+            check = self.probe("verify", "candidate", config)
+            n = len(self.steps)
+            tolerance = self.cfg.acc_tolerance
+            if not check.ok:
+                self._add(Step(n, "accuracy check", "", "", config, "rejected", f"it did not train: {check.error}", dir=check.dir))
+                log.info("accuracy check %s: it did not train (%s): checking the configuration before it", name, check.error)
+                continue
+            if base_verify.val_acc is None or check.val_acc is None:
+                self._add(Step(n, "accuracy check", "", "", config, "verified",
+                               "trained, but accuracy NOT CHECKED: this run has no validation (data.val_samples / trainer.limit_val_batches)",
+                               dir=check.dir))
+                winner, winner_verify = config, check
+                log.warning("accuracy check %s: trained, but this run has no validation: its accuracy is not checked", name)
+                break
+            if check.val_acc >= base_verify.val_acc - tolerance:
+                self._add(Step(n, "accuracy check", "", "", config, "verified",
+                               f"val_acc {check.val_acc:.3f} vs baseline {base_verify.val_acc:.3f} (tolerance {tolerance:g})",
+                               val_acc=check.val_acc, dir=check.dir))
+                winner, winner_verify = config, check
+                log.info("accuracy check %s: val_acc %.3f vs %.3f: kept", name, check.val_acc, base_verify.val_acc)
+                break
+            self._add(Step(n, "accuracy check", "", "", config, "rejected",
+                           f"val_acc {check.val_acc:.3f} is more than {tolerance:g} below the baseline's {base_verify.val_acc:.3f}",
+                           val_acc=check.val_acc, dir=check.dir))
+            log.info("accuracy check %s: val_acc %.3f vs %.3f: REJECTED, checking the configuration before it", name, check.val_acc, base_verify.val_acc)
+        return winner, winner_verify
 
 
 def _key(config: List[str]) -> str:

@@ -1,0 +1,125 @@
+"""The code's shape, checked: the config a command composes does not drift, functions stay short
+enough to read (or say why not), and the compiler is called from one place only."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, clean_env
+
+GOLDEN = Path(__file__).parent / "golden"
+TRAINER = ROOT / "trainer"
+MAX_LINES = 60
+WHY_LONGER = "why longer:"
+COMPILE_SITE = ("model_transforms.py", "apply_compile")
+
+CASES = {
+    "base": [],
+    "base_scale_smoke": ["scale=smoke"],
+    "base_recipe_resnet50": ["+recipe=resnet50"],
+    "base_recipe_resnet50_scale_smoke": ["+recipe=resnet50", "scale=smoke"],
+    "base_recipe_vit": ["+recipe=vit"],
+    "base_recipe_vit_scale_smoke": ["+recipe=vit", "scale=smoke"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_composed_job_config_is_unchanged(name):
+    """What ``python train.py ARGS --cfg job`` prints, composed in-process the way Hydra does."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf, open_dict
+
+    from trainer.compose import prepare_hydra
+
+    prepare_hydra()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=CASES[name], return_hydra_config=False)
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    assert OmegaConf.to_yaml(cfg) == (GOLDEN / f"cfg_job_{name}.yaml").read_text()
+
+
+def test_train_py_cfg_job_prints_the_golden_config():
+    """The user's path: train.py itself, for one case (the in-process test covers the rest)."""
+    out = subprocess.run(
+        [sys.executable, "train.py", "+recipe=vit", "scale=smoke", "--cfg", "job"],
+        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (GOLDEN / "cfg_job_base_recipe_vit_scale_smoke.yaml").read_text()
+
+
+def _functions(tree: ast.AST):
+    """Every function and method with its qualified name (Class.method, outer.inner)."""
+    def walk(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield f"{prefix}{child.name}", child
+                yield from walk(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                yield from walk(child, f"{prefix}{child.name}.")
+            else:
+                yield from walk(child, prefix)
+
+    yield from walk(tree, "")
+
+
+def long_functions_without_a_reason(root: Path = TRAINER) -> list:
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        lines = text.splitlines()
+        for name, node in _functions(ast.parse(text)):
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_LINES and not any(WHY_LONGER in line for line in lines[node.lineno - 1 : node.end_lineno]):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno} {name} ({length} lines)")
+    return found
+
+
+def compile_calls_outside_the_one_place(root: Path = TRAINER) -> list:
+    """``torch.compile(...)`` or ``x.compile(...)`` (not ``re.compile``) outside model_transforms.apply_compile."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        allowed = set()
+        for name, node in _functions(tree):
+            if (path.name, name) == COMPILE_SITE:
+                allowed |= {id(n) for n in ast.walk(node)}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "compile"):
+                continue
+            if isinstance(node.func.value, ast.Name) and node.func.value.id == "re":
+                continue
+            if id(node) not in allowed:
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    return found
+
+
+def test_no_function_in_trainer_is_over_60_lines_without_saying_why():
+    assert long_functions_without_a_reason() == []
+
+
+def test_the_compiler_is_called_only_in_apply_compile():
+    assert compile_calls_outside_the_one_place() == []
+
+
+def test_the_shape_checks_find_what_they_look_for(tmp_path):
+    """The two checks above are able to fail: a planted long function and a planted compile call."""
+    pkg = tmp_path / "trainer"
+    pkg.mkdir()
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
+    (pkg / "long.py").write_text(f"def too_long():\n{body}\n\n\ndef fine():\n    return 1\n")
+    (pkg / "justified.py").write_text(f"def long_but_said():\n    # why longer: a table\n{body}\n")
+    (pkg / "compiles.py").write_text(
+        "import re\nimport torch\n\n\ndef f(net):\n    re.compile('x')\n    net.compile()\n    return torch.compile(net)\n"
+    )
+    (pkg / "model_transforms.py").write_text("def apply_compile(net):\n    net.compile()\n")
+    assert long_functions_without_a_reason(pkg) == [f"trainer/long.py:1 too_long ({MAX_LINES + 1} lines)"]
+    assert compile_calls_outside_the_one_place(pkg) == ["trainer/compiles.py:7", "trainer/compiles.py:8"]

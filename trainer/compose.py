@@ -1,0 +1,47 @@
+"""One path from the command line's overrides to the config a job runs, for every caller.
+
+Hydra composes the config (``train.py`` and ``python -m trainer.tune`` through ``@hydra.main``;
+tests and scripts through ``hydra.compose``). ``finish`` then does what Hydra's composition cannot:
+it applies the ``scale=`` preset over the recipe (the command line applied again on top, so it
+still wins) and rebuilds the model node when ``model._target_`` was pointed at another class.
+``compose_for_run`` is both steps for callers without ``@hydra.main``. After ``finish`` the config
+is only changed by the run itself, for the values it settles (``trainer.run.Parts``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from .paths import CONFIG_DIR
+from .rank import global_rank
+
+
+def prepare_hydra() -> None:
+    """The schema in Hydra's ConfigStore and the resolvers configs/train.yaml uses."""
+    from omegaconf import OmegaConf
+
+    from .config import register_schema
+
+    register_schema()
+    rank = str(global_rank())
+    OmegaConf.register_new_resolver("trainer_rank_suffix", lambda: "" if rank == "0" else f"_rank{rank}", replace=True)
+    OmegaConf.register_new_resolver("trainer_rank0_only", lambda value: value if rank == "0" else None, replace=True)
+
+
+def finish(cfg: Any, overrides: Sequence[str]) -> Any:
+    """Hydra's composed config -> the job's config: the scale preset applied, a retargeted model rebuilt."""
+    from .model_config import replace_retargeted_model
+    from .scale import apply_scale
+
+    overrides = list(overrides)
+    return replace_retargeted_model(apply_scale(cfg, overrides), overrides)
+
+
+def compose_for_run(overrides: Sequence[str] = (), config_dir: str = str(CONFIG_DIR)) -> Any:
+    """What ``python train.py OVERRIDES`` would run, composed in this process (tests, scripts)."""
+    from hydra import compose, initialize_config_dir
+
+    prepare_hydra()
+    with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=list(overrides))
+    return finish(cfg, overrides)
