@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast
+.PHONY: setup demo test test-fast lint
 setup: $(VENV)/.installed
 
 # exact versions from constraints.txt (pyproject.toml only holds ranges)
@@ -29,3 +29,8 @@ test: setup
 # The edit-test loop: the in-process tests, on two workers (under 3 minutes on 2 cores).
 test-fast: setup
 	$(PY) -m pytest -q -n 2 -m "not slow and not whole_machine"
+
+# Style, as CI checks it (pyproject.toml's [tool.ruff]); `$(VENV)/bin/ruff format .` fixes the layout.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .

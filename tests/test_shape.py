@@ -56,6 +56,20 @@ def test_train_py_cfg_job_prints_the_golden_config():
     assert out.stdout == (GOLDEN / "cfg_job_base_recipe_vit_scale_smoke.yaml").read_text()
 
 
+def test_help_lists_every_flag_from_its_schema_field(monkeypatch):
+    """``train.py --help`` reads each flag's default, choices and help from the one definition."""
+    from trainer import config
+    from trainer.compose import flags_help
+
+    text = flags_help()
+    for key in config.FLAG_KEYS:
+        assert f"  {key}=" in text, key
+    assert "amp_dtype=auto [auto | bf16 | fp16]  amp's dtype" in text
+    field_ = config.SCHEMA_FIELDS["channels_last"]
+    monkeypatch.setattr(field_, "metadata", {**field_.metadata, "help": "said once"})
+    assert "  channels_last=false  said once" in flags_help()
+
+
 def _functions(tree: ast.AST):
     """Every function and method with its qualified name (Class.method, outer.inner)."""
     def walk(node, prefix):

@@ -26,6 +26,22 @@ def prepare_hydra() -> None:
     rank = str(global_rank())
     OmegaConf.register_new_resolver("trainer_rank_suffix", lambda: "" if rank == "0" else f"_rank{rank}", replace=True)
     OmegaConf.register_new_resolver("trainer_rank0_only", lambda value: value if rank == "0" else None, replace=True)
+    OmegaConf.register_new_resolver("trainer_flags_help", flags_help, replace=True)
+
+
+def flags_help() -> str:
+    """``train.py --help``'s list of flags: each key's default, allowed values and help, from the schema."""
+    from .config import CHOICES, FLAG_KEYS, SCHEMA_FIELDS, help_text
+
+    def shown(value: Any) -> str:
+        return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+    lines = []
+    for key in FLAG_KEYS:
+        default = SCHEMA_FIELDS[key].default
+        allowed = f" [{' | '.join(shown(c) for c in CHOICES[key])}]" if key in CHOICES else ""
+        lines.append(f"  {key}={shown(default)}{allowed}  {help_text(key)}".rstrip())
+    return "\n".join(lines)
 
 
 def finish(cfg: Any, overrides: Sequence[str]) -> Any:

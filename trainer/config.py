@@ -124,7 +124,7 @@ class OptimConfig:
     # the batch size ``lr`` was tuned for: with lr_scaling, lr follows the effective batch size
     ref_batch_size: int = 32
     # optimizer implementation: auto (torch's choice), true (fused kernels), foreach, false (per-parameter loop)
-    fused: Any = key("auto", choices=("auto", True, False, "foreach"), flag=OPTIMIZATION)
+    fused: Any = key("auto", "optimizer kernels: auto (torch's choice), true (fused), foreach, false (a loop)", choices=("auto", True, False, "foreach"), flag=OPTIMIZATION)
     zero_grad_to_none: bool = key(True, "zero_grad(set_to_none=True): gradients freed, not zeroed", flag=OPTIMIZATION)
 
 
@@ -254,7 +254,7 @@ class TrainSchema:
     accumulate: int = key(1, "gradient accumulation steps", check=(lambda v: v >= 1, "an integer >= 1 (1 means no accumulation)"), flag=OPTIMIZATION)
     strategy: str = key("auto", "auto (one process), ddp, fsdp (GPU), fsdp2", choices=("auto", "ddp", "fsdp", "fsdp2"), flag=OPTIMIZATION)
     devices: Any = key(1, "processes per node: a positive integer, -1 (all) or auto", flag=SETTING)
-    num_nodes: int = key(1, check=(lambda v: v >= 1, "an integer >= 1"), flag=SETTING)
+    num_nodes: int = key(1, "machines (Slurm)", check=(lambda v: v >= 1, "an integer >= 1"), flag=SETTING)
     accelerator: str = key("auto", choices=("auto", "cpu", "gpu", "cuda"))
     profile: bool = key(False, "torch.profiler trace of a few steps (TensorBoard's profile tab)", flag=SETTING)
     tf32: bool = key(False, "TF32 matmuls and convolutions (CUDA, Ampere or newer)", flag=OPTIMIZATION)
