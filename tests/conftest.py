@@ -54,13 +54,13 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture
-def clear_probe():
-    """An empty probe.SEEN before and after the test (tests that read ProbeNet's snapshots)."""
-    import probe
+def clear_spies():
+    """An empty spies.SEEN before and after the test (tests that read ProbeNet's snapshots)."""
+    import spies
 
-    probe.SEEN.clear()
+    spies.SEEN.clear()
     yield
-    probe.SEEN.clear()
+    spies.SEEN.clear()
 
 
 @pytest.fixture

@@ -167,7 +167,7 @@ def test_a_distributed_job_refused_before_launch_keeps_its_report_row(tmp_path):
 @pytest.mark.slow
 @pytest.mark.whole_machine  # two ranks: one core each
 def test_a_failing_rank_gives_the_same_paragraph_and_exit_code_as_one_process(tmp_path):
-    bad = ["model._target_=probe.ProbeNet", "+model.fail_when=init", "data.image_size=16", "data.num_samples=64", "trainer.max_epochs=1"]
+    bad = ["model._target_=spies.ProbeNet", "+model.fail_when=init", "data.image_size=16", "data.num_samples=64", "trainer.max_epochs=1"]
     one = run_cli(f"hydra.run.dir={tmp_path / 'one'}", *bad)
     two = run_cli(f"hydra.run.dir={tmp_path / 'two'}", *bad, "strategy=fsdp2", "devices=2")
     assert one.returncode == two.returncode == 2

@@ -19,7 +19,7 @@ H100 = {"accelerator": "cuda", "cpu_cores": 16, "bf16_native": True, "capability
 
 
 def test_planted_slow_dataset_is_input_bound(train):
-    m, _ = train("data=custom", "data.dataset._target_=probe.SlowDataset", "+data.dataset.n=64", "+data.dataset.sleep_ms=10", "data.val_samples=0", "trainer.limit_val_batches=0")
+    m, _ = train("data=custom", "data.dataset._target_=spies.SlowDataset", "+data.dataset.n=64", "+data.dataset.sleep_ms=10", "data.val_samples=0", "trainer.limit_val_batches=0")
     d = m["diagnosis"]
     assert d["bottleneck"] == "input pipeline", d
     assert "data.num_workers=1" in d["try"] and "waiting for the next batch" in d["verdict"]
@@ -104,7 +104,7 @@ def test_system_monitor_samples_every_interval_not_every_step(train, monkeypatch
     readings = []
     real = SystemMonitor.sample
     monkeypatch.setattr(SystemMonitor, "sample", lambda self, trainer=None: readings.append(real(self, trainer)) or readings[-1])
-    m, out = train("monitor.interval_s=0.1", "data=custom", "data.dataset._target_=probe.SlowDataset", "+data.dataset.n=256",
+    m, out = train("monitor.interval_s=0.1", "data=custom", "data.dataset._target_=spies.SlowDataset", "+data.dataset.n=256",
                    "+data.dataset.sleep_ms=1.2", "data.val_samples=0", "trainer.limit_val_batches=0", "trainer.max_epochs=2")
     steps, train_s = sum(e["steps"] for e in m["epochs"]), sum(e["time_s"] for e in m["epochs"])
     assert steps == 64 and readings, (steps, len(readings))

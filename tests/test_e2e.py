@@ -33,7 +33,7 @@ def test_sweep_runs_jobs_one_after_another_each_with_metrics(tmp_path):
 
 def test_a_crashing_job_keeps_its_row_and_the_sweep_goes_on(tmp_path):
     sweep = tmp_path / "sweep"
-    r = run_cli("-m", f"hydra.sweep.dir={sweep}", "model._target_=probe.ProbeNet", "~model.width", "+model.fail_in_forward=true,false", "trainer.max_epochs=2", "data.num_samples=64", "data.image_size=16", "checkpoint.enabled=false")
+    r = run_cli("-m", f"hydra.sweep.dir={sweep}", "model._target_=spies.ProbeNet", "~model.width", "+model.fail_in_forward=true,false", "trainer.max_epochs=2", "data.num_samples=64", "data.image_size=16", "checkpoint.enabled=false")
     assert r.returncode == 1  # something failed, and the exit code says so
     # the failed job's error reaches the console, named by its label
     assert "error: #0 +model.fail_in_forward=true stopped: " in r.stdout and "forward failed on purpose" in r.stdout

@@ -144,7 +144,7 @@ def test_cuda_alloc_conf_reaches_the_environment_before_cuda_init(train, monkeyp
     seen_at_detect = []
     real = hardware.detect
     monkeypatch.setattr(hardware, "detect", lambda *a: seen_at_detect.append(os.environ.get("PYTORCH_CUDA_ALLOC_CONF")) or real(*a))
-    m, _ = train("model._target_=probe.ProbeNet", "~model.width", "cuda_alloc_conf=expandable_segments:True")
+    m, _ = train("model._target_=spies.ProbeNet", "~model.width", "cuda_alloc_conf=expandable_segments:True")
     assert seen_at_detect and seen_at_detect[0] == "expandable_segments:True", seen_at_detect
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert m["flags"]["cuda_alloc_conf"] == "expandable_segments:True"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-import probe
+import spies
 from conftest import TINY, read_metrics, run_cli
 
 # the four kinds of model a user plugs in, each exactly as the README writes it
@@ -39,25 +39,25 @@ def test_each_kind_of_model_trains_with_amp_channels_last_and_activation_checkpo
 
 
 def test_a_user_lightning_module_is_trained_as_is(train):
-    probe.ProbeLightningModule.calls.clear()
-    metrics, _ = train("model._target_=probe.ProbeLightningModule", "+model.lr=0.05")
-    assert metrics["status"] == "ok" and len(probe.ProbeLightningModule.calls) == 8  # 64 samples / batch 8
+    spies.ProbeLightningModule.calls.clear()
+    metrics, _ = train("model._target_=spies.ProbeLightningModule", "+model.lr=0.05")
+    assert metrics["status"] == "ok" and len(spies.ProbeLightningModule.calls) == 8  # 64 samples / batch 8
 
 
-def test_a_user_lightning_module_gets_normalized_float_batches_under_gpu_normalize(train, clear_probe):
-    m, _ = train("model._target_=probe.ProbeLightningModule", "data.gpu_normalize=true")
-    seen = probe.training_snapshots()
+def test_a_user_lightning_module_gets_normalized_float_batches_under_gpu_normalize(train, clear_spies):
+    m, _ = train("model._target_=spies.ProbeLightningModule", "data.gpu_normalize=true")
+    seen = spies.training_snapshots()
     assert m["status"] == "ok" and seen and all(s["input_dtype"].is_floating_point for s in seen)
-    probe.HookLightningModule.hook_dtypes.clear()
-    m, _ = train("model._target_=probe.HookLightningModule", "data.gpu_normalize=true")
+    spies.HookLightningModule.hook_dtypes.clear()
+    m, _ = train("model._target_=spies.HookLightningModule", "data.gpu_normalize=true")
     # its own on_after_batch_transfer still runs (Lightning alone would call only the datamodule's), on floats
-    assert m["status"] == "ok" and probe.HookLightningModule.hook_dtypes and all(d.is_floating_point for d in probe.HookLightningModule.hook_dtypes)
+    assert m["status"] == "ok" and spies.HookLightningModule.hook_dtypes and all(d.is_floating_point for d in spies.HookLightningModule.hook_dtypes)
 
 
 @pytest.mark.parametrize("args,says", [
-    (["model._target_=probe.ProbeLightningModule", "lr_scaling=linear"], "lr_scaling=linear"),
-    (["model._target_=probe.ProbeLightningModule", "on_nan=skip"], "on_nan=stop"),
-    (["model._target_=probe.ProbeLightningModule", "optim.lr=0.3"], "optim.lr"),
+    (["model._target_=spies.ProbeLightningModule", "lr_scaling=linear"], "lr_scaling=linear"),
+    (["model._target_=spies.ProbeLightningModule", "on_nan=skip"], "on_nan=stop"),
+    (["model._target_=spies.ProbeLightningModule", "optim.lr=0.3"], "optim.lr"),
 ])
 def test_switches_that_cannot_reach_a_user_lightning_module_are_refused(train, args, says):
     from trainer.errors import ConfigError

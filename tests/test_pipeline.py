@@ -37,11 +37,11 @@ def test_gpu_normalize_ships_uint8_and_the_model_normalizes(compose, train, tmp_
     root = _jpeg_folder(tmp_path / "imgs")
     _, (x, _) = _first_batch(compose, "data=imagefolder", f"data.root={root}", "data.gpu_normalize=true", "data.image_size=16", "data.batch_size=4")
     assert x.dtype == torch.uint8 and x.shape == (4, 3, 16, 16)
-    import probe
+    import spies
 
-    probe.SEEN.clear()
-    m, _ = train("data.gpu_normalize=true", "model._target_=probe.ProbeNet", "~model.width")
-    assert m["status"] == "ok" and probe.SEEN and all(s["input_dtype"] == torch.float32 for s in probe.SEEN)  # converted on the device
+    spies.SEEN.clear()
+    m, _ = train("data.gpu_normalize=true", "model._target_=spies.ProbeNet", "~model.width")
+    assert m["status"] == "ok" and spies.SEEN and all(s["input_dtype"] == torch.float32 for s in spies.SEEN)  # converted on the device
     assert m["flags"]["data.gpu_normalize"] is True
 
 

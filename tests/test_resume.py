@@ -192,11 +192,11 @@ def test_nan_loss_stops_with_the_step_and_last_checkpoint(train):
     from trainer.errors import TrainingStopped
 
     with pytest.raises(TrainingStopped, match=r"non-finite training loss \(nan\) at step 1;.*Last good checkpoint: none saved yet"):
-        train("on_nan=stop", "model._target_=probe.ProbeNet", "~model.width", "+model.nan_after=1")
+        train("on_nan=stop", "model._target_=spies.ProbeNet", "~model.width", "+model.nan_after=1")
 
 
 def test_nan_loss_skip_skips_the_steps(train):
-    m, _ = train("on_nan=skip", "model._target_=probe.ProbeNet", "~model.width", "+model.nan_after=3")
+    m, _ = train("on_nan=skip", "model._target_=spies.ProbeNet", "~model.width", "+model.nan_after=3")
     assert m["status"] == "ok" and m["nan_skipped_steps"] == 8 - 3
 
 
@@ -254,5 +254,5 @@ def test_a_failed_resume_does_not_overwrite_a_finished_result(compose, tmp_path)
     # a resume that finds its checkpoint and then fails before training an epoch (here: a model that
     # cannot run) knows the finished epochs already; it still must not replace the result
     with pytest.raises(ConfigError, match="cannot take"):
-        run(compose(*TINY, "checkpoint.enabled=true", "ckpt_path=last", "model._target_=probe.ProbeNet", "~model.width", "+model.fail_in_forward=true"), str(out))
+        run(compose(*TINY, "checkpoint.enabled=true", "ckpt_path=last", "model._target_=spies.ProbeNet", "~model.width", "+model.fail_in_forward=true"), str(out))
     assert (out / "metrics.json").read_text() == before

@@ -87,7 +87,7 @@ def _assert_whole_history(m: dict, epochs: int) -> None:
 
 def test_a_sweep_on_slurm_writes_its_report_and_a_failed_job_keeps_its_row(tmp_path, cluster):
     sweep = tmp_path / "sweep"
-    proc = _sweep(sweep, "model._target_=probe.ProbeNet", "~model.width", "+model.fail_in_forward=true,false", "trainer.max_epochs=2",
+    proc = _sweep(sweep, "model._target_=spies.ProbeNet", "~model.width", "+model.fail_in_forward=true,false", "trainer.max_epochs=2",
                   "data.num_samples=64", "data.image_size=16", "checkpoint.enabled=false")
     out, _ = proc.communicate(timeout=300)
     rows = (sweep / "ab_report.csv").read_text().splitlines()

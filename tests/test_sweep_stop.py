@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT, clean_env, read_metrics, run_cli
 
 # a planted slow loader: 8 steps of about 0.25 s per epoch, so a signal lands mid-epoch
-SLOW = ["data=custom", "data.dataset._target_=probe.SlowDataset", "+data.dataset.n=64", "+data.dataset.sleep_ms=30",
+SLOW = ["data=custom", "data.dataset._target_=spies.SlowDataset", "+data.dataset.n=64", "+data.dataset.sleep_ms=30",
         "data.val_samples=0", "trainer.limit_val_batches=0", "data.image_size=16", "data.batch_size=8", "trainer.max_epochs=2",
         "checkpoint.enabled=false"]
 
@@ -118,7 +118,7 @@ def test_a_signal_while_a_run_sets_up_stops_it_at_once(tmp_path):
     """Nothing trained yet, nothing to save: the run stops now, says so, and records it."""
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", "data=custom",
-                             "data.dataset._target_=probe.SlowInitDataset", "+data.dataset.init_s=60", "data.val_samples=0"],
+                             "data.dataset._target_=spies.SlowInitDataset", "+data.dataset.init_s=60", "data.val_samples=0"],
                             cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _wait_for(lambda: "device: " in ((run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""), proc)
     time.sleep(0.5)  # inside the data set's 60 s opening

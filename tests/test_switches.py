@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-import probe
-from probe import training_snapshots
+import spies
+from spies import training_snapshots
 
-PROBE = ["model._target_=probe.ProbeNet", "~model.width"]
-pytestmark = pytest.mark.usefixtures("clear_probe")
+PROBE = ["model._target_=spies.ProbeNet", "~model.width"]
+pytestmark = pytest.mark.usefixtures("clear_spies")
 
 
 
@@ -108,11 +108,11 @@ def test_compile_reaches_a_users_lightning_module_under_fsdp2(train):
     """strategy=fsdp2: the user's configure_model shards, then the trainer compiles the network in place."""
     import torch._dynamo
 
-    from probe import ShardedProbeLightningModule
+    from spies import ShardedProbeLightningModule
 
     ShardedProbeLightningModule.states.clear()
     try:
-        metrics, _ = train("model._target_=probe.ShardedProbeLightningModule", "~model.width", "strategy=fsdp2", "devices=1", "compile=true")
+        metrics, _ = train("model._target_=spies.ShardedProbeLightningModule", "~model.width", "strategy=fsdp2", "devices=1", "compile=true")
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
@@ -157,7 +157,7 @@ def test_tf32_and_cudnn_benchmark_reach_the_forward_pass(train):
     train(*PROBE, "tf32=true", "cudnn_benchmark=true")
     seen = training_snapshots()
     assert seen and all(s["matmul_precision"] == "high" and s["cudnn_benchmark"] for s in seen)
-    probe.SEEN.clear()
+    spies.SEEN.clear()
     metrics, _ = train(*PROBE)
     seen = training_snapshots()
     assert seen and all(s["matmul_precision"] == "highest" and not s["cudnn_benchmark"] for s in seen)

@@ -8,8 +8,8 @@ import yaml
 
 from trainer.callbacks.epoch_timer import merge_epochs
 
-SLOW_DATA = ["data=custom", "data.dataset._target_=probe.SlowDataset", "+data.dataset.n=64", "+data.dataset.sleep_ms=25", "data.val_samples=0", "trainer.limit_val_batches=0"]
-USER_MODULE = ["model._target_=probe.SlowTransferModule", "~model.width"]
+SLOW_DATA = ["data=custom", "data.dataset._target_=spies.SlowDataset", "+data.dataset.n=64", "+data.dataset.sleep_ms=25", "data.val_samples=0", "trainer.limit_val_batches=0"]
+USER_MODULE = ["model._target_=spies.SlowTransferModule", "~model.width"]
 
 
 def _with_callback(callback):
@@ -44,7 +44,7 @@ def test_a_slow_transfer_is_transfer_not_data_wait(train):
 
 def test_batch_end_work_of_a_callback_is_neither_data_wait_nor_transfer(train):
     import pytorch_lightning as pl
-    from probe import SlowBatchEndCallback
+    from spies import SlowBatchEndCallback
 
     original, init = _with_callback(SlowBatchEndCallback(sleep_ms=100))
     pl.Trainer.__init__ = init

@@ -25,8 +25,8 @@ from conftest import ROOT, clean_env
 pytestmark = pytest.mark.slow
 
 PROBE = ["tune.probe_batches=6", "tune.probe_epochs=4", "tune.verify_epochs=1"]
-SLOW_DATA = ["data=custom", "data.dataset._target_=probe.SlowDataset", "+data.dataset.n=48", "+data.dataset.sleep_ms=6",
-             "+data.val_dataset._target_=probe.SlowDataset", "+data.val_dataset.n=16", "+data.val_dataset.sleep_ms=0",
+SLOW_DATA = ["data=custom", "data.dataset._target_=spies.SlowDataset", "+data.dataset.n=48", "+data.dataset.sleep_ms=6",
+             "+data.val_dataset._target_=spies.SlowDataset", "+data.val_dataset.n=16", "+data.val_dataset.sleep_ms=0",
              "data.batch_size=8", "data.image_size=16"]
 
 
@@ -230,7 +230,7 @@ def test_a_probe_scales_the_steps_not_the_epochs_fixed_cost(train):
     assert Result("probe", [], "p", "ok", steady=[[3.0, 16, 2.0]]).epoch_times(full_samples=64, horizon_epochs=1) == [6.0]
     assert Result("probe", [], "p", "ok", steady=[[3.0, 16]]).epoch_times(full_samples=64, horizon_epochs=1) == [12.0]  # old journals
     # the measurement: a planted 1 s start per epoch lands in the fixed cost, not in the steps
-    probe, _ = train("data=custom", "data.dataset._target_=probe.SlowStartDataset", "+data.dataset.n=64", "+data.dataset.startup_s=1.0",
+    probe, _ = train("data=custom", "data.dataset._target_=spies.SlowStartDataset", "+data.dataset.n=64", "+data.dataset.startup_s=1.0",
                      "data.num_workers=1", "data.persistent_workers=false", "data.val_samples=0", "trainer.limit_val_batches=0",
                      "data.batch_size=8", "trainer.max_epochs=3", "trainer.limit_train_batches=2")
     steady = [e for e in probe["epochs"] if not e["warmup"]]

@@ -10,16 +10,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probe import training_snapshots
+from spies import training_snapshots
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run scripts/gpu_check.sh on one"),
-    pytest.mark.usefixtures("clear_probe"),
+    pytest.mark.usefixtures("clear_spies"),
 ]
 
 GPU = ["accelerator=gpu"]
-PROBE = GPU + ["model._target_=probe.ProbeNet", "~model.width"]
+PROBE = GPU + ["model._target_=spies.ProbeNet", "~model.width"]
 
 
 
