@@ -46,7 +46,12 @@ def loader_images_per_s(overrides, batches: int, repeats: int) -> dict:
                 break
         if r:
             rates.append(n / (time.perf_counter() - start))
-    return {"overrides": overrides, "images_per_s": round(statistics.median(rates), 1), "decoder": dm.decoder, "num_workers": dm.num_workers}
+    return {
+        "overrides": overrides,
+        "images_per_s": round(statistics.median(rates), 1),
+        "decoder": dm.decoder,
+        "num_workers": dm.num_workers,
+    }
 
 
 def main(argv=None) -> int:

@@ -127,23 +127,46 @@ def plain_loop(epochs: int, batches: int) -> dict:
 
 
 def plain_command(epochs: int, batches: int) -> list:
-    return [sys.executable, str(Path(__file__).resolve()), "--plain", "--epochs", str(epochs), "--batches", str(batches)]
+    return [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--plain",
+        "--epochs",
+        str(epochs),
+        "--batches",
+        str(batches),
+    ]
 
 
 def trainer_command(epochs: int, batches: int, run_dir: str) -> list:
     """``train.py`` with the same settings; everything not listed stays at its default."""
     return [
-        sys.executable, str(ROOT / "train.py"),
+        sys.executable,
+        str(ROOT / "train.py"),
         f"hydra.run.dir={run_dir}",
-        "model._target_=torchvision.models.resnet18", "~model.width",  # num_classes follows data.num_classes
+        "model._target_=torchvision.models.resnet18",
+        "~model.width",  # num_classes follows data.num_classes
         f"seed={SEED}",
-        "data=synthetic", f"data.num_samples={batches * BATCH_SIZE}", "data.val_samples=0",
-        f"data.image_size={IMAGE_SIZE}", f"data.batch_size={BATCH_SIZE}", f"data.num_classes={NUM_CLASSES}",
-        "data.num_workers=0", "data.drop_last=true",
-        f"trainer.max_epochs={epochs}", "trainer.limit_train_batches=1.0", "trainer.limit_val_batches=0",
+        "data=synthetic",
+        f"data.num_samples={batches * BATCH_SIZE}",
+        "data.val_samples=0",
+        f"data.image_size={IMAGE_SIZE}",
+        f"data.batch_size={BATCH_SIZE}",
+        f"data.num_classes={NUM_CLASSES}",
+        "data.num_workers=0",
+        "data.drop_last=true",
+        f"trainer.max_epochs={epochs}",
+        "trainer.limit_train_batches=1.0",
+        "trainer.limit_val_batches=0",
         "checkpoint.enabled=false",
-        "optim.name=sgd", f"optim.lr={LR}", f"optim.momentum={MOMENTUM}", f"optim.weight_decay={WEIGHT_DECAY}",
-        "optim.nesterov=false", "sched.name=cosine", "sched.warmup_epochs=0", "loss.label_smoothing=0.0",
+        "optim.name=sgd",
+        f"optim.lr={LR}",
+        f"optim.momentum={MOMENTUM}",
+        f"optim.weight_decay={WEIGHT_DECAY}",
+        "optim.nesterov=false",
+        "sched.name=cosine",
+        "sched.warmup_epochs=0",
+        "loss.label_smoothing=0.0",
     ]
 
 
@@ -179,13 +202,22 @@ def timed_run(side: str, epochs: int, batches: int, work_dir: str) -> dict:
         metrics = json.loads((Path(run_dir) / "metrics.json").read_text())
         problems = trainer_mismatches(metrics, epochs, batches)
         if problems:
-            sys.exit(f"error: the trainer run did not train what the plain loop trains: {'; '.join(problems)}\n{' '.join(cmd)}")
+            sys.exit(
+                f"error: the trainer run did not train what the plain loop trains: {'; '.join(problems)}\n{' '.join(cmd)}"
+            )
         loss = metrics.get("train_loss")
     shutil.rmtree(run_dir, ignore_errors=True)
     # cpu_s / wall_s near the core count means the run had the machine to itself while training;
     # sys_s is the kernel's share (page faults of freed-and-remapped tensors, thread wake-ups)
-    return {"side": side, "epochs": epochs, "wall_s": round(wall, 4), "cpu_s": round(user + system, 3), "sys_s": round(system, 3),
-            "train_loss": loss, "command": cmd}
+    return {
+        "side": side,
+        "epochs": epochs,
+        "wall_s": round(wall, 4),
+        "cpu_s": round(user + system, 3),
+        "sys_s": round(system, 3),
+        "train_loss": loss,
+        "command": cmd,
+    }
 
 
 def _children_cpu_s() -> tuple:
@@ -206,11 +238,15 @@ def conclusion(interval: tuple, target: float) -> str:
     """What the interval of the median ratio lets us say about the target."""
     lo, hi = interval
     if hi <= target:
-        return f"within {100 * (target - 1):.0f}%: the whole 95% interval ({lo:.3f}-{hi:.3f}) is at or below {target:.2f}"
+        return (
+            f"within {100 * (target - 1):.0f}%: the whole 95% interval ({lo:.3f}-{hi:.3f}) is at or below {target:.2f}"
+        )
     if lo > target:
         return f"OVER {100 * (target - 1):.0f}%: the whole 95% interval ({lo:.3f}-{hi:.3f}) is above {target:.2f}"
-    return (f"cannot conclude: the 95% interval ({lo:.3f}-{hi:.3f}) spans {target:.2f}, wider than the {100 * (target - 1):.0f}% asked about; "
-            "rerun on a quieter machine or with more --repeats")
+    return (
+        f"cannot conclude: the 95% interval ({lo:.3f}-{hi:.3f}) spans {target:.2f}, wider than the {100 * (target - 1):.0f}% asked about; "
+        "rerun on a quieter machine or with more --repeats"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,8 +301,11 @@ def benchmark(args) -> dict:
                     run = timed_run(side, epochs, args.batches, work_dir)
                     runs.append({"repeat": r, **run})
                     wall[side, epochs], cpus[side, epochs] = run["wall_s"], run["cpu_s"]
-                    print(f"  repeat {r}: {side:7s} {epochs:2d} epoch(s) {run['wall_s']:8.2f} s wall, {run['cpu_s']:8.2f} s CPU "
-                          f"({run['sys_s']:.2f} s of it in the kernel)", flush=True)
+                    print(
+                        f"  repeat {r}: {side:7s} {epochs:2d} epoch(s) {run['wall_s']:8.2f} s wall, {run['cpu_s']:8.2f} s CPU "
+                        f"({run['sys_s']:.2f} s of it in the kernel)",
+                        flush=True,
+                    )
             slope = {s: (wall[s, args.long_epochs] - wall[s, args.short_epochs]) / span for s in order}
             cpu = {s: (cpus[s, args.long_epochs] - cpus[s, args.short_epochs]) / span for s in order}
             repeats.append(
@@ -298,9 +337,17 @@ def benchmark(args) -> dict:
     median = statistics.median(ratios)
     interval = bootstrap_median_interval(ratios) if len(ratios) > 1 else (median, median)
     cpu_ratios = [r["cpu_ratio"] for r in repeats if r["cpu_ratio"]]
-    sys_share = {side: round(sum(x["sys_s"] for x in runs if x["side"] == side) / max(1e-9, sum(x["cpu_s"] for x in runs if x["side"] == side)), 3)
-                 for side in ("plain", "trainer")}
-    last = {side: next(run["train_loss"] for run in reversed(runs) if run["side"] == side) for side in ("plain", "trainer")}
+    sys_share = {
+        side: round(
+            sum(x["sys_s"] for x in runs if x["side"] == side)
+            / max(1e-9, sum(x["cpu_s"] for x in runs if x["side"] == side)),
+            3,
+        )
+        for side in ("plain", "trainer")
+    }
+    last = {
+        side: next(run["train_loss"] for run in reversed(runs) if run["side"] == side) for side in ("plain", "trainer")
+    }
     return {
         "what": "per-epoch wall-time slope of train.py vs a plain PyTorch loop (scripts/bench_overhead.py)",
         "settings": {
@@ -310,7 +357,13 @@ def benchmark(args) -> dict:
             "image_size": IMAGE_SIZE,
             "batch_size": BATCH_SIZE,
             "num_classes": NUM_CLASSES,
-            "optimizer": {"name": "sgd", "lr": LR, "momentum": MOMENTUM, "weight_decay": WEIGHT_DECAY, "schedule": "cosine, per step"},
+            "optimizer": {
+                "name": "sgd",
+                "lr": LR,
+                "momentum": MOMENTUM,
+                "weight_decay": WEIGHT_DECAY,
+                "schedule": "cosine, per step",
+            },
             "batches_per_epoch": args.batches,
             "short_epochs": args.short_epochs,
             "long_epochs": args.long_epochs,
@@ -342,15 +395,19 @@ def print_table(result: dict) -> None:
     print(f"\n{'repeat':>6}  {'plain s/epoch':>13}  {'trainer s/epoch':>15}  {'ratio':>6}  {'CPU ratio':>9}")
     for r in result["repeats"]:
         cpu = f"{r['cpu_ratio']:.3f}" if r.get("cpu_ratio") else "-"
-        print(f"{r['repeat']:>6}  {r['plain_slope_s']:>13.3f}  {r['trainer_slope_s']:>15.3f}  {r['ratio']:>6.3f}  {cpu:>9}")
+        print(
+            f"{r['repeat']:>6}  {r['plain_slope_s']:>13.3f}  {r['trainer_slope_s']:>15.3f}  {r['ratio']:>6.3f}  {cpu:>9}"
+        )
     lo, hi = result["ratio_interval_95"]
     print(
         f"\nmedian ratio {result['median_ratio']:.3f} (95% interval {lo:.3f}-{hi:.3f}, min-max {result['ratio_min']:.3f}-{result['ratio_max']:.3f}): "
         f"the trainer costs {result['overhead_pct']:+.1f}% per epoch; {result['conclusion']}"
     )
     if result.get("median_cpu_ratio"):
-        print(f"per-epoch CPU time ratio {result['median_cpu_ratio']:.3f} (min-max {result['cpu_ratio_min']:.3f}-{result['cpu_ratio_max']:.3f}); "
-              f"kernel share of CPU time: plain {result['kernel_share_of_cpu']['plain']:.0%}, trainer {result['kernel_share_of_cpu']['trainer']:.0%}")
+        print(
+            f"per-epoch CPU time ratio {result['median_cpu_ratio']:.3f} (min-max {result['cpu_ratio_min']:.3f}-{result['cpu_ratio_max']:.3f}); "
+            f"kernel share of CPU time: plain {result['kernel_share_of_cpu']['plain']:.0%}, trainer {result['kernel_share_of_cpu']['trainer']:.0%}"
+        )
     print(
         f"median per-epoch cost: plain {result['median_plain_slope_s']:.3f} s, trainer {result['median_trainer_slope_s']:.3f} s; "
         f"last-epoch train loss: plain {result['last_train_loss']['plain']}, trainer {result['last_train_loss']['trainer']}"
@@ -360,12 +417,16 @@ def print_table(result: dict) -> None:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--repeats", type=int, default=9, help="plain/trainer pairs of slopes to measure (default 9)")
     p.add_argument("--batches", type=int, default=80, help="training batches per epoch (default 80)")
     p.add_argument("--short-epochs", type=int, default=1, help="epochs of the short run (default 1)")
     p.add_argument("--long-epochs", type=int, default=4, help="epochs of the long run (default 4)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"results JSON (default {DEFAULT_OUT.relative_to(ROOT)})")
+    p.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"results JSON (default {DEFAULT_OUT.relative_to(ROOT)})"
+    )
     p.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)  # internal: run the plain loop once
     p.add_argument("--epochs", type=int, default=1, help=argparse.SUPPRESS)  # internal: with --plain
     args = p.parse_args(argv)

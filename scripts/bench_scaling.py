@@ -45,7 +45,17 @@ def main(argv=None) -> int:
     p.add_argument("--strategies", nargs="+", default=["ddp"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32, help="per process")
-    p.add_argument("--extra", nargs="*", default=["data.num_samples=4096", "data.image_size=32", "trainer.max_epochs=3", "data.val_samples=0", "trainer.limit_val_batches=0"])
+    p.add_argument(
+        "--extra",
+        nargs="*",
+        default=[
+            "data.num_samples=4096",
+            "data.image_size=32",
+            "trainer.max_epochs=3",
+            "data.val_samples=0",
+            "trainer.limit_val_batches=0",
+        ],
+    )
     p.add_argument("--out", default=str(ROOT / "scripts" / "results" / "bench_scaling.json"))
     args = p.parse_args(argv)
 
@@ -56,8 +66,17 @@ def main(argv=None) -> int:
         for r in range(args.repeats):
             for s, n in configs if r % 2 == 0 else list(reversed(configs)):
                 m = run_once(base + [f"strategy={s}", f"devices={n}"], Path(work))
-                results[f"{s}x{n}"].append({"samples_per_s": m["samples_per_s"], "peak_memory_mb": m["peak_memory_mb"], "world_size": m["device"]["count"]})
-                print(f"repeat {r + 1}: strategy={s} devices={n}: {m['samples_per_s']:.1f} samples/s, peak {m['peak_memory_mb']} MB", flush=True)
+                results[f"{s}x{n}"].append(
+                    {
+                        "samples_per_s": m["samples_per_s"],
+                        "peak_memory_mb": m["peak_memory_mb"],
+                        "world_size": m["device"]["count"],
+                    }
+                )
+                print(
+                    f"repeat {r + 1}: strategy={s} devices={n}: {m['samples_per_s']:.1f} samples/s, peak {m['peak_memory_mb']} MB",
+                    flush=True,
+                )
     single = statistics.median(x["samples_per_s"] for x in results["autox1"])
     summary = {}
     print("\nconfig        samples/s  efficiency  peak MB/rank")
@@ -65,7 +84,12 @@ def main(argv=None) -> int:
         sps = statistics.median(x["samples_per_s"] for x in runs)
         world = runs[0]["world_size"]
         eff = sps / (world * single)
-        summary[key] = {"samples_per_s": sps, "efficiency": round(eff, 3), "peak_memory_mb": statistics.median(x["peak_memory_mb"] for x in runs), "runs": runs}
+        summary[key] = {
+            "samples_per_s": sps,
+            "efficiency": round(eff, 3),
+            "peak_memory_mb": statistics.median(x["peak_memory_mb"] for x in runs),
+            "runs": runs,
+        }
         print(f"{key:12s} {sps:10.1f} {eff:10.2f} {summary[key]['peak_memory_mb']:12.0f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -73,11 +97,20 @@ def main(argv=None) -> int:
 
     import torch
 
-    out.write_text(json.dumps({
-        "date": datetime.datetime.now().isoformat(timespec="seconds"), "machine": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(), "torch": torch.__version__, "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "settings": vars(args), "summary": summary,
-    }, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                "machine": platform.processor() or platform.machine(),
+                "cores": os.cpu_count(),
+                "torch": torch.__version__,
+                "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+                "settings": vars(args),
+                "summary": summary,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
     return 0
 

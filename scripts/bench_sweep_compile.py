@@ -34,8 +34,16 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN = ["compile=true", "model.width=16", "data.image_size=32", "data.num_samples=640", "data.val_samples=64",
-       "trainer.max_epochs=4", "checkpoint.enabled=false", "monitor.enabled=false"]
+RUN = [
+    "compile=true",
+    "model.width=16",
+    "data.image_size=32",
+    "data.num_samples=640",
+    "data.val_samples=64",
+    "trainer.max_epochs=4",
+    "checkpoint.enabled=false",
+    "monitor.enabled=false",
+]
 
 
 def _cpu_kind() -> str:
@@ -52,12 +60,17 @@ def _cpu_kind() -> str:
 
 def _run(args, out: Path) -> dict:
     env = dict(os.environ, TORCH_LOGS="recompiles", PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200
+    )
     if r.returncode != 0:
         raise SystemExit(f"failed: {' '.join(args)}\n{r.stderr[-3000:]}")
     logs = r.stderr
-    reasons = [line.split("[__recompiles]", 1)[1].strip()[2:] for line in logs.splitlines()
-               if "[__recompiles]" in line and line.split("[__recompiles]", 1)[1].strip().startswith("- ")]
+    reasons = [
+        line.split("[__recompiles]", 1)[1].strip()[2:]
+        for line in logs.splitlines()
+        if "[__recompiles]" in line and line.split("[__recompiles]", 1)[1].strip().startswith("- ")
+    ]
     return {"reasons": reasons, "dir": str(out)}
 
 
@@ -80,14 +93,20 @@ def main(argv=None) -> int:
         # the sweep's log holds both jobs: the second job's part begins with its own header line
         # dynamo logs to stderr, both jobs of the sweep together: each of the two jobs should recompile
         # exactly as the job alone does (train -> eval), nothing more
-        rounds.append({
-            "in_sweep": _job(sweep_dir / "1" / "metrics.json"),
-            "alone": _job(alone_dir / "metrics.json"),
-            "sweep_reasons": sweep["reasons"], "alone_reasons": alone["reasons"],
-            "same_recompiles_per_job": sorted(sweep["reasons"]) == sorted(alone["reasons"] * 2),
-        })
-        print(f"round {n}: in sweep {rounds[-1]['in_sweep']['compile_time_s']} s compile, {rounds[-1]['in_sweep']['epoch_time_s']} s/epoch; "
-              f"alone {rounds[-1]['alone']['compile_time_s']} s, {rounds[-1]['alone']['epoch_time_s']} s/epoch", flush=True)
+        rounds.append(
+            {
+                "in_sweep": _job(sweep_dir / "1" / "metrics.json"),
+                "alone": _job(alone_dir / "metrics.json"),
+                "sweep_reasons": sweep["reasons"],
+                "alone_reasons": alone["reasons"],
+                "same_recompiles_per_job": sorted(sweep["reasons"]) == sorted(alone["reasons"] * 2),
+            }
+        )
+        print(
+            f"round {n}: in sweep {rounds[-1]['in_sweep']['compile_time_s']} s compile, {rounds[-1]['in_sweep']['epoch_time_s']} s/epoch; "
+            f"alone {rounds[-1]['alone']['compile_time_s']} s, {rounds[-1]['alone']['epoch_time_s']} s/epoch",
+            flush=True,
+        )
     counted = rounds[1:] if len(rounds) > 1 else rounds
 
     def stats(side: str, key: str) -> dict:
@@ -106,20 +125,32 @@ def main(argv=None) -> int:
     result = {
         "what": "the batch-32 job of `train.py -m compile=true data.batch_size=16,32` vs the same job alone; rounds interleaved, the first not counted",
         "command": ["train.py", *RUN],
-        "machine": {"cpu": platform.processor() or platform.machine(), "cpu_kind": _cpu_kind(), "cores": len(os.sched_getaffinity(0)),
-                    "python": platform.python_version(), "date": datetime.date.today().isoformat()},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cpu_kind": _cpu_kind(),
+            "cores": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(),
+            "date": datetime.date.today().isoformat(),
+        },
         "summary": summary,
         "rounds": [{k: v for k, v in r.items()} for r in rounds],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     s = summary
-    print(f"compile_time_s: in sweep {s['in_sweep']['compile_time_s']['median']} ({s['in_sweep']['compile_time_s']['min']}-{s['in_sweep']['compile_time_s']['max']}) "
-          f"vs alone {s['alone']['compile_time_s']['median']} ({s['alone']['compile_time_s']['min']}-{s['alone']['compile_time_s']['max']})")
-    print(f"epoch_time_s: in sweep {s['in_sweep']['epoch_time_s']['median']} ({s['in_sweep']['epoch_time_s']['min']}-{s['in_sweep']['epoch_time_s']['max']}) "
-          f"vs alone {s['alone']['epoch_time_s']['median']} ({s['alone']['epoch_time_s']['min']}-{s['alone']['epoch_time_s']['max']})")
-    print(f"recompiles for a changed size: {s['size_recompiles']}; of logging code: {s['logging_frames_recompiled']}; reasons seen: {s['recompile_reasons']}; "
-          f"each sweep job recompiled as the job alone: {s['every_sweep_job_recompiled_as_alone']}")
+    print(
+        f"compile_time_s: in sweep {s['in_sweep']['compile_time_s']['median']} "
+        f"({s['in_sweep']['compile_time_s']['min']}-{s['in_sweep']['compile_time_s']['max']}) "
+        f"vs alone {s['alone']['compile_time_s']['median']} ({s['alone']['compile_time_s']['min']}-{s['alone']['compile_time_s']['max']})"
+    )
+    print(
+        f"epoch_time_s: in sweep {s['in_sweep']['epoch_time_s']['median']} ({s['in_sweep']['epoch_time_s']['min']}-{s['in_sweep']['epoch_time_s']['max']}) "
+        f"vs alone {s['alone']['epoch_time_s']['median']} ({s['alone']['epoch_time_s']['min']}-{s['alone']['epoch_time_s']['max']})"
+    )
+    print(
+        f"recompiles for a changed size: {s['size_recompiles']}; of logging code: {s['logging_frames_recompiled']}; reasons seen: {s['recompile_reasons']}; "
+        f"each sweep job recompiled as the job alone: {s['every_sweep_job_recompiled_as_alone']}"
+    )
     print(f"wrote {args.out}")
     return 0
 

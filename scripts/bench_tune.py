@@ -34,10 +34,14 @@ from trainer.tune.probe import result_of, run_settings  # noqa: E402
 from trainer.tune.search import merge  # noqa: E402
 
 CASES = {
-    "tiny": {"base": ["data.batch_size=32", "data.image_size=32", "model.width=32"],
-             "flags": ["workers", "amp", "channels_last", "compile", "fused_optimizer"]},
-    "resnet50": {"base": ["+recipe=resnet50", "scale=smoke", "data=builtin"],
-                 "flags": ["workers", "decoder_torchvision", "amp", "channels_last", "compile"]},
+    "tiny": {
+        "base": ["data.batch_size=32", "data.image_size=32", "model.width=32"],
+        "flags": ["workers", "amp", "channels_last", "compile", "fused_optimizer"],
+    },
+    "resnet50": {
+        "base": ["+recipe=resnet50", "scale=smoke", "data=builtin"],
+        "flags": ["workers", "decoder_torchvision", "amp", "channels_last", "compile"],
+    },
 }
 PROBE = {"probe_batches": 10, "probe_epochs": 4, "horizon_epochs": 10, "verify_epochs": 3}
 
@@ -46,8 +50,21 @@ def probe(base: list, config: list, run_dir: Path, full_samples: float) -> tuple
     """One configuration as the tuner probes it (its own process, the tuner's probe settings):
     (ok, full-epoch time computed the tuner's way or None, compile s, wall s, error)."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "trainer.cli", *base, *config, *run_settings("probe", SimpleNamespace(**PROBE)),
-                           f"hydra.run.dir={run_dir}"], cwd=ROOT, env=dict(os.environ, TRAINER_QUIET_CONSOLE="1"), capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.cli",
+            *base,
+            *config,
+            *run_settings("probe", SimpleNamespace(**PROBE)),
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, TRAINER_QUIET_CONSOLE="1"),
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - start
     if done.returncode != 0 or not (run_dir / "metrics.json").exists():
         return False, None, None, wall, done.stderr[-2000:]
@@ -78,9 +95,22 @@ def run_case(name: str, out: Path, work_root: Path) -> dict:
     # the tuner first: its baseline training gives the full epoch length the times are scaled to
     tune_dir = work / "tune"
     start = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "trainer.tune", *case["base"], f"hydra.run.dir={tune_dir}",
-                        f"tune.only=[{','.join(case['flags'])}]", *(f"tune.{k}={v}" for k, v in PROBE.items()), "tune.budget_min=60"],
-                       cwd=ROOT, env=env, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.tune",
+            *case["base"],
+            f"hydra.run.dir={tune_dir}",
+            f"tune.only=[{','.join(case['flags'])}]",
+            *(f"tune.{k}={v}" for k, v in PROBE.items()),
+            "tune.budget_min=60",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     tune_wall = time.perf_counter() - start
     if r.returncode != 0:
         raise SystemExit(f"tune failed: {r.stderr[-3000:]}")
@@ -102,7 +132,9 @@ def run_case(name: str, out: Path, work_root: Path) -> dict:
             config = merge(config, by_name[f].overrides)
         run_dir = work / "exhaustive" / ("+".join(on) or "baseline")
         _, time_s, compile_s, wall, _ = probe(case["base"], config, run_dir, full)
-        rows.append({"flags": on, "config": config, "time_s": time_s, "compile_s": compile_s or None, "wall_s": round(wall, 1)})
+        rows.append(
+            {"flags": on, "config": config, "time_s": time_s, "compile_s": compile_s or None, "wall_s": round(wall, 1)}
+        )
     exhaustive_wall = time.perf_counter() - start
 
     base_t = rows[0]["time_s"]
@@ -111,29 +143,52 @@ def run_case(name: str, out: Path, work_root: Path) -> dict:
     best = max((row for row in rows if row["speedup"]), key=lambda row: row["speedup"])
     tuned = next((row for row in rows if sorted(row["config"]) == sorted(winner)), rows[0])
     result = {
-        "case": name, "base": case["base"], "flags": case["flags"], "probe": PROBE, "full_epoch_samples": full,
+        "case": name,
+        "base": case["base"],
+        "flags": case["flags"],
+        "probe": PROBE,
+        "full_epoch_samples": full,
         "machine": machine(),
-        "tune": {"winner": winner, "wall_s": round(tune_wall, 1), "own_speedup": final and final["speedup"], "own_ci": final and final["speedup_ci"],
-                 "probes": len(journal)},
-        "exhaustive": {"configs": len(rows), "wall_s": round(exhaustive_wall, 1), "best": best["flags"], "best_speedup": best["speedup"]},
+        "tune": {
+            "winner": winner,
+            "wall_s": round(tune_wall, 1),
+            "own_speedup": final and final["speedup"],
+            "own_ci": final and final["speedup_ci"],
+            "probes": len(journal),
+        },
+        "exhaustive": {
+            "configs": len(rows),
+            "wall_s": round(exhaustive_wall, 1),
+            "best": best["flags"],
+            "best_speedup": best["speedup"],
+        },
         "tuned_in_exhaustive": tuned["speedup"],
         "fraction_of_best": round(tuned["speedup"] / best["speedup"], 3) if tuned["speedup"] else None,
         "time_fraction": round(tune_wall / exhaustive_wall, 3),
         "rows": rows,
     }
     (out / f"{name}.json").write_text(json.dumps(result, indent=1))
-    md = [f"# trainer.tune vs an exhaustive sweep: {name}", "",
-          f"Machine: {result['machine']}. Base: `{' '.join(case['base'])}`. Candidates: {', '.join(case['flags'])} "
-          f"({len(rows)} combinations). Probe: {PROBE['probe_epochs']} epochs x {PROBE['probe_batches']} steps (first a warm-up), "
-          f"times scaled to a full epoch of {full:g} samples, compile spread over {PROBE['horizon_epochs']} epochs.", "",
-          f"- tuner: `{' '.join(winner) or '(as given)'}`, {len(journal)} runs, {tune_wall / 60:.1f} min; its own measurement "
-          f"{final['speedup'] if final else 'n/a'}x ({final['speedup_ci'] if final else ''}) vs the configuration as given",
-          f"- exhaustive: best `{'+'.join(best['flags']) or 'baseline'}` {best['speedup']}x, {exhaustive_wall / 60:.1f} min",
-          f"- the tuned configuration inside the exhaustive sweep: {tuned['speedup']}x = {result['fraction_of_best']:.0%} of the best, "
-          f"in {result['time_fraction']:.0%} of the time", "",
-          "| flags on | full-epoch time (s) | speedup | compile (s) | run wall (s) |", "|---|---|---|---|---|"]
+    md = [
+        f"# trainer.tune vs an exhaustive sweep: {name}",
+        "",
+        f"Machine: {result['machine']}. Base: `{' '.join(case['base'])}`. Candidates: {', '.join(case['flags'])} "
+        f"({len(rows)} combinations). Probe: {PROBE['probe_epochs']} epochs x {PROBE['probe_batches']} steps (first a warm-up), "
+        f"times scaled to a full epoch of {full:g} samples, compile spread over {PROBE['horizon_epochs']} epochs.",
+        "",
+        f"- tuner: `{' '.join(winner) or '(as given)'}`, {len(journal)} runs, {tune_wall / 60:.1f} min; its own measurement "
+        f"{final['speedup'] if final else 'n/a'}x ({final['speedup_ci'] if final else ''}) vs the configuration as given",
+        f"- exhaustive: best `{'+'.join(best['flags']) or 'baseline'}` {best['speedup']}x, {exhaustive_wall / 60:.1f} min",
+        f"- the tuned configuration inside the exhaustive sweep: {tuned['speedup']}x = {result['fraction_of_best']:.0%} of the best, "
+        f"in {result['time_fraction']:.0%} of the time",
+        "",
+        "| flags on | full-epoch time (s) | speedup | compile (s) | run wall (s) |",
+        "|---|---|---|---|---|",
+    ]
     for row in sorted(rows, key=lambda row: -(row["speedup"] or 0)):
-        md.append(f"| {'+'.join(row['flags']) or 'baseline'} | {row['time_s'] and round(row['time_s'], 3)} | {row['speedup']} | {row['compile_s'] or ''} | {row['wall_s']} |")
+        md.append(
+            f"| {'+'.join(row['flags']) or 'baseline'} | {row['time_s'] and round(row['time_s'], 3)} "
+            f"| {row['speedup']} | {row['compile_s'] or ''} | {row['wall_s']} |"
+        )
     (out / f"{name}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md[:8]), flush=True)
     return result
@@ -149,7 +204,9 @@ def confirm(name: str, out: Path, work_root: Path, rounds: int = 3) -> dict:
     case = CASES[name]
     rows = {"+".join(r["flags"]) or "baseline": r for r in result["rows"]}
     best = rows["+".join(result["exhaustive"]["best"]) or "baseline"]
-    tuned = next((r for r in result["rows"] if sorted(r["config"]) == sorted(result["tune"]["winner"])), rows["baseline"])
+    tuned = next(
+        (r for r in result["rows"] if sorted(r["config"]) == sorted(result["tune"]["winner"])), rows["baseline"]
+    )
     picks = {"baseline": rows["baseline"]["config"], "tuned": tuned["config"], "exhaustive best": best["config"]}
     times: dict = {k: [] for k in picks}
     for i in range(rounds):
@@ -165,13 +222,22 @@ def confirm(name: str, out: Path, work_root: Path, rounds: int = 3) -> dict:
         "times_s": {k: [round(t, 4) for t in v] for k, v in times.items()},
         "speedup": {k: round(med["baseline"] / med[k], 3) for k in picks},
     }
-    result["confirm"]["fraction_of_best"] = round(result["confirm"]["speedup"]["tuned"] / result["confirm"]["speedup"]["exhaustive best"], 3)
+    result["confirm"]["fraction_of_best"] = round(
+        result["confirm"]["speedup"]["tuned"] / result["confirm"]["speedup"]["exhaustive best"], 3
+    )
     (out / f"{name}.json").write_text(json.dumps(result, indent=1))
     c = result["confirm"]
-    lines = ["", f"## Measured again: baseline, tuned and exhaustive best, interleaved, {rounds} rounds", "",
-             "| configuration | full-epoch times (s) | speedup (medians) |", "|---|---|---|"]
+    lines = [
+        "",
+        f"## Measured again: baseline, tuned and exhaustive best, interleaved, {rounds} rounds",
+        "",
+        "| configuration | full-epoch times (s) | speedup (medians) |",
+        "|---|---|---|",
+    ]
     for label, config in picks.items():
-        lines.append(f"| {label}: `{' '.join(config) or '(as given)'}` | {', '.join(f'{t:.3f}' for t in times[label])} | {c['speedup'][label]}x |")
+        lines.append(
+            f"| {label}: `{' '.join(config) or '(as given)'}` | {', '.join(f'{t:.3f}' for t in times[label])} | {c['speedup'][label]}x |"
+        )
     lines += ["", f"Tuned / exhaustive best, measured side by side: {c['fraction_of_best']:.0%}."]
     with open(out / f"{name}.md", "a") as f:
         f.write("\n".join(lines) + "\n")
@@ -184,7 +250,9 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "scripts" / "results" / "tune"))
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     parser.add_argument("--work", default="/tmp/bench_tune", help="where the runs go (a new folder)")
-    parser.add_argument("--confirm-only", action="store_true", help="only the interleaved re-measurement, on existing results")
+    parser.add_argument(
+        "--confirm-only", action="store_true", help="only the interleaved re-measurement, on existing results"
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -44,8 +44,22 @@ ANCHORS = (
     "(NVIDIA DeepLearningExamples); torch.compile's published training speed-up on A100 is about 1.43x "
     "(geometric mean over 163 models)."
 )
-COLUMNS = ["bench", "batch", "epoch_time_s", "samples_per_s", "speedup", "speedup_ci", "mfu", "data_wait_fraction", "transfer_fraction",
-           "peak_memory_mb", "val_acc", "bottleneck", "status", "notes"]
+COLUMNS = [
+    "bench",
+    "batch",
+    "epoch_time_s",
+    "samples_per_s",
+    "speedup",
+    "speedup_ci",
+    "mfu",
+    "data_wait_fraction",
+    "transfer_fraction",
+    "peak_memory_mb",
+    "val_acc",
+    "bottleneck",
+    "status",
+    "notes",
+]
 
 
 def _driver() -> str:
@@ -58,7 +72,12 @@ def _driver() -> str:
     except Exception:
         pass
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError):
@@ -71,7 +90,9 @@ def environment(jobs: List[report.Job]) -> Dict[str, str]:
     import torch
 
     device = next((j.metrics.get("device") for j in jobs if j.metrics.get("device")), None) or {}
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     return {
         "device": f"{device.get('name', '?')} ({device.get('accelerator', '?')}, {device.get('count', 1)} device)",
         "driver": _driver(),
@@ -86,14 +107,16 @@ def compact_rows(jobs: List[report.Job]) -> List[dict]:
     _, rows, _ = report.build_rows(jobs)
     out = []
     for job, row in zip(jobs, rows):
-        out.append({
-            "bench": job.settings.get("bench", row["job"]),
-            "batch": job.metrics.get("batch_size"),
-            **{k: row.get(k) for k in COLUMNS if k not in ("bench", "batch", "mfu")},
-            "mfu": job.metrics.get("mfu"),
-            "verdict": (job.metrics.get("diagnosis") or {}).get("verdict"),
-            "peak_flops_source": job.metrics.get("peak_flops_source"),
-        })
+        out.append(
+            {
+                "bench": job.settings.get("bench", row["job"]),
+                "batch": job.metrics.get("batch_size"),
+                **{k: row.get(k) for k in COLUMNS if k not in ("bench", "batch", "mfu")},
+                "mfu": job.metrics.get("mfu"),
+                "verdict": (job.metrics.get("diagnosis") or {}).get("verdict"),
+                "peak_flops_source": job.metrics.get("peak_flops_source"),
+            }
+        )
     return out
 
 
@@ -133,21 +156,32 @@ def headline(recipe: str, name: str, rows: List[dict], dry_run: bool = False) ->
     ok = [r for r in rows if r["status"] == "ok" and r["samples_per_s"]]
     if ok:
         best = max(ok, key=lambda r: r["samples_per_s"])
-        lines.append(f"fastest row: `{best['bench']}` at {best['samples_per_s']:.0f} samples/s ({report._fmt(best['speedup'], 'speedup')} over the baseline)")
+        lines.append(
+            f"fastest row: `{best['bench']}` at {best['samples_per_s']:.0f} samples/s ({report._fmt(best['speedup'], 'speedup')} over the baseline)"
+        )
     if base and every:
-        lines.append(f"all on vs all off: {every['samples_per_s']:.0f} vs {base['samples_per_s']:.0f} samples/s, {report._fmt(every['speedup'], 'speedup')}; the doctor says `{every['bottleneck']}` with everything on")
+        lines.append(
+            f"all on vs all off: {every['samples_per_s']:.0f} vs {base['samples_per_s']:.0f} samples/s, "
+            f"{report._fmt(every['speedup'], 'speedup')}; the doctor says `{every['bottleneck']}` with everything on"
+        )
     target = {} if dry_run else TARGETS.get(recipe, {})  # a CPU dry run is not read against GPU targets
     if name == "synthetic" and "synthetic_samples_per_s" in target and ok:
         goal = target["synthetic_samples_per_s"]
         got = max(r["samples_per_s"] for r in ok)
-        lines.append(f"target {goal:,} img/s on synthetic data: {'reached' if got >= goal else 'not reached'} ({got:,.0f} img/s)")
+        lines.append(
+            f"target {goal:,} img/s on synthetic data: {'reached' if got >= goal else 'not reached'} ({got:,.0f} img/s)"
+        )
     if name == "jpeg" and "jpeg_speedup" in target and every and every["speedup"]:
         goal = target["jpeg_speedup"]
-        lines.append(f"target {goal:.0f}x end-to-end over the all-off baseline: {'reached' if every['speedup'] >= goal else 'not reached'} ({every['speedup']:.2f}x)")
+        lines.append(
+            f"target {goal:.0f}x end-to-end over the all-off baseline: {'reached' if every['speedup'] >= goal else 'not reached'} ({every['speedup']:.2f}x)"
+        )
     if name == "jpeg" and "jpeg_samples_per_s" in target and every:
         goal = target["jpeg_samples_per_s"]
-        lines.append(f"target {goal:,} img/s end to end with everything on: {'reached' if every['samples_per_s'] >= goal else 'not reached'} "
-                     f"({every['samples_per_s']:,.0f} img/s; data wait {report._fmt(every['data_wait_fraction'])}, transfer {report._fmt(every['transfer_fraction'])})")
+        lines.append(
+            f"target {goal:,} img/s end to end with everything on: {'reached' if every['samples_per_s'] >= goal else 'not reached'} "
+            f"({every['samples_per_s']:,.0f} img/s; data wait {report._fmt(every['data_wait_fraction'])}, transfer {report._fmt(every['transfer_fraction'])})"
+        )
     best = max(ok, key=lambda r: r["samples_per_s"]) if ok else None
     if best and best.get("mfu") is not None:
         lines.append(f"MFU of the fastest row: {best['mfu']:.1%} ({best.get('peak_flops_source')})")
@@ -174,8 +208,13 @@ def write(recipe: str, sweeps: List[Path], out: Path, dry_run: bool = False, tes
             shutil.copyfile(chart, out / f"{name}.png")
         command = (sweep / "command.txt").read_text().strip() if (sweep / "command.txt").exists() else "(not recorded)"
         every = _row(rows, "all")
-        tables[name] = {"command": command, "rows": rows, "best": best_row(rows), "all_vs_baseline": every["speedup"] if every else None,
-                        "headline": headline(recipe, name, rows, dry_run)}
+        tables[name] = {
+            "command": command,
+            "rows": rows,
+            "best": best_row(rows),
+            "all_vs_baseline": every["speedup"] if every else None,
+            "headline": headline(recipe, name, rows, dry_run),
+        }
         size = (jobs[0].metrics.get("data") or {}).get("image_size", "?")
         parts = [f"## {name}", "", TABLES.get(name, "").format(size=size), ""]
         parts += [f"- {line}" for line in headline(recipe, name, rows, dry_run)] + [""]
@@ -186,7 +225,11 @@ def write(recipe: str, sweeps: List[Path], out: Path, dry_run: bool = False, tes
         sections.append("\n".join(parts))
     env = environment(all_jobs)
     outcome = test_outcome(tests)
-    kind = "CPU DRY RUN (tiny model, few steps): checks the suite, measures nothing about the recipe" if dry_run else "measured"
+    kind = (
+        "CPU DRY RUN (tiny model, few steps): checks the suite, measures nothing about the recipe"
+        if dry_run
+        else "measured"
+    )
     header = [
         f"# {recipe}: A/B results ({kind})",
         "",
@@ -206,7 +249,14 @@ def write(recipe: str, sweeps: List[Path], out: Path, dry_run: bool = False, tes
     ]
     path = out / "RESULTS.md"
     path.write_text("\n".join(header) + "\n" + "\n".join(sections))
-    results = {"recipe": recipe, "dry_run": dry_run, "environment": env, "tests": outcome, "targets": TARGETS.get(recipe, {}), "tables": tables}
+    results = {
+        "recipe": recipe,
+        "dry_run": dry_run,
+        "environment": env,
+        "tests": outcome,
+        "targets": TARGETS.get(recipe, {}),
+        "tables": tables,
+    }
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     return path
 
@@ -216,7 +266,9 @@ def _tests_line(outcome: Dict[str, object]) -> str:
         return "GPU-marked tests: not run with this table."
     line = f"GPU-marked tests: {outcome['passed']} passed, {outcome['failed']} failed, {outcome['skipped']} skipped."
     failures = outcome.get("failures") or []
-    return line + ("" if not failures else " Failed: " + "; ".join(f"`{f['test']}` ({f['message'][:120]})" for f in failures))
+    return line + (
+        "" if not failures else " Failed: " + "; ".join(f"`{f['test']}` ({f['message'][:120]})" for f in failures)
+    )
 
 
 def summary(paths: List[Path]) -> List[str]:
@@ -231,7 +283,11 @@ def summary(paths: List[Path]) -> List[str]:
             if not best:
                 lines.append(f"{r['recipe']} / {name}: no row finished")
                 continue
-            mfu = f"{best['mfu']:.1%}" if best.get("mfu") is not None else f"unknown ({best.get('peak_flops_source') or 'no peak'})"
+            mfu = (
+                f"{best['mfu']:.1%}"
+                if best.get("mfu") is not None
+                else f"unknown ({best.get('peak_flops_source') or 'no peak'})"
+            )
             lines.append(
                 f"{r['recipe']} / {name}: best `{best['bench']}` {best['samples_per_s']:.0f} samples/s, "
                 f"{report._fmt(best['speedup'], 'speedup')} over baseline"
@@ -253,7 +309,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path)
     p.add_argument("--tests", type=Path, help="the GPU tests' JUnit XML")
     p.add_argument("--dry-run", action="store_true")
-    p.add_argument("--summary", nargs="+", type=Path, metavar="RESULTS_JSON", help="print the summary of these results.json files")
+    p.add_argument(
+        "--summary", nargs="+", type=Path, metavar="RESULTS_JSON", help="print the summary of these results.json files"
+    )
     args = p.parse_args(argv)
     if args.summary:
         print("\n".join(summary(args.summary)))

@@ -43,7 +43,11 @@ def pytest_report_header(config):
     from trainer.hardware import detect
 
     hw = detect("cpu")
-    bf16 = "native bf16 (AVX512-BF16/AMX)" if hw.bf16_native else "no native bf16 (AVX2 only: amp tests keep to tiny models)"
+    bf16 = (
+        "native bf16 (AVX512-BF16/AMX)"
+        if hw.bf16_native
+        else "no native bf16 (AVX2 only: amp tests keep to tiny models)"
+    )
     return f"machine: {hw.name}, {hw.cpu_cores} usable cores, {bf16}"
 
 
@@ -102,7 +106,9 @@ def fake_gpu(monkeypatch):
         monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: capability)
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation or capability[0] >= 8)
+        monkeypatch.setattr(
+            torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation or capability[0] >= 8
+        )
         hardware.detect.cache_clear()
         return hardware.detect("auto")
 
@@ -111,7 +117,17 @@ def fake_gpu(monkeypatch):
 
 
 # set by Lightning when a test runs DDP in-process; a child must not think it is already a rank
-DISTRIBUTED_ENV = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+DISTRIBUTED_ENV = (
+    "LOCAL_RANK",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 def clean_env(**extra) -> dict:
@@ -135,7 +151,12 @@ def run_cli(*args: str, cwd=None, timeout: int = 600, env_extra=None) -> subproc
     """Run train.py as a user would, in a subprocess."""
     env = clean_env(**(env_extra or {}))
     return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args], cwd=cwd or ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd or ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 

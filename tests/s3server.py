@@ -32,7 +32,10 @@ class S3Server:
         env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3", AWS_DEFAULT_REGION="us-east-1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
         )
         self._wait_ready(timeout=60)
         self.key, self.secret = self._make_user()
@@ -53,7 +56,13 @@ class S3Server:
     def _make_user(self):
         import boto3
 
-        iam = boto3.client("iam", endpoint_url=self.endpoint, region_name="us-east-1", aws_access_key_id="setup", aws_secret_access_key="setup")
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="setup",
+            aws_secret_access_key="setup",
+        )
         iam.create_user(UserName="trainer")
         policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}
         iam.put_user_policy(UserName="trainer", PolicyName="all", PolicyDocument=json.dumps(policy))
@@ -62,7 +71,12 @@ class S3Server:
 
     def env(self, **override) -> dict:
         """The standard AWS variables a user would set for this endpoint."""
-        env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": self.key, "AWS_SECRET_ACCESS_KEY": self.secret, "AWS_DEFAULT_REGION": "us-east-1"}
+        env = {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": self.key,
+            "AWS_SECRET_ACCESS_KEY": self.secret,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
         env.update(override)
         return env
 

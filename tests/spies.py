@@ -22,7 +22,8 @@ def _snapshot(x: torch.Tensor, conv: nn.Conv2d, out: torch.Tensor) -> dict:
         "conv_out_dtype": out.dtype,
         "autocast": torch.is_autocast_enabled(x.device.type),
         "input_channels_last": x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(),
-        "weight_channels_last": conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous(),
+        "weight_channels_last": conv.weight.is_contiguous(memory_format=torch.channels_last)
+        and not conv.weight.is_contiguous(),
         "matmul_precision": torch.get_float32_matmul_precision(),
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
         "distributed": torch.distributed.is_available() and torch.distributed.is_initialized(),
@@ -33,7 +34,14 @@ def _snapshot(x: torch.Tensor, conv: nn.Conv2d, out: torch.Tensor) -> dict:
 class ProbeNet(nn.Module):
     """A small CNN that appends a snapshot of its runtime context to SEEN on every forward."""
 
-    def __init__(self, num_classes: int = 10, width: int = 8, fail_when: str | None = None, fail_in_forward: bool = False, nan_after: int | None = None):
+    def __init__(
+        self,
+        num_classes: int = 10,
+        width: int = 8,
+        fail_when: str | None = None,
+        fail_in_forward: bool = False,
+        nan_after: int | None = None,
+    ):
         super().__init__()
         self.fail_in_forward = fail_in_forward
         self.nan_after = nan_after  # training forwards after this many return NaN
@@ -90,7 +98,9 @@ class ShardedProbeLightningModule(ProbeLightningModule):
     states: list = []  # (hook, class of the network, whether it is compiled)
 
     def _state(self, hook: str) -> None:
-        ShardedProbeLightningModule.states.append((hook, type(self.net).__name__, getattr(self.net, "_compiled_call_impl", None) is not None))
+        ShardedProbeLightningModule.states.append(
+            (hook, type(self.net).__name__, getattr(self.net, "_compiled_call_impl", None) is not None)
+        )
 
     def configure_model(self):
         from torch.distributed.fsdp import fully_shard

@@ -15,9 +15,8 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, TINY, run_cli
 from PIL import Image
-
-from conftest import TINY, read_metrics, run_cli, ROOT
 
 
 def _images(root: Path, classes=("cat", "dog"), per_class=6, mode="RGB", suffix="jpg") -> Path:
@@ -57,7 +56,14 @@ def _three_classes(tmp):
     return _images(tmp / "imgs", classes=("a", "b", "c"))
 
 
-FOLDER = ["data=imagefolder", "data.val_split=0", "data.batch_size=4", "data.image_size=16", "trainer.max_epochs=1", "checkpoint.enabled=false"]
+FOLDER = [
+    "data=imagefolder",
+    "data.val_split=0",
+    "data.batch_size=4",
+    "data.image_size=16",
+    "trainer.max_epochs=1",
+    "checkpoint.enabled=false",
+]
 
 CASES = {
     # name: (make data root or None, args, exit code, text the message must hold)
@@ -65,12 +71,27 @@ CASES = {
     "images with no class folders": (_loose_images, FOLDER, 2, "no class folders"),
     "a symlink loop in the data root": (_symlink_loop, FOLDER, 2, "symlink loop"),
     "an unreadable file, on_bad_sample=stop": (_broken_link, FOLDER + ["data.on_bad_sample=stop"], 3, "unreadable.jpg"),
-    "data.num_classes below the folder's classes": (_three_classes, FOLDER + ["data.num_classes=2"], 2, "'data.num_classes=2' was given, but the data (imagefolder) has 3 classes"),
-    "devices beyond this machine's cores": (None, ["strategy=ddp", f"devices={len(os.sched_getaffinity(0)) + 1}"], 2, f"'devices={len(os.sched_getaffinity(0)) + 1}'"),
+    "data.num_classes below the folder's classes": (
+        _three_classes,
+        FOLDER + ["data.num_classes=2"],
+        2,
+        "'data.num_classes=2' was given, but the data (imagefolder) has 3 classes",
+    ),
+    "devices beyond this machine's cores": (
+        None,
+        ["strategy=ddp", f"devices={len(os.sched_getaffinity(0)) + 1}"],
+        2,
+        f"'devices={len(os.sched_getaffinity(0)) + 1}'",
+    ),
     "repeats without -m": (None, ["repeats=3"], 2, "'repeats=3'"),
     "train until stopped with a cosine schedule": (None, ["trainer.max_epochs=-1"], 2, "'trainer.max_epochs=-1'"),
     "on_nan=skip under DDP": (None, ["on_nan=skip", "strategy=ddp", "devices=1"], 2, "'on_nan=skip'"),
-    "lr_scaling for a user's LightningModule": (None, ["model._target_=trainer.examples.MyLightningModule", "lr_scaling=linear"], 2, "lr_scaling=linear"),
+    "lr_scaling for a user's LightningModule": (
+        None,
+        ["model._target_=trainer.examples.MyLightningModule", "lr_scaling=linear"],
+        2,
+        "lr_scaling=linear",
+    ),
     "a limit of the wrong kind": (None, ["trainer.limit_train_batches=1.5"], 2, "'trainer.limit_train_batches'"),
 }
 
@@ -113,7 +134,14 @@ def test_odd_but_valid_images_train(train, tmp_path):
     _images(root, classes=("cmyk",), mode="CMYK")
     _images(root, classes=("alpha",), mode="RGBA", suffix="png")
     (root / "gray" / "notes.txt").write_text("not an image, and not named like one")
-    m, _ = train("data=imagefolder", f"data.root={root}", "data.val_split=0", "data.batch_size=6", "data.image_size=16", tiny=True)
+    m, _ = train(
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.val_split=0",
+        "data.batch_size=6",
+        "data.image_size=16",
+        tiny=True,
+    )
     assert m["status"] == "ok" and m["skipped_samples"] == 0 and m["epochs"][0]["samples"] == 18
 
 
@@ -121,5 +149,12 @@ def test_a_truncated_jpeg_is_skipped_and_counted(train, tmp_path):
     root = _images(tmp_path / "imgs")
     whole = (root / "cat" / "0.jpg").read_bytes()
     (root / "cat" / "0.jpg").write_bytes(whole[: len(whole) // 3])
-    m, _ = train("data=imagefolder", f"data.root={root}", "data.val_split=0", "data.batch_size=4", "data.image_size=16", "data.drop_last=false")
+    m, _ = train(
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.val_split=0",
+        "data.batch_size=4",
+        "data.image_size=16",
+        "data.drop_last=false",
+    )
     assert m["status"] == "ok" and m["skipped_samples"] == 1 and m["epochs"][0]["samples"] == 11

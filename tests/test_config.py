@@ -18,7 +18,13 @@ def test_base_config_composes(compose):
     assert cfg.amp is False and cfg.compile is False and cfg.accumulate == 1
 
 
-@pytest.mark.parametrize("recipe,target,optim", [("resnet50", "torchvision.models.resnet50", "sgd"), ("vit", "torchvision.models.vision_transformer.VisionTransformer", "adamw")])
+@pytest.mark.parametrize(
+    "recipe,target,optim",
+    [
+        ("resnet50", "torchvision.models.resnet50", "sgd"),
+        ("vit", "torchvision.models.vision_transformer.VisionTransformer", "adamw"),
+    ],
+)
 def test_recipes_resolve_as_all_off_baselines(compose, recipe, target, optim):
     cfg = compose(f"+recipe={recipe}")
     assert cfg.recipe == recipe and cfg.model._target_ == target and cfg.optim.name == optim
@@ -68,7 +74,18 @@ def test_bad_overrides_name_the_key_and_allowed_values(override, expected):
 
 
 def test_good_overrides_pass():
-    check_overrides(["amp=false,true", "+recipe=vit", "scale=smoke", "data=builtin", "model.width=4", "hydra.run.dir=x", "trainer.limit_train_batches=3"], RECIPES)
+    check_overrides(
+        [
+            "amp=false,true",
+            "+recipe=vit",
+            "scale=smoke",
+            "data=builtin",
+            "model.width=4",
+            "hydra.run.dir=x",
+            "trainer.limit_train_batches=3",
+        ],
+        RECIPES,
+    )
 
 
 @pytest.mark.parametrize(
@@ -92,10 +109,19 @@ def test_bad_input_reaches_the_user_without_a_traceback(tmp_path, args, expected
     assert "HYDRA_FULL_ERROR" not in r.stderr
 
 
-@pytest.mark.parametrize("override", [
-    "trainer.limit_train_batches=null", "trainer.limit_val_batches=null", "trainer.deterministic=warn", "trainer.num_sanity_val_steps=-1",
-    "trainer.check_val_every_n_epoch=null", "trainer.log_every_n_steps=0", "trainer.gradient_clip_val=1", "trainer.max_epochs=0",
-])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "trainer.limit_train_batches=null",
+        "trainer.limit_val_batches=null",
+        "trainer.deterministic=warn",
+        "trainer.num_sanity_val_steps=-1",
+        "trainer.check_val_every_n_epoch=null",
+        "trainer.log_every_n_steps=0",
+        "trainer.gradient_clip_val=1",
+        "trainer.max_epochs=0",
+    ],
+)
 def test_every_value_lightning_accepts_is_accepted(train, override):
     m, _ = train(override)
     assert m["status"] == "ok", m["error"]
@@ -137,8 +163,8 @@ def test_defaults_are_defined_once_in_the_schema(compose):
     import yaml
     from omegaconf import OmegaConf
 
-    from trainer.paths import CONFIG_DIR
     from trainer.config import TrainSchema
+    from trainer.paths import CONFIG_DIR
 
     assert set(yaml.safe_load((CONFIG_DIR / "train.yaml").read_text())) == {"defaults", "hydra"}
     # the base run's optimizer, as it was when train.yaml still held values of its own
@@ -147,7 +173,9 @@ def test_defaults_are_defined_once_in_the_schema(compose):
     composed = OmegaConf.to_container(compose(), resolve=True)
     for section in ("optim", "sched", "trainer", "loss", "checkpoint"):
         assert composed[section] == schema[section], section
-    assert {k: v for k, v in composed.items() if not isinstance(v, dict)} == {k: v for k, v in schema.items() if not isinstance(v, dict)}
+    assert {k: v for k, v in composed.items() if not isinstance(v, dict)} == {
+        k: v for k, v in schema.items() if not isinstance(v, dict)
+    }
 
 
 def test_the_package_has_no_import_cycles():

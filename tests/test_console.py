@@ -14,7 +14,8 @@ from trainer import console
 
 # every line a single smoke run may print on a non-terminal, in order
 SINGLE_RUN_LINES = [
-    r"device: cpu x1 \(.+, \d+ cores\) \| dtypes: .+ \| amp=false compile=false channels_last=false accumulate=1 strategy=auto devices=1 tf32=false cudnn_benchmark=false profile=false",
+    r"device: cpu x1 \(.+, \d+ cores\) \| dtypes: .+ \| amp=false compile=false channels_last=false "
+    r"accumulate=1 strategy=auto devices=1 tf32=false cudnn_benchmark=false profile=false",
     r"lr [\d.e-]+ at batch \d+ -> [\d.e-]+ at effective batch \d+ \(lr_scaling=\w+\)|lr [\d.e-]+ \(effective batch \d+; lr_scaling=none\)",
     r"epoch 0: [\d.]+ s train, [\d.]+ samples/s, data wait \d+%, transfer \d+%, val [\d.]+ s \(warm-up\)",
     r"epoch 1: [\d.]+ s train, [\d.]+ samples/s, data wait \d+%, transfer \d+%, val [\d.]+ s",
@@ -38,7 +39,12 @@ def test_a_smoke_run_prints_a_header_one_line_per_epoch_and_the_verdict(tmp_path
 
 
 def test_the_model_summary_comes_back_on_request(tmp_path):
-    r = run_cli(f"hydra.run.dir={tmp_path / 'run'}", "trainer.model_summary=true", "trainer.max_epochs=1", "checkpoint.enabled=false")
+    r = run_cli(
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "trainer.model_summary=true",
+        "trainer.max_epochs=1",
+        "checkpoint.enabled=false",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Trainable params" in r.stdout and "Tip" not in r.stdout + r.stderr
 
@@ -46,15 +52,29 @@ def test_the_model_summary_comes_back_on_request(tmp_path):
 def test_a_sweep_prints_one_status_line_per_job_then_the_table(tmp_path):
     sweep = tmp_path / "sweep"
     # data.device_prefetch=true on a CPU: every job warns that it does nothing here
-    r = run_cli("-m", f"hydra.sweep.dir={sweep}", "amp=false,true", "data.device_prefetch=true", "trainer.max_epochs=2", "trainer.limit_train_batches=2", "checkpoint.enabled=false")
+    r = run_cli(
+        "-m",
+        f"hydra.sweep.dir={sweep}",
+        "amp=false,true",
+        "data.device_prefetch=true",
+        "trainer.max_epochs=2",
+        "trainer.limit_train_batches=2",
+        "checkpoint.enabled=false",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [line for line in r.stdout.splitlines() if line.strip()]
     warnings = [line for line in lines + r.stderr.splitlines() if line.startswith("warning:")]
     out = [line for line in lines if not line.startswith("warning:")]
     assert out[0] == "Launching 2 jobs locally"
-    assert re.fullmatch(r"#0 amp=false: [\d.]+ s/epoch, [\d.]+ samples/s, val_acc [\d.]+, bottleneck: .+", out[1]), out[1]
-    assert re.fullmatch(r"#1 amp=true: [\d.]+ s/epoch, [\d.]+ samples/s, val_acc [\d.]+, bottleneck: .+", out[2]), out[2]
-    assert out[3].startswith("| job | amp |") and out[5].startswith("| 0 | false |") and out[6].startswith("| 1 | true |")
+    assert re.fullmatch(r"#0 amp=false: [\d.]+ s/epoch, [\d.]+ samples/s, val_acc [\d.]+, bottleneck: .+", out[1]), out[
+        1
+    ]
+    assert re.fullmatch(r"#1 amp=true: [\d.]+ s/epoch, [\d.]+ samples/s, val_acc [\d.]+, bottleneck: .+", out[2]), out[
+        2
+    ]
+    assert (
+        out[3].startswith("| job | amp |") and out[5].startswith("| 0 | false |") and out[6].startswith("| 1 | true |")
+    )
     assert any(line.startswith("doctor, job") for line in out[7:])
     assert out[-1] == f"report: {sweep}/ab_report.md (table), {sweep}/ab_report.csv, chart: {sweep}/ab_report.png"
     # per-epoch lines went to each job's train.log only
@@ -94,8 +114,12 @@ def test_console_filter_rules(fresh_console):
     assert keep(_record("trainer.cli", logging.ERROR, "#1 failed"))
     # a fit that stopped for another reason than its planned length is said
     console.set_sweep(False)
-    assert not keep(_record("pytorch_lightning.utilities.rank_zero", logging.INFO, "`Trainer.fit` stopped: `max_epochs=3` reached."))
-    assert keep(_record("pytorch_lightning.utilities.rank_zero", logging.INFO, "`Trainer.fit` stopped: No training batches."))
+    assert not keep(
+        _record("pytorch_lightning.utilities.rank_zero", logging.INFO, "`Trainer.fit` stopped: `max_epochs=3` reached.")
+    )
+    assert keep(
+        _record("pytorch_lightning.utilities.rank_zero", logging.INFO, "`Trainer.fit` stopped: No training batches.")
+    )
 
 
 def test_other_ranks_and_launched_sweep_processes_keep_quiet(fresh_console, monkeypatch):
@@ -111,11 +135,25 @@ def test_other_ranks_and_launched_sweep_processes_keep_quiet(fresh_console, monk
 
 
 def test_status_lines_name_the_swept_values(fresh_console):
-    assert console.swept_keys(["+recipe=resnet50", "amp=false,true", "seed=range(3)", "data.batch_size=32"]) == ["amp", "seed"]
+    assert console.swept_keys(["+recipe=resnet50", "amp=false,true", "seed=range(3)", "data.batch_size=32"]) == [
+        "amp",
+        "seed",
+    ]
     console.set_sweep(True, ["amp", "seed"])
-    assert console.job_label(3, ["+recipe=resnet50", "amp=True", "seed=2", "data.batch_size=32"]) == "#3 amp=true seed=2"
-    ok = {"status": "ok", "epoch_time_s": 1.5, "samples_per_s": 100.0, "val_acc": 0.8, "diagnosis": {"bottleneck": "compute"}}
-    assert console.status_line(0, ["amp=False"], ok, "d") == "#0 amp=false: 1.500 s/epoch, 100.0 samples/s, val_acc 0.800, bottleneck: compute"
+    assert (
+        console.job_label(3, ["+recipe=resnet50", "amp=True", "seed=2", "data.batch_size=32"]) == "#3 amp=true seed=2"
+    )
+    ok = {
+        "status": "ok",
+        "epoch_time_s": 1.5,
+        "samples_per_s": 100.0,
+        "val_acc": 0.8,
+        "diagnosis": {"bottleneck": "compute"},
+    }
+    assert (
+        console.status_line(0, ["amp=False"], ok, "d")
+        == "#0 amp=false: 1.500 s/epoch, 100.0 samples/s, val_acc 0.800, bottleneck: compute"
+    )
     failed = {"status": "failed", "error": "boom"}
     assert console.status_line(1, ["amp=True"], failed, "d/1") == "#1 amp=true: failed: boom (d/1)"
     assert console.ConsoleFormatter().format(_record("x", logging.WARNING, "careful")) == "warning: careful"

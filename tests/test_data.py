@@ -17,7 +17,14 @@ def test_synthetic_is_deterministic_per_seed():
 
 
 def test_builtin_dataset_is_real_jpeg_and_cached(compose, tmp_path):
-    cfg = compose("data=builtin", f"data.cache_dir={tmp_path}", "data.images_per_class=4", "data.stored_size=40", "data.image_size=32", "data.batch_size=4")
+    cfg = compose(
+        "data=builtin",
+        f"data.cache_dir={tmp_path}",
+        "data.images_per_class=4",
+        "data.stored_size=40",
+        "data.image_size=32",
+        "data.batch_size=4",
+    )
     dm = ImageDataModule(cfg.data, cfg.seed)
     assert dm.build() == 10
     files = sorted(tmp_path.rglob("*.jpg"))
@@ -40,7 +47,13 @@ def _make_folder(root, classes=("a", "b", "c"), per_class=5, size=20):
 
 def test_imagefolder_split_by_ratio(compose, tmp_path):
     _make_folder(tmp_path / "imgs", per_class=10)
-    cfg = compose("data=imagefolder", f"data.root={tmp_path / 'imgs'}", "data.val_split=0.2", "data.image_size=16", "data.batch_size=2")
+    cfg = compose(
+        "data=imagefolder",
+        f"data.root={tmp_path / 'imgs'}",
+        "data.val_split=0.2",
+        "data.image_size=16",
+        "data.batch_size=2",
+    )
     dm = ImageDataModule(cfg.data, cfg.seed)
     assert dm.build() == 3
     assert len(dm.train_set) == 24 and len(dm.val_set) == 6
@@ -56,9 +69,21 @@ def test_imagefolder_train_val_subfolders(compose, tmp_path):
 
 
 def test_loader_knobs_reach_the_dataloader(compose):
-    cfg = compose("data.num_workers=2", "data.pin_memory=true", "data.persistent_workers=true", "data.prefetch_factor=4", "data.batch_size=16")
+    cfg = compose(
+        "data.num_workers=2",
+        "data.pin_memory=true",
+        "data.persistent_workers=true",
+        "data.prefetch_factor=4",
+        "data.batch_size=16",
+    )
     loader = ImageDataModule(cfg.data, cfg.seed).train_dataloader()
-    assert (loader.num_workers, loader.pin_memory, loader.persistent_workers, loader.prefetch_factor, loader.batch_size) == (2, True, True, 4, 16)
+    assert (
+        loader.num_workers,
+        loader.pin_memory,
+        loader.persistent_workers,
+        loader.prefetch_factor,
+        loader.batch_size,
+    ) == (2, True, True, 4, 16)
     cfg = compose("data.num_workers=0", "data.persistent_workers=true", "data.prefetch_factor=4")
     loader = ImageDataModule(cfg.data, cfg.seed).train_dataloader()
     assert loader.num_workers == 0 and not loader.persistent_workers and loader.prefetch_factor is None

@@ -9,7 +9,14 @@ import pytest
 import torch
 from conftest import ROOT, clean_env, final_loss, read_metrics, run_cli
 
-SMALL = ["data.num_samples=256", "data.image_size=16", "data.val_samples=32", "trainer.max_epochs=2", "model.width=8", "monitor.enabled=false"]
+SMALL = [
+    "data.num_samples=256",
+    "data.image_size=16",
+    "data.val_samples=32",
+    "trainer.max_epochs=2",
+    "model.width=8",
+    "monitor.enabled=false",
+]
 
 
 @pytest.mark.slow
@@ -19,7 +26,9 @@ def test_ddp_two_processes_match_one_process_at_the_same_global_batch(tmp_path):
     # no BatchNorm: per-rank batch statistics would differ from one process's (SyncBatchNorm is GPU-only)
     r = run_cli(f"hydra.run.dir={single}", *SMALL, "data.batch_size=16", "+model.batchnorm=false")
     assert r.returncode == 0, r.stderr[-3000:]
-    r = run_cli(f"hydra.run.dir={ddp}", *SMALL, "strategy=ddp", "devices=2", "data.batch_size=8", "+model.batchnorm=false")
+    r = run_cli(
+        f"hydra.run.dir={ddp}", *SMALL, "strategy=ddp", "devices=2", "data.batch_size=8", "+model.batchnorm=false"
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     m = read_metrics(ddp)
     assert m["status"] == "ok" and m["device"]["count"] == 2
@@ -41,7 +50,15 @@ def test_fsdp2_two_processes_train_save_and_resume(tmp_path):
     assert ckpt.is_file()
     state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
     assert state["net.fc.weight"].shape == (10, 32)  # consolidated, unsharded
-    r = run_cli(f"hydra.run.dir={run_dir}", *SMALL, "strategy=fsdp2", "devices=2", "data.batch_size=8", "ckpt_path=last", "trainer.max_epochs=3")
+    r = run_cli(
+        f"hydra.run.dir={run_dir}",
+        *SMALL,
+        "strategy=fsdp2",
+        "devices=2",
+        "data.batch_size=8",
+        "ckpt_path=last",
+        "trainer.max_epochs=3",
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     m = read_metrics(run_dir)
     assert m["status"] == "ok" and [e["epoch"] for e in m["epochs"]] == [0, 1, 2]
@@ -86,7 +103,16 @@ def test_accumulate_under_ddp_syncs_gradients_only_on_stepping_batches(train):
 @pytest.mark.whole_machine  # two ranks: one core each
 def test_a_sweep_of_ddp_jobs_makes_one_sweep_dir(tmp_path):
     sweep = tmp_path / "multirun" / "sweep"
-    r = run_cli("-m", f"hydra.sweep.dir={sweep}", *SMALL, "strategy=ddp", "devices=2", "data.batch_size=8", "amp=false,true", cwd=tmp_path)
+    r = run_cli(
+        "-m",
+        f"hydra.sweep.dir={sweep}",
+        *SMALL,
+        "strategy=ddp",
+        "devices=2",
+        "data.batch_size=8",
+        "amp=false,true",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert sorted(p.name for p in (tmp_path / "multirun").iterdir()) == ["sweep"]  # no duplicate sweeps
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -111,10 +137,28 @@ def test_two_nodes_with_torchrun_on_localhost(tmp_path):
     env = clean_env()
     nodes = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={rank}",
-             "--master-addr=127.0.0.1", f"--master-port={port}", str(ROOT / "train.py"), f"hydra.run.dir={run_dir}",
-             *SMALL, "strategy=ddp", "devices=1", "num_nodes=2", "data.batch_size=8"],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc-per-node=1",
+                f"--node-rank={rank}",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                str(ROOT / "train.py"),
+                f"hydra.run.dir={run_dir}",
+                *SMALL,
+                "strategy=ddp",
+                "devices=1",
+                "num_nodes=2",
+                "data.batch_size=8",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         for rank in (0, 1)
     ]
@@ -138,11 +182,18 @@ def test_ddp_knobs_reach_the_strategy(compose):
     from trainer import switchboard
     from trainer.hardware import Hardware
 
-    cfg = compose("strategy=ddp", "devices=2", "ddp.static_graph=true", "ddp.gradient_as_bucket_view=true", "ddp.bucket_cap_mb=5")
+    cfg = compose(
+        "strategy=ddp", "devices=2", "ddp.static_graph=true", "ddp.gradient_as_bucket_view=true", "ddp.bucket_cap_mb=5"
+    )
     hw = Hardware("cpu", "cpu", 1, 2, False, False)
     plan = switchboard.resolve(cfg, hw)
     strategy = switchboard.build_strategy(cfg, plan, hw, torch.nn.Linear(2, 2))
-    assert strategy._ddp_kwargs == {"static_graph": True, "gradient_as_bucket_view": True, "find_unused_parameters": False, "bucket_cap_mb": 5}
+    assert strategy._ddp_kwargs == {
+        "static_graph": True,
+        "gradient_as_bucket_view": True,
+        "find_unused_parameters": False,
+        "bucket_cap_mb": 5,
+    }
     assert switchboard.trainer_kwargs(cfg, plan)["sync_batchnorm"] is False
     from trainer.errors import ConfigError
 
@@ -156,7 +207,16 @@ def test_ddp_knobs_reach_the_strategy(compose):
 @pytest.mark.whole_machine  # two ranks: one core each
 def test_a_distributed_job_refused_before_launch_keeps_its_report_row(tmp_path):
     sweep = tmp_path / "sweep"
-    r = run_cli("-m", f"hydra.sweep.dir={sweep}", *SMALL, "strategy=ddp", "devices=2", "data.batch_size=auto,8", "trainer.max_epochs=1", cwd=tmp_path)
+    r = run_cli(
+        "-m",
+        f"hydra.sweep.dir={sweep}",
+        *SMALL,
+        "strategy=ddp",
+        "devices=2",
+        "data.batch_size=auto,8",
+        "trainer.max_epochs=1",
+        cwd=tmp_path,
+    )
     assert r.returncode == 1
     failed = read_metrics(sweep / "0")
     assert failed["status"] == "failed" and "single-device only" in failed["error"]
@@ -167,7 +227,13 @@ def test_a_distributed_job_refused_before_launch_keeps_its_report_row(tmp_path):
 @pytest.mark.slow
 @pytest.mark.whole_machine  # two ranks: one core each
 def test_a_failing_rank_gives_the_same_paragraph_and_exit_code_as_one_process(tmp_path):
-    bad = ["model._target_=spies.ProbeNet", "+model.fail_when=init", "data.image_size=16", "data.num_samples=64", "trainer.max_epochs=1"]
+    bad = [
+        "model._target_=spies.ProbeNet",
+        "+model.fail_when=init",
+        "data.image_size=16",
+        "data.num_samples=64",
+        "trainer.max_epochs=1",
+    ]
     one = run_cli(f"hydra.run.dir={tmp_path / 'one'}", *bad)
     two = run_cli(f"hydra.run.dir={tmp_path / 'two'}", *bad, "strategy=fsdp2", "devices=2")
     assert one.returncode == two.returncode == 2
@@ -176,4 +242,7 @@ def test_a_failing_rank_gives_the_same_paragraph_and_exit_code_as_one_process(tm
     assert two.stderr.count(paragraph) == 1  # the same words, once, not once per rank
     assert "Traceback" not in two.stderr + two.stdout and "ChildFailedError" not in two.stderr + two.stdout
     assert list((tmp_path / "two" / "ranks").glob("**/stderr.log"))  # the ranks' full output is kept
-    assert read_metrics(tmp_path / "two")["status"] == "failed" and "ProbeNet asked to fail" in read_metrics(tmp_path / "two")["error"]
+    assert (
+        read_metrics(tmp_path / "two")["status"] == "failed"
+        and "ProbeNet asked to fail" in read_metrics(tmp_path / "two")["error"]
+    )

@@ -19,7 +19,14 @@ H100 = {"accelerator": "cuda", "cpu_cores": 16, "bf16_native": True, "capability
 
 
 def test_planted_slow_dataset_is_input_bound(train):
-    m, _ = train("data=custom", "data.dataset._target_=spies.SlowDataset", "+data.dataset.n=64", "+data.dataset.sleep_ms=10", "data.val_samples=0", "trainer.limit_val_batches=0")
+    m, _ = train(
+        "data=custom",
+        "data.dataset._target_=spies.SlowDataset",
+        "+data.dataset.n=64",
+        "+data.dataset.sleep_ms=10",
+        "data.val_samples=0",
+        "trainer.limit_val_batches=0",
+    )
     d = m["diagnosis"]
     assert d["bottleneck"] == "input pipeline", d
     assert "data.num_workers=1" in d["try"] and "waiting for the next batch" in d["verdict"]
@@ -39,44 +46,125 @@ def test_planted_heavy_compute_is_compute_bound(train):
 
 def test_hardware_notes_speak_of_the_flags_that_are_on():
     avx2 = dict(CPU, bf16_native=False)
-    assert any("amp=true ran emulated bf16" in n for n in doctor.hardware_notes(avx2, {"amp": True, "amp_dtype": "auto"}))
+    assert any(
+        "amp=true ran emulated bf16" in n for n in doctor.hardware_notes(avx2, {"amp": True, "amp_dtype": "auto"})
+    )
     assert doctor.hardware_notes(avx2, {"amp": False}) == []
     assert doctor.hardware_notes(dict(CPU, bf16_native=True), {"amp": True}) == []
     v100 = {"accelerator": "cuda", "cpu_cores": 8, "bf16_native": False, "capability": "7.0"}
-    assert doctor.hardware_notes(v100, {"amp": False, "tf32": False}) == [] and doctor.hardware_notes(v100, {"tf32": True})
+    assert doctor.hardware_notes(v100, {"amp": False, "tf32": False}) == [] and doctor.hardware_notes(
+        v100, {"tf32": True}
+    )
 
 
 def test_input_bound_with_a_saturated_cpu_does_not_ask_for_more_workers():
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.6}, system={"cpu_busy_cores": 15.8, "process_cpu_cores": 15.5}, hardware=H100, flags={}, data={"num_workers": 15, "pin_memory": True}, is_convnet=True)
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.6},
+        system={"cpu_busy_cores": 15.8, "process_cpu_cores": 15.5},
+        hardware=H100,
+        flags={},
+        data={"num_workers": 15, "pin_memory": True},
+        is_convnet=True,
+    )
     assert d["bottleneck"] == "input pipeline" and not any(s.startswith("data.num_workers") for s in d["try"])
     assert "saturated" in d["verdict"]
     assert "data.decoder=nvjpeg" not in d["try"]  # synthetic data: nothing to decode
     jpeg = {"name": "builtin", "decoder": "pil", "num_workers": 15, "pin_memory": True}
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.6}, system={"cpu_busy_cores": 15.8, "process_cpu_cores": 15.5}, hardware=H100, flags={}, data=jpeg, is_convnet=True)
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.6},
+        system={"cpu_busy_cores": 15.8, "process_cpu_cores": 15.5},
+        hardware=H100,
+        flags={},
+        data=jpeg,
+        is_convnet=True,
+    )
     assert "data.decoder=nvjpeg" in d["try"] and "data=packed" in d["try"]
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.6}, system={"cpu_busy_cores": 1.9, "process_cpu_cores": 1.9}, hardware=CPU, flags={}, data=dict(jpeg, num_workers=1), is_convnet=True)
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.6},
+        system={"cpu_busy_cores": 1.9, "process_cpu_cores": 1.9},
+        hardware=CPU,
+        flags={},
+        data=dict(jpeg, num_workers=1),
+        is_convnet=True,
+    )
     assert "data.decoder=turbo" in d["try"] and "data.decoder=nvjpeg" not in d["try"]
 
 
 def test_input_bound_on_a_big_machine_names_workers_and_cores():
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.62}, system={"cpu_busy_cores": 2.0, "process_cpu_cores": 1.9}, hardware=H100, flags={}, data={"num_workers": 2}, is_convnet=True)
-    assert d["try"][:2] == ["data.num_workers=15", "data.persistent_workers=true"] and "data.pin_memory=true" in d["try"]
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.62},
+        system={"cpu_busy_cores": 2.0, "process_cpu_cores": 1.9},
+        hardware=H100,
+        flags={},
+        data={"num_workers": 2},
+        is_convnet=True,
+    )
+    assert (
+        d["try"][:2] == ["data.num_workers=15", "data.persistent_workers=true"] and "data.pin_memory=true" in d["try"]
+    )
     assert "62% of training time waiting" in d["verdict"] and "2.0 of 16 cores busy" in d["verdict"]
 
 
 def test_gpu_transfer_overhead_and_memory_verdicts():
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05}, system={"gpu/util": 90.0}, hardware=H100, flags={}, data={}, is_convnet=True, h2d_share=0.3)
-    assert d["bottleneck"] == "host-device transfer" and d["try"] == ["data.pin_memory=true", "data.gpu_normalize=true", "data.device_prefetch=true"]
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05}, system={"gpu/util": 35.0}, hardware=H100, flags={}, data={}, is_convnet=False)
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.05},
+        system={"gpu/util": 90.0},
+        hardware=H100,
+        flags={},
+        data={},
+        is_convnet=True,
+        h2d_share=0.3,
+    )
+    assert d["bottleneck"] == "host-device transfer" and d["try"] == [
+        "data.pin_memory=true",
+        "data.gpu_normalize=true",
+        "data.device_prefetch=true",
+    ]
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.05},
+        system={"gpu/util": 35.0},
+        hardware=H100,
+        flags={},
+        data={},
+        is_convnet=False,
+    )
     assert d["bottleneck"] == "CPU-side overhead" and "compile=true" in d["try"]
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05, "peak_memory_mb": 76000}, system={"gpu/util": 97.0}, hardware=H100, flags={}, data={}, is_convnet=True, device_memory_mb=80000)
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.05, "peak_memory_mb": 76000},
+        system={"gpu/util": 97.0},
+        hardware=H100,
+        flags={},
+        data={},
+        is_convnet=True,
+        device_memory_mb=80000,
+    )
     assert d["bottleneck"] == "memory" and "activation_checkpointing=true" in d["try"]
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05, "peak_memory_mb": 9000}, system={"gpu/util": 97.0}, hardware=H100, flags={"amp": True}, data={}, is_convnet=True, device_memory_mb=80000)
-    assert d["bottleneck"] == "compute" and "data.batch_size=auto" in d["try"] and "amp=true" not in d["try"] and "tf32=true" not in d["try"]
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.05, "peak_memory_mb": 9000},
+        system={"gpu/util": 97.0},
+        hardware=H100,
+        flags={"amp": True},
+        data={},
+        is_convnet=True,
+        device_memory_mb=80000,
+    )
+    assert (
+        d["bottleneck"] == "compute"
+        and "data.batch_size=auto" in d["try"]
+        and "amp=true" not in d["try"]
+        and "tf32=true" not in d["try"]
+    )
 
 
 def test_competing_processes_are_called_out():
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.05}, system={"cpu_busy_cores": 1.9, "process_cpu_cores": 0.9}, hardware=CPU, flags={}, data={}, is_convnet=True)
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.05},
+        system={"cpu_busy_cores": 1.9, "process_cpu_cores": 0.9},
+        hardware=CPU,
+        flags={},
+        data={},
+        is_convnet=True,
+    )
     assert any("other processes kept about 1.0 of 2 cores busy" in n for n in d["hardware"])
 
 
@@ -103,9 +191,19 @@ def test_system_monitor_samples_every_interval_not_every_step(train, monkeypatch
 
     readings = []
     real = SystemMonitor.sample
-    monkeypatch.setattr(SystemMonitor, "sample", lambda self, trainer=None: readings.append(real(self, trainer)) or readings[-1])
-    m, out = train("monitor.interval_s=0.1", "data=custom", "data.dataset._target_=spies.SlowDataset", "+data.dataset.n=256",
-                   "+data.dataset.sleep_ms=1.2", "data.val_samples=0", "trainer.limit_val_batches=0", "trainer.max_epochs=2")
+    monkeypatch.setattr(
+        SystemMonitor, "sample", lambda self, trainer=None: readings.append(real(self, trainer)) or readings[-1]
+    )
+    m, out = train(
+        "monitor.interval_s=0.1",
+        "data=custom",
+        "data.dataset._target_=spies.SlowDataset",
+        "+data.dataset.n=256",
+        "+data.dataset.sleep_ms=1.2",
+        "data.val_samples=0",
+        "trainer.limit_val_batches=0",
+        "trainer.max_epochs=2",
+    )
     steps, train_s = sum(e["steps"] for e in m["epochs"]), sum(e["time_s"] for e in m["epochs"])
     assert steps == 64 and readings, (steps, len(readings))
     assert len(readings) <= train_s / 0.1 + 2, (len(readings), train_s)  # one per interval, and one closing each epoch
@@ -135,11 +233,27 @@ def test_tensorboard_serves_the_profile_and_the_scalars(train):
     assert list((out / "profiler").glob("rank0*.pt.trace.json"))
     port = _free_port()
     tb = subprocess.Popen(
-        [sys.executable, "-m", "tensorboard.main", "--logdir", str(out), "--host", "127.0.0.1", "--port", str(port), "--load_fast=false"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(out),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--load_fast=false",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
-        deadline, runs, tags = time.time() + 180, [], {}  # returns as soon as both answer; slow only on a loaded machine
+        deadline, runs, tags = (
+            time.time() + 180,
+            [],
+            {},
+        )  # returns as soon as both answer; slow only on a loaded machine
         while time.time() < deadline:
             try:
                 runs = _get(f"http://127.0.0.1:{port}/data/plugin/pytorch_profiler/runs")
@@ -160,12 +274,37 @@ def test_tensorboard_serves_the_profile_and_the_scalars(train):
 
 
 def test_transfer_fraction_alone_gives_a_transfer_verdict():
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.02, "transfer_fraction": 0.35}, system={"gpu/util": 90.0}, hardware=H100, flags={}, data={"pin_memory": False}, is_convnet=True)
-    assert d["bottleneck"] == "host-device transfer" and d["try"] == ["data.pin_memory=true", "data.gpu_normalize=true", "data.device_prefetch=true"]
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.02, "transfer_fraction": 0.35},
+        system={"gpu/util": 90.0},
+        hardware=H100,
+        flags={},
+        data={"pin_memory": False},
+        is_convnet=True,
+    )
+    assert d["bottleneck"] == "host-device transfer" and d["try"] == [
+        "data.pin_memory=true",
+        "data.gpu_normalize=true",
+        "data.device_prefetch=true",
+    ]
     assert "35% of training time" in d["verdict"] and d["evidence"]["transfer_fraction"] == 0.35
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.02, "transfer_fraction": 0.35}, system={}, hardware=CPU, flags={}, data={"gpu_normalize": True}, is_convnet=True)
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.02, "transfer_fraction": 0.35},
+        system={},
+        hardware=CPU,
+        flags={},
+        data={"gpu_normalize": True},
+        is_convnet=True,
+    )
     assert d["bottleneck"] == "host-device transfer" and d["try"] == ["data.gpu_normalize=false"]
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.02, "transfer_fraction": 0.05}, system={}, hardware=CPU, flags={}, data={}, is_convnet=True)
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.02, "transfer_fraction": 0.05},
+        system={},
+        hardware=CPU,
+        flags={},
+        data={},
+        is_convnet=True,
+    )
     assert d["bottleneck"] == "compute"
 
 
@@ -173,13 +312,18 @@ def test_memory_full_is_judged_on_the_allocators_reservation():
     """76 of 80 GB reserved while only 40 GB allocated: the device is full (fragmentation and cached
     blocks count); judged on allocated memory it read as half empty."""
     m = {"data_wait_fraction": 0.05, "peak_memory_mb": 40000, "peak_memory_reserved_mb": 76000}
-    d = doctor.diagnose(metrics=m, system={"gpu/util": 97.0}, hardware=H100, flags={}, data={}, is_convnet=True, device_memory_mb=80000)
+    d = doctor.diagnose(
+        metrics=m, system={"gpu/util": 97.0}, hardware=H100, flags={}, data={}, is_convnet=True, device_memory_mb=80000
+    )
     assert d["bottleneck"] == "memory" and d["evidence"]["memory_used_fraction"] == 0.95
 
 
 def test_no_competition_verdict_under_a_cgroup_quota():
     busy = {"cpu_busy_cores": 1.9, "process_cpu_cores": 0.9}
-    assert any("other processes" in n for n in doctor.diagnose(metrics={}, system=busy, hardware=CPU, flags={}, data={}, is_convnet=True)["hardware"])
+    assert any(
+        "other processes" in n
+        for n in doctor.diagnose(metrics={}, system=busy, hardware=CPU, flags={}, data={}, is_convnet=True)["hardware"]
+    )
     quota = dict(CPU, cpu_quota=1.5, cpu_cores=1)
     d = doctor.diagnose(metrics={}, system=busy, hardware=quota, flags={}, data={}, is_convnet=True)
     assert not any("other processes" in n for n in d["hardware"])
@@ -188,13 +332,43 @@ def test_no_competition_verdict_under_a_cgroup_quota():
 
 def test_input_bound_on_an_object_store_read_directly_says_cache_it_first():
     remote = {"name": "parquet", "root": "s3://bucket/ds", "decoder": "pil", "num_workers": 1, "cache": None}
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.8}, system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5}, hardware=CPU, flags={}, data=remote, is_convnet=True)
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.8},
+        system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5},
+        hardware=CPU,
+        flags={},
+        data=remote,
+        is_convnet=True,
+    )
     assert d["bottleneck"] == "input pipeline" and d["try"][0] == "data.cache=DIR" and "object store" in d["verdict"], d
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.8}, system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5}, hardware=H100, flags={}, data=remote, is_convnet=True)
-    assert "data.decoder=nvjpeg" not in d["try"] and "data.decoder=turbo" in d["try"]  # shard bytes are not decoded on the GPU
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.8}, system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5}, hardware=CPU, flags={}, data=dict(remote, cache="/nvme/cache"), is_convnet=True)
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.8},
+        system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5},
+        hardware=H100,
+        flags={},
+        data=remote,
+        is_convnet=True,
+    )
+    assert (
+        "data.decoder=nvjpeg" not in d["try"] and "data.decoder=turbo" in d["try"]
+    )  # shard bytes are not decoded on the GPU
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.8},
+        system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5},
+        hardware=CPU,
+        flags={},
+        data=dict(remote, cache="/nvme/cache"),
+        is_convnet=True,
+    )
     assert "data.cache=DIR" not in d["try"] and "object store" not in d["verdict"]
-    d = doctor.diagnose(metrics={"data_wait_fraction": 0.8}, system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5}, hardware=CPU, flags={}, data=dict(remote, root="/local/ds"), is_convnet=True)
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.8},
+        system={"cpu_busy_cores": 0.6, "process_cpu_cores": 0.5},
+        hardware=CPU,
+        flags={},
+        data=dict(remote, root="/local/ds"),
+        is_convnet=True,
+    )
     assert "data.cache=DIR" not in d["try"]
 
 
@@ -209,16 +383,22 @@ def test_copy_share_counts_each_device_interval_once():
 
     def event(n, name, start, end, device=DeviceType.CPU, annotation=False):
         thread = 0 if device == DeviceType.CPU else 7
-        return FunctionEvent(n, name, thread, start, end, stack=[], use_device="cuda", device_type=device, is_user_annotation=annotation)
+        return FunctionEvent(
+            n, name, thread, start, end, stack=[], use_device="cuda", device_type=device, is_user_annotation=annotation
+        )
 
     copy, conv = event(2, "aten::copy_", 10, 20), event(3, "aten::convolution", 30, 40)
     copy.append_kernel("Memcpy HtoD (Pageable -> Device)", 0, 100)
     conv.append_kernel("sm90_xmma_fprop_implicit_gemm", 0, 300)
     events = EventList(
-        [event(1, "ProfilerStep#3", 0, 1000), copy, conv,
-         event(4, "Memcpy HtoD (Pageable -> Device)", 100, 200, DeviceType.CUDA),
-         event(5, "sm90_xmma_fprop_implicit_gemm", 200, 500, DeviceType.CUDA),
-         event(6, "ProfilerStep#3", 0, 600, DeviceType.CUDA, annotation=True)],
+        [
+            event(1, "ProfilerStep#3", 0, 1000),
+            copy,
+            conv,
+            event(4, "Memcpy HtoD (Pageable -> Device)", 100, 200, DeviceType.CUDA),
+            event(5, "sm90_xmma_fprop_implicit_gemm", 200, 500, DeviceType.CUDA),
+            event(6, "ProfilerStep#3", 0, 600, DeviceType.CUDA, annotation=True),
+        ],
         use_device="cuda",
     )
     events._build_tree()

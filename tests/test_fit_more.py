@@ -12,8 +12,20 @@ RESNET18 = ["model._target_=torchvision.models.resnet18", "~model.width"]
 
 
 def test_batch_size_auto_grows_with_the_memory_budget(train):
-    small, _ = train("data.batch_size=auto", "batch_finder.memory_budget_mb=40", "data.num_samples=1024", "data.image_size=32", "model.width=32")
-    large, _ = train("data.batch_size=auto", "batch_finder.memory_budget_mb=400", "data.num_samples=1024", "data.image_size=32", "model.width=32")
+    small, _ = train(
+        "data.batch_size=auto",
+        "batch_finder.memory_budget_mb=40",
+        "data.num_samples=1024",
+        "data.image_size=32",
+        "model.width=32",
+    )
+    large, _ = train(
+        "data.batch_size=auto",
+        "batch_finder.memory_budget_mb=400",
+        "data.num_samples=1024",
+        "data.image_size=32",
+        "model.width=32",
+    )
     assert small["flags"]["data.batch_size"] == "auto"
     assert small["batch_size"] < large["batch_size"]
     assert small["batch_size_reason"].startswith("memory") and small["status"] == "ok"
@@ -48,7 +60,10 @@ def test_activation_checkpointing_recomputes_blocks_in_backward(compose):
     from trainer.models import build_module
 
     def conv_calls_per_step(flag: str) -> int:
-        module = model_transforms.prepare_model(build_module(compose(*RESNET18, f"activation_checkpointing={flag}")), compose(f"activation_checkpointing={flag}"))
+        module = model_transforms.prepare_model(
+            build_module(compose(*RESNET18, f"activation_checkpointing={flag}")),
+            compose(f"activation_checkpointing={flag}"),
+        )
         calls = []
         module.net.layer1[0].conv1.register_forward_hook(lambda *a: calls.append(1))
         loss = module(torch.randn(2, 3, 32, 32)).sum()
@@ -64,7 +79,11 @@ def test_activation_checkpointing_trains_and_keeps_state_dict_keys(train, compos
     from trainer.models import build_module
 
     plain = build_module(compose(*RESNET18)).state_dict().keys()
-    wrapped = model_transforms.prepare_model(build_module(compose(*RESNET18)), compose("activation_checkpointing=true")).state_dict().keys()
+    wrapped = (
+        model_transforms.prepare_model(build_module(compose(*RESNET18)), compose("activation_checkpointing=true"))
+        .state_dict()
+        .keys()
+    )
     assert list(plain) == list(wrapped)
     m, _ = train(*RESNET18, "activation_checkpointing=true")
     assert m["status"] == "ok" and m["flags"]["activation_checkpointing"] is True
@@ -77,7 +96,14 @@ def test_activation_checkpointing_without_blocks_is_a_clear_error(train):
         train("activation_checkpointing=true")  # the tiny CNN has none
 
 
-@pytest.mark.parametrize("value,check", [("true", lambda o: o.defaults["fused"] is True), ("foreach", lambda o: o.defaults["foreach"] is True), ("false", lambda o: o.defaults["foreach"] is False and not o.defaults["fused"])])
+@pytest.mark.parametrize(
+    "value,check",
+    [
+        ("true", lambda o: o.defaults["fused"] is True),
+        ("foreach", lambda o: o.defaults["foreach"] is True),
+        ("false", lambda o: o.defaults["foreach"] is False and not o.defaults["fused"]),
+    ],
+)
 def test_optimizer_implementation(compose, value, check):
     from trainer.optimizers import build_optimizer
 
@@ -95,7 +121,9 @@ def test_auto_is_fused_under_fp16_loss_scaling_on_a_gpu(compose):
         assert not build_optimizer(torch.nn.Linear(4, 2), cfg).defaults.get("fused")  # auto: torch's own choice
         assert build_optimizer(torch.nn.Linear(4, 2), cfg, loss_scaled_on_cuda=True).defaults["fused"] is True
         foreach = compose(f"optim.name={name}", "optim.fused=foreach").optim
-        assert not build_optimizer(torch.nn.Linear(4, 2), foreach, loss_scaled_on_cuda=True).defaults.get("fused")  # asked for: kept
+        assert not build_optimizer(torch.nn.Linear(4, 2), foreach, loss_scaled_on_cuda=True).defaults.get(
+            "fused"
+        )  # asked for: kept
 
 
 def test_fused_falls_back_with_a_message(compose, caplog):
@@ -143,7 +171,9 @@ def test_cuda_alloc_conf_reaches_the_environment_before_cuda_init(train, monkeyp
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     seen_at_detect = []
     real = hardware.detect
-    monkeypatch.setattr(hardware, "detect", lambda *a: seen_at_detect.append(os.environ.get("PYTORCH_CUDA_ALLOC_CONF")) or real(*a))
+    monkeypatch.setattr(
+        hardware, "detect", lambda *a: seen_at_detect.append(os.environ.get("PYTORCH_CUDA_ALLOC_CONF")) or real(*a)
+    )
     m, _ = train("model._target_=spies.ProbeNet", "~model.width", "cuda_alloc_conf=expandable_segments:True")
     assert seen_at_detect and seen_at_detect[0] == "expandable_segments:True", seen_at_detect
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"

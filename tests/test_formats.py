@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, read_metrics, run_cli
+from conftest import read_metrics, run_cli
 
 from trainer.data import ImageDataModule
 
@@ -32,10 +32,17 @@ def test_pack_writes_the_layouts_other_tools_read(packed, small_images):
     import pyarrow.parquet as pq
 
     files = sorted(Path(packed["parquet"]).rglob("*.parquet"))
-    assert [f.name for f in files] == ["train-00000-of-00003.parquet", "train-00001-of-00003.parquet", "train-00002-of-00003.parquet", "val-00000-of-00001.parquet"]
+    assert [f.name for f in files] == [
+        "train-00000-of-00003.parquet",
+        "train-00001-of-00003.parquet",
+        "train-00002-of-00003.parquet",
+        "val-00000-of-00001.parquet",
+    ]
     f = pq.ParquetFile(files[0])
     assert f.metadata.num_row_groups == 4 and f.metadata.row_group(0).num_rows == 20
-    features = json.loads(f.schema_arrow.metadata[b"huggingface"])["info"]["features"]  # Hugging Face's ClassLabel names
+    features = json.loads(f.schema_arrow.metadata[b"huggingface"])["info"][
+        "features"
+    ]  # Hugging Face's ClassLabel names
     assert features["label"]["names"] == sorted(p.name for p in Path(small_images, "train").iterdir())
     row = f.read_row_group(0).to_pylist()[0]
     source = Path(small_images) / row["image"]["path"]
@@ -47,7 +54,10 @@ def test_pack_writes_the_layouts_other_tools_read(packed, small_images):
 
     with tarfile.open(Path(packed["webdataset"], index["shardlist"][0]["url"])) as tar:
         names = tar.getnames()
-    assert len(names) == 2 * 30 and sorted(names[:2]) == ["00000000.cls", "00000000.jpg"]  # WebDataset's key.ext convention
+    assert len(names) == 2 * 30 and sorted(names[:2]) == [
+        "00000000.cls",
+        "00000000.jpg",
+    ]  # WebDataset's key.ext convention
 
 
 def test_pack_refuses_size_for_encoded_formats(small_images, tmp_path):
@@ -90,9 +100,20 @@ def test_two_ranks_by_two_workers_read_every_sample_once_and_each_block_in_one_p
     for epoch, window in ((0, 1), (1, 40)):
         seen, readers = [], {}
         for rank in (0, 1):
-            sampler = BlockSampler(dm.train_set.sizes, seed=42, shuffle=True, batch_size=10, workers=2, window=window, num_replicas=2, rank=rank)
+            sampler = BlockSampler(
+                dm.train_set.sizes,
+                seed=42,
+                shuffle=True,
+                batch_size=10,
+                workers=2,
+                window=window,
+                num_replicas=2,
+                rank=rank,
+            )
             sampler.set_epoch(epoch)
-            loader = torch.utils.data.DataLoader(dataset, batch_size=10, sampler=sampler, num_workers=2, collate_fn=lambda b: b)
+            loader = torch.utils.data.DataLoader(
+                dataset, batch_size=10, sampler=sampler, num_workers=2, collate_fn=lambda b: b
+            )
             batches = list(loader)
             assert len(batches) == n // 2 // 10  # equal batches on both ranks: DDP cannot hang on a short rank
             for batch in batches:
@@ -134,8 +155,17 @@ def test_block_sampler_pads_unequal_ranks_and_skips_trained_batches():
 @pytest.mark.whole_machine  # two ranks: one core each
 def test_ddp_two_ranks_two_workers_resumed_mid_epoch_ends_with_the_uninterrupted_weights(packed, tmp_path, fmt):
     args = [
-        f"data={fmt}", f"data.root={packed[fmt]}", "data.augment=false", "data.image_size=16", "data.batch_size=10", "data.num_workers=2",
-        "strategy=ddp", "devices=2", "trainer.max_epochs=2", "model.width=8", "monitor.enabled=false",
+        f"data={fmt}",
+        f"data.root={packed[fmt]}",
+        "data.augment=false",
+        "data.image_size=16",
+        "data.batch_size=10",
+        "data.num_workers=2",
+        "strategy=ddp",
+        "devices=2",
+        "trainer.max_epochs=2",
+        "model.width=8",
+        "monitor.enabled=false",
     ]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     r = run_cli(f"hydra.run.dir={straight}", *args, "checkpoint.every_n_steps=4", "checkpoint.keep_last_k=-1")
@@ -159,12 +189,17 @@ def test_every_format_trains_to_the_image_folders_accuracy(packed, small_images,
     # formats differ only in the order samples are shuffled in
     common = ["data.image_size=32", "data.batch_size=16", "trainer.max_epochs=8"]
     acc = {}
-    for name, root in [("imagefolder", small_images), ("packed", packed["packed"]), ("parquet", packed["parquet"]), ("webdataset", packed["webdataset"])]:
+    for name, root in [
+        ("imagefolder", small_images),
+        ("packed", packed["packed"]),
+        ("parquet", packed["parquet"]),
+        ("webdataset", packed["webdataset"]),
+    ]:
         m, _ = train(f"data={name}", f"data.root={root}", *common)
         assert m["val_samples"] == 50, (name, m["val_samples"])
         acc[name] = m["val_acc"]
     assert acc["imagefolder"] > 0.6, acc  # well above chance (0.1): the comparison means something
-    for name, value in acc.items():
+    for value in acc.values():
         assert abs(value - acc["imagefolder"]) <= 0.06, acc
 
 
@@ -172,8 +207,17 @@ def test_every_format_trains_to_the_image_folders_accuracy(packed, small_images,
 def test_resumed_at_an_epoch_boundary_with_loader_workers_reads_the_next_epochs_order(small_images, tmp_path):
     # Lightning creates the loader's iterator before set_epoch on a restart; with workers it draws
     # indices at once, so without the checkpoint's epoch the first resumed epoch replayed epoch 0's order
-    args = [f"data.root={small_images}", "data=imagefolder", "data.augment=false", "data.image_size=16", "data.batch_size=10", "data.num_workers=2",
-            "trainer.max_epochs=2", "model.width=8", "monitor.enabled=false"]
+    args = [
+        f"data.root={small_images}",
+        "data=imagefolder",
+        "data.augment=false",
+        "data.image_size=16",
+        "data.batch_size=10",
+        "data.num_workers=2",
+        "trainer.max_epochs=2",
+        "model.width=8",
+        "monitor.enabled=false",
+    ]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     r = run_cli(f"hydra.run.dir={straight}", *args, "checkpoint.keep_last_k=-1")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -194,7 +238,9 @@ def test_a_shard_the_index_lists_but_the_store_lacks_is_one_paragraph_from_a_wor
     broken = tmp_path / "wds"
     shutil.copytree(packed["webdataset"], broken)
     (broken / "train" / "shard-000003.tar").unlink()
-    dm = ImageDataModule(compose("data=webdataset", f"data.root={broken}", "data.batch_size=10", "data.num_workers=2").data)
+    dm = ImageDataModule(
+        compose("data=webdataset", f"data.root={broken}", "data.batch_size=10", "data.num_workers=2").data
+    )
     dm.build()
     with pytest.raises(ConfigError) as e:
         list(dm.train_dataloader())

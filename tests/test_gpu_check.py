@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, clean_env
 
 SYNTHETIC_ROWS = ["baseline", "amp", "channels_last", "compile", "tf32", "big_batch", "all"]
@@ -23,8 +22,12 @@ JPEG_ROWS = ["baseline", "workers", "prefetch", "gpu_normalize", "nvjpeg", "all"
 
 def _script(*args, **env):
     return subprocess.run(
-        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), *args], cwd=ROOT, capture_output=True, text=True,
-        env=clean_env(PYTHON=sys.executable, **env), timeout=1200,
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=clean_env(PYTHON=sys.executable, **env),
+        timeout=1200,
     )
 
 
@@ -36,8 +39,12 @@ def test_gpu_check_dry_run_writes_results(tmp_path):
     # and test_the_gpu_tests_outcome_is_read_from_pytests_report reads an outcome like theirs
     r = _script("--dry-run", "--skip-tests", "--recipes", "vit", "--out", str(tmp_path))
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    summary = r.stdout[r.stdout.index("] summary"):]
-    assert "GPU-marked tests: not run" in summary and "vit / synthetic: best `" in summary and "vit / jpeg: best `" in summary, summary
+    summary = r.stdout[r.stdout.index("] summary") :]
+    assert (
+        "GPU-marked tests: not run" in summary
+        and "vit / synthetic: best `" in summary
+        and "vit / jpeg: best `" in summary
+    ), summary
     assert "doctor (" in summary and (tmp_path / "gpu_check.log").read_text().count("== [") >= 5
     for recipe in ("vit",):
         text = (tmp_path / recipe / "RESULTS.md").read_text()
@@ -45,7 +52,9 @@ def test_gpu_check_dry_run_writes_results(tmp_path):
         assert "GPU-marked tests: not run with this table." in text
         results = json.loads((tmp_path / recipe / "results.json").read_text())
         assert results["tests"] == {"ran": False}
-        assert set(results["tables"]) == {"synthetic", "jpeg"} and results["tables"]["jpeg"]["best"]["samples_per_s"] > 0
+        assert (
+            set(results["tables"]) == {"synthetic", "jpeg"} and results["tables"]["jpeg"]["best"]["samples_per_s"] > 0
+        )
         assert [row["bench"] for row in results["tables"]["synthetic"]["rows"]] == SYNTHETIC_ROWS
         assert (tmp_path / recipe / "synthetic.png").exists() and (tmp_path / recipe / "jpeg.png").exists()
         for table, names in (("synthetic", SYNTHETIC_ROWS), ("jpeg", JPEG_ROWS)):
@@ -65,7 +74,9 @@ def test_gpu_check_dry_run_writes_results(tmp_path):
                 assert all(m["flags"]["data.device_resident"] for m in jobs.values())
             else:
                 assert jobs["workers"]["num_workers"] == max(0, min(16, len(os.sched_getaffinity(0)) - 1))
-                assert jobs["nvjpeg"]["flags"]["data.decoder"] == "nvjpeg" and jobs["nvjpeg"]["decoder"] == "torchvision"  # CPU fallback
+                assert (
+                    jobs["nvjpeg"]["flags"]["data.decoder"] == "nvjpeg" and jobs["nvjpeg"]["decoder"] == "torchvision"
+                )  # CPU fallback
                 assert jobs["gpu_normalize"]["flags"]["data.gpu_normalize"] is True
 
 
@@ -85,12 +96,20 @@ def test_the_gpu_tests_outcome_is_read_from_pytests_report(tmp_path):
     xml.write_text(
         '<testsuites><testsuite name="pytest">'
         '<testcase classname="tests.gpu.test_cuda" name="test_a"/>'
-        '<testcase classname="tests.gpu.test_sync_free" name="test_b[vit-all]"><failure message="RuntimeError: called a synchronizing CUDA operation">x</failure></testcase>'
+        '<testcase classname="tests.gpu.test_sync_free" name="test_b[vit-all]"><failure '
+        'message="RuntimeError: called a synchronizing CUDA operation">x</failure></testcase>'
         '<testcase classname="tests.gpu.test_cuda" name="test_c"><skipped message="no NVML"/></testcase>'
         "</testsuite></testsuites>"
     )
     outcome = gpu_results.test_outcome(xml)
     assert outcome["passed"] == 1 and outcome["failed"] == 1 and outcome["skipped"] == 1
-    assert outcome["failures"] == [{"test": "tests.gpu.test_sync_free::test_b[vit-all]", "message": "RuntimeError: called a synchronizing CUDA operation"}]
-    assert "1 passed, 1 failed, 1 skipped" in gpu_results._tests_line(outcome) and "synchronizing" in gpu_results._tests_line(outcome)
+    assert outcome["failures"] == [
+        {
+            "test": "tests.gpu.test_sync_free::test_b[vit-all]",
+            "message": "RuntimeError: called a synchronizing CUDA operation",
+        }
+    ]
+    assert "1 passed, 1 failed, 1 skipped" in gpu_results._tests_line(
+        outcome
+    ) and "synchronizing" in gpu_results._tests_line(outcome)
     assert gpu_results.test_outcome(tmp_path / "absent.xml") == {"ran": False}

@@ -4,7 +4,6 @@ switch either reaches it or is refused up front."""
 from __future__ import annotations
 
 import pytest
-
 import spies
 from conftest import TINY, read_metrics, run_cli
 
@@ -51,14 +50,21 @@ def test_a_user_lightning_module_gets_normalized_float_batches_under_gpu_normali
     spies.HookLightningModule.hook_dtypes.clear()
     m, _ = train("model._target_=spies.HookLightningModule", "data.gpu_normalize=true")
     # its own on_after_batch_transfer still runs (Lightning alone would call only the datamodule's), on floats
-    assert m["status"] == "ok" and spies.HookLightningModule.hook_dtypes and all(d.is_floating_point for d in spies.HookLightningModule.hook_dtypes)
+    assert (
+        m["status"] == "ok"
+        and spies.HookLightningModule.hook_dtypes
+        and all(d.is_floating_point for d in spies.HookLightningModule.hook_dtypes)
+    )
 
 
-@pytest.mark.parametrize("args,says", [
-    (["model._target_=spies.ProbeLightningModule", "lr_scaling=linear"], "lr_scaling=linear"),
-    (["model._target_=spies.ProbeLightningModule", "on_nan=skip"], "on_nan=stop"),
-    (["model._target_=spies.ProbeLightningModule", "optim.lr=0.3"], "optim.lr"),
-])
+@pytest.mark.parametrize(
+    "args,says",
+    [
+        (["model._target_=spies.ProbeLightningModule", "lr_scaling=linear"], "lr_scaling=linear"),
+        (["model._target_=spies.ProbeLightningModule", "on_nan=skip"], "on_nan=stop"),
+        (["model._target_=spies.ProbeLightningModule", "optim.lr=0.3"], "optim.lr"),
+    ],
+)
 def test_switches_that_cannot_reach_a_user_lightning_module_are_refused(train, args, says):
     from trainer.errors import ConfigError
 
@@ -68,7 +74,13 @@ def test_switches_that_cannot_reach_a_user_lightning_module_are_refused(train, a
 
 
 def test_a_recipe_with_a_user_lightning_module_trains_and_says_what_does_not_apply(train, caplog):
-    m, _ = train("+recipe=resnet50", "scale=smoke", "model._target_=trainer.examples.MyLightningModule", "trainer.max_epochs=1", "trainer.limit_train_batches=2")
+    m, _ = train(
+        "+recipe=resnet50",
+        "scale=smoke",
+        "model._target_=trainer.examples.MyLightningModule",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=2",
+    )
     assert m["status"] == "ok" and "the recipe's optimizer, schedule, loss and lr_scaling do not apply" in caplog.text
 
 
@@ -101,7 +113,15 @@ def test_recipe_models_build_at_smoke_scale(compose):
 @pytest.mark.whole_machine  # two ranks: one core each
 def test_fsdp2_on_two_processes_shards_the_blocks_of(kind, tmp_path):
     run_dir = tmp_path / kind
-    r = run_cli(f"hydra.run.dir={run_dir}", *TINY, *KINDS[kind], "strategy=fsdp2", "devices=2", "data.image_size=32", "trainer.max_epochs=2")
+    r = run_cli(
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+        *KINDS[kind],
+        "strategy=fsdp2",
+        "devices=2",
+        "data.image_size=32",
+        "trainer.max_epochs=2",
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert read_metrics(run_dir)["status"] == "ok"
     log = (run_dir / "train.log").read_text()

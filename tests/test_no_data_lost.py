@@ -20,7 +20,9 @@ def _jpegs(root: Path, classes=("a", "b"), per_class=4) -> Path:
 
 
 def _pack(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer.pack", *args, "--size", "16"], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.pack", *args, "--size", "16"], capture_output=True, text=True, timeout=300
+    )
 
 
 def _snapshot(root: Path) -> dict:
@@ -43,7 +45,9 @@ def test_pack_refuses_to_overwrite_a_packed_dataset_a_file_or_a_folder_inside_sr
     assert _pack(str(src), str(tmp_path / "packed")).returncode == 0
     before = _snapshot(tmp_path / "packed")
     r = _pack(str(src), str(tmp_path / "packed"))
-    assert r.returncode == 2 and "already holds a packed dataset" in r.stderr and _snapshot(tmp_path / "packed") == before
+    assert (
+        r.returncode == 2 and "already holds a packed dataset" in r.stderr and _snapshot(tmp_path / "packed") == before
+    )
     (tmp_path / "notes.txt").write_text("mine")
     r = _pack(str(src), str(tmp_path / "notes.txt"))
     assert r.returncode == 2 and "not a folder" in r.stderr and (tmp_path / "notes.txt").read_text() == "mine"
@@ -77,14 +81,19 @@ def test_pack_keeps_a_train_val_split(tmp_path, train):
     import numpy as np
 
     assert sorted(set(np.load(tmp_path / "packed" / "val" / "labels.npy").tolist())) == [1, 2]
-    assert (tmp_path / "packed").stat().st_mode & 0o055 == 0o055  # readable by others, like any folder (not the temp dir's 0700)
+    assert (
+        tmp_path / "packed"
+    ).stat().st_mode & 0o055 == 0o055  # readable by others, like any folder (not the temp dir's 0700)
     m, _ = train("data=packed", f"data.root={tmp_path / 'packed'}", "data.image_size=16", "data.batch_size=4")
     assert m["status"] == "ok" and m["epochs"][0]["samples"] == 12
     only_train = tmp_path / "only"
     _jpegs(only_train / "train", classes=("x", "y"), per_class=2)
     r = _pack(str(only_train), str(tmp_path / "packed-train"))
     assert r.returncode == 0 and "train 4" in r.stdout, r.stderr
-    assert json.loads((tmp_path / "packed-train" / "train" / "meta.json").read_text())["classes"] == ["x", "y"]  # not one class "train"
+    assert json.loads((tmp_path / "packed-train" / "train" / "meta.json").read_text())["classes"] == [
+        "x",
+        "y",
+    ]  # not one class "train"
 
 
 def test_pack_removes_only_its_own_stale_temp_dir(tmp_path):
@@ -93,7 +102,9 @@ def test_pack_removes_only_its_own_stale_temp_dir(tmp_path):
     stale.mkdir()
     import socket
 
-    (stale / ".trainer-pack-in-progress").write_text(f"{socket.gethostname()} 999999999")  # a pack that was killed: its PID is gone
+    (stale / ".trainer-pack-in-progress").write_text(
+        f"{socket.gethostname()} 999999999"
+    )  # a pack that was killed: its PID is gone
     elsewhere = tmp_path / ".pack-other-host"
     elsewhere.mkdir()
     (elsewhere / ".trainer-pack-in-progress").write_text("another-host 999999999")  # may still run there: kept
@@ -118,12 +129,19 @@ def test_a_finished_run_dir_is_resumed_never_trained_over(tmp_path):
     assert run_cli(f"hydra.run.dir={run_dir}", *TINY, "checkpoint.enabled=true").returncode == 0
     before = _snapshot(run_dir)  # everything: metrics, checkpoints, .hydra/, logs
     r = run_cli(f"hydra.run.dir={run_dir}", *TINY, "checkpoint.enabled=true")
-    assert r.returncode == 2 and "hydra.run.dir" in r.stderr and "ckpt_path=last" in r.stderr and "Traceback" not in r.stderr
+    assert (
+        r.returncode == 2
+        and "hydra.run.dir" in r.stderr
+        and "ckpt_path=last" in r.stderr
+        and "Traceback" not in r.stderr
+    )
     assert _snapshot(run_dir) == before
     # a run killed mid-way (its journal says running): its record is not replaced by a failure either
     killed = tmp_path / "killed"
     killed.mkdir()
-    (killed / "metrics.json").write_text(json.dumps({"schema": 1, "status": "running", "epochs": [{"epoch": 0, "time_s": 1.0}]}))
+    (killed / "metrics.json").write_text(
+        json.dumps({"schema": 1, "status": "running", "epochs": [{"epoch": 0, "time_s": 1.0}]})
+    )
     before = _snapshot(killed)
     r = run_cli(f"hydra.run.dir={killed}", *TINY)
     assert r.returncode == 2 and "status running" in r.stderr and _snapshot(killed) == before
@@ -166,7 +184,9 @@ def test_in_process_runs_never_write_into_a_killed_runs_dir(compose, tmp_path):
 
     killed = tmp_path / "killed"
     killed.mkdir()
-    (killed / "metrics.json").write_text(json.dumps({"schema": 1, "status": "running", "epochs": [{"epoch": 0, "time_s": 1.0}]}))
+    (killed / "metrics.json").write_text(
+        json.dumps({"schema": 1, "status": "running", "epochs": [{"epoch": 0, "time_s": 1.0}]})
+    )
     before = _snapshot(killed)
     with pytest.raises(OutputTaken):
         run(compose(*TINY), str(killed))

@@ -35,21 +35,48 @@ def test_gpu_normalize_ships_uint8_and_the_model_normalizes(compose, train, tmp_
     _, (x, _) = _first_batch(compose, "data.image_size=16", "data.batch_size=4")
     assert x.dtype == torch.float32
     root = _jpeg_folder(tmp_path / "imgs")
-    _, (x, _) = _first_batch(compose, "data=imagefolder", f"data.root={root}", "data.gpu_normalize=true", "data.image_size=16", "data.batch_size=4")
+    _, (x, _) = _first_batch(
+        compose,
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.gpu_normalize=true",
+        "data.image_size=16",
+        "data.batch_size=4",
+    )
     assert x.dtype == torch.uint8 and x.shape == (4, 3, 16, 16)
     import spies
 
     spies.SEEN.clear()
     m, _ = train("data.gpu_normalize=true", "model._target_=spies.ProbeNet", "~model.width")
-    assert m["status"] == "ok" and spies.SEEN and all(s["input_dtype"] == torch.float32 for s in spies.SEEN)  # converted on the device
+    assert (
+        m["status"] == "ok" and spies.SEEN and all(s["input_dtype"] == torch.float32 for s in spies.SEEN)
+    )  # converted on the device
     assert m["flags"]["data.gpu_normalize"] is True
 
 
 @pytest.mark.parametrize("decoder", ["pil", "torchvision", "turbo"])
 def test_decoders_deliver_the_same_images(compose, tmp_path, decoder):
     root = _jpeg_folder(tmp_path / "imgs")
-    dm, (x, y) = _first_batch(compose, "data=imagefolder", f"data.root={root}", f"data.decoder={decoder}", "data.augment=false", "data.val_split=0", "data.image_size=32", "data.batch_size=4")
-    ref_dm, (ref, _) = _first_batch(compose, "data=imagefolder", f"data.root={root}", "data.decoder=pil", "data.augment=false", "data.val_split=0", "data.image_size=32", "data.batch_size=4")
+    dm, (x, y) = _first_batch(
+        compose,
+        "data=imagefolder",
+        f"data.root={root}",
+        f"data.decoder={decoder}",
+        "data.augment=false",
+        "data.val_split=0",
+        "data.image_size=32",
+        "data.batch_size=4",
+    )
+    ref_dm, (ref, _) = _first_batch(
+        compose,
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.decoder=pil",
+        "data.augment=false",
+        "data.val_split=0",
+        "data.image_size=32",
+        "data.batch_size=4",
+    )
     assert x.shape == ref.shape and torch.allclose(x, ref, atol=0.15)  # JPEG decoders differ by a few levels
     import importlib.util
 
@@ -61,7 +88,14 @@ def test_nvjpeg_without_cuda_falls_back_with_a_message(compose, tmp_path, caplog
     from trainer.data.decoders import resolve_decoder
 
     root = _jpeg_folder(tmp_path / "imgs")
-    dm, _ = _first_batch(compose, "data=imagefolder", f"data.root={root}", "data.decoder=nvjpeg", "data.image_size=16", "data.batch_size=2")
+    dm, _ = _first_batch(
+        compose,
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.decoder=nvjpeg",
+        "data.image_size=16",
+        "data.batch_size=2",
+    )
     assert dm.decoder == "torchvision" and "needs a CUDA GPU" in caplog.text
     assert resolve_decoder("nvjpeg", "cuda") == "nvjpeg"
 
@@ -72,7 +106,9 @@ def device_decode_here(monkeypatch):
     from trainer.data import decoders
 
     real = decoders.resolve_decoder
-    monkeypatch.setattr(decoders, "resolve_decoder", lambda name, accelerator: "nvjpeg" if name == "nvjpeg" else real(name, accelerator))
+    monkeypatch.setattr(
+        decoders, "resolve_decoder", lambda name, accelerator: "nvjpeg" if name == "nvjpeg" else real(name, accelerator)
+    )
 
 
 def test_device_decode_ships_file_bytes_and_decodes_whole_batches(compose, tmp_path, device_decode_here, monkeypatch):
@@ -82,13 +118,27 @@ def test_device_decode_ships_file_bytes_and_decodes_whole_batches(compose, tmp_p
 
     root = _jpeg_folder(tmp_path / "imgs")
     Image.new("RGB", (40, 40), (10, 200, 30)).save(root / "a" / "extra.png")  # not a JPEG: decoded in the worker
-    args = ("data=imagefolder", f"data.root={root}", "data.augment=false", "data.val_split=0", "data.image_size=32", "data.batch_size=19", "data.drop_last=false")
+    args = (
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.augment=false",
+        "data.val_split=0",
+        "data.image_size=32",
+        "data.batch_size=19",
+        "data.drop_last=false",
+    )
     dm, batch = _first_batch(compose, *args, "data.decoder=nvjpeg")
     assert dm.decoder == "nvjpeg" and isinstance(batch, EncodedBatch)
-    assert sum(t.ndim == 1 for t in batch.items) == 18 and sum(t.ndim == 3 for t in batch.items) == 1  # bytes, not pixels
+    assert (
+        sum(t.ndim == 1 for t in batch.items) == 18 and sum(t.ndim == 3 for t in batch.items) == 1
+    )  # bytes, not pixels
     calls = []
     real_decode = tvio.decode_jpeg
-    monkeypatch.setattr(tvio, "decode_jpeg", lambda data, **kw: calls.append(len(data) if isinstance(data, list) else 1) or real_decode(data, **kw))
+    monkeypatch.setattr(
+        tvio,
+        "decode_jpeg",
+        lambda data, **kw: calls.append(len(data) if isinstance(data, list) else 1) or real_decode(data, **kw),
+    )
     x, y = dm.transfer_batch_to_device(batch, torch.device("cpu"), 0)
     assert calls == [18]  # one batched call for all the JPEGs
     assert x.dtype == torch.uint8 and x.shape == (19, 3, 32, 32) and y.tolist() == batch.labels.tolist()
@@ -102,7 +152,14 @@ def test_device_decode_skips_or_stops_on_a_corrupt_file(compose, tmp_path, devic
 
     root = _jpeg_folder(tmp_path / "imgs")
     (root / "b" / "3.jpg").write_bytes(b"\xff\xd8" + b"garbage" * 20)
-    args = ("data=imagefolder", f"data.root={root}", "data.val_split=0", "data.image_size=16", "data.batch_size=18", "data.decoder=nvjpeg")
+    args = (
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.val_split=0",
+        "data.image_size=16",
+        "data.batch_size=18",
+        "data.decoder=nvjpeg",
+    )
     dm, batch = _first_batch(compose, *args)
     x, y = dm.transfer_batch_to_device(batch, torch.device("cpu"), 0)
     assert x.shape[0] == y.shape[0] == 17  # the bad file is dropped; BadSampleCounter counts the short batch
@@ -139,7 +196,13 @@ def test_device_prefetcher_copies_ahead_and_trains_the_same(train, monkeypatch, 
     from trainer.data import datamodule as dm_mod
     from trainer.data.prefetch import DevicePrefetchLoader
 
-    args = ("data=builtin", "data.images_per_class=8", "data.stored_size=40", "data.batch_size=8", "trainer.max_epochs=2")
+    args = (
+        "data=builtin",
+        "data.images_per_class=8",
+        "data.stored_size=40",
+        "data.batch_size=8",
+        "trainer.max_epochs=2",
+    )
     plain, _ = train(*args)
     logs = []
 
@@ -198,11 +261,14 @@ class _SleepyItems(torch.utils.data.Dataset):
         return torch.full((2,), float(i))
 
 
-@pytest.mark.parametrize("loader_s, transfer_s, step_s, expect", [
-    (0.0, 0.04, 0.0, "transfer"),    # the step loop waits while its batch is being copied or decoded
-    (0.04, 0.0, 0.0, "data wait"),   # ...while the loader fetches it
-    (0.01, 0.01, 0.06, "neither"),   # the producer keeps ahead of slower steps: nothing to wait for
-])
+@pytest.mark.parametrize(
+    "loader_s, transfer_s, step_s, expect",
+    [
+        (0.0, 0.04, 0.0, "transfer"),  # the step loop waits while its batch is being copied or decoded
+        (0.04, 0.0, 0.0, "data wait"),  # ...while the loader fetches it
+        (0.01, 0.01, 0.06, "neither"),  # the producer keeps ahead of slower steps: nothing to wait for
+    ],
+)
 def test_the_prefetch_wait_is_attributed_by_what_the_producer_was_doing(loader_s, transfer_s, step_s, expect):
     from trainer.callbacks.step_clock import StepClock
     from trainer.data.prefetch import DevicePrefetchLoader
@@ -213,7 +279,9 @@ def test_the_prefetch_wait_is_attributed_by_what_the_producer_was_doing(loader_s
 
     clock = StepClock()
     clock.active = True
-    loader = DevicePrefetchLoader(_SleepyItems(12, loader_s), batch_size=1, device=torch.device("cpu"), transfer=transfer, clock=clock)
+    loader = DevicePrefetchLoader(
+        _SleepyItems(12, loader_s), batch_size=1, device=torch.device("cpu"), transfer=transfer, clock=clock
+    )
     batches, fetch = iter(loader), 0.0
     for i in range(12):
         t0 = time.perf_counter()
@@ -223,9 +291,15 @@ def test_the_prefetch_wait_is_attributed_by_what_the_producer_was_doing(loader_s
     clock.fetch_s = fetch
     waited_transfer, waited_data = clock.transfer_s(), clock.data_wait_s()
     if expect == "transfer":
-        assert waited_transfer >= 0.6 * 12 * transfer_s and waited_data < 0.3 * waited_transfer, (waited_transfer, waited_data)
+        assert waited_transfer >= 0.6 * 12 * transfer_s and waited_data < 0.3 * waited_transfer, (
+            waited_transfer,
+            waited_data,
+        )
     elif expect == "data wait":
-        assert waited_data >= 0.6 * 12 * loader_s and waited_transfer < 0.3 * waited_data, (waited_transfer, waited_data)
+        assert waited_data >= 0.6 * 12 * loader_s and waited_transfer < 0.3 * waited_data, (
+            waited_transfer,
+            waited_data,
+        )
     else:
         assert waited_transfer + waited_data < 0.2 * 12 * (loader_s + transfer_s), (waited_transfer, waited_data)
 
@@ -233,7 +307,9 @@ def test_the_prefetch_wait_is_attributed_by_what_the_producer_was_doing(loader_s
 def test_a_prefetch_thread_lets_go_of_the_loader_between_epochs_and_passes_errors_on():
     from trainer.data.prefetch import DevicePrefetchLoader
 
-    loader = DevicePrefetchLoader(_SleepyItems(8, 0.0), batch_size=2, device=torch.device("cpu"), num_workers=1, persistent_workers=True)
+    loader = DevicePrefetchLoader(
+        _SleepyItems(8, 0.0), batch_size=2, device=torch.device("cpu"), num_workers=1, persistent_workers=True
+    )
     for _ in range(3):  # cut short, then full: the persistent workers' one iterator is reset under a finished thread
         first = iter(loader)
         assert next(first)[0, 0].item() == 0
@@ -279,7 +355,15 @@ def test_train_with_device_decode_and_prefetch(train, monkeypatch, device_decode
     from trainer.data import datamodule as dm_mod
 
     monkeypatch.setattr(dm_mod.ImageDataModule, "_prefetch_device", lambda self: torch.device("cpu"))
-    m, _ = train("data=builtin", "data.images_per_class=8", "data.stored_size=40", "data.batch_size=8", "data.decoder=nvjpeg", "data.device_prefetch=true", "data.num_workers=1")
+    m, _ = train(
+        "data=builtin",
+        "data.images_per_class=8",
+        "data.stored_size=40",
+        "data.batch_size=8",
+        "data.decoder=nvjpeg",
+        "data.device_prefetch=true",
+        "data.num_workers=1",
+    )
     assert m["status"] == "ok" and m["decoder"] == "nvjpeg" and m["val_acc"] is not None
 
 
@@ -287,7 +371,14 @@ def test_cache_in_memory_reads_each_file_once(compose, tmp_path, monkeypatch):
     import builtins
 
     root = _jpeg_folder(tmp_path / "imgs")
-    cfg = compose("data=imagefolder", f"data.root={root}", "data.cache_in_memory=true", "data.val_split=0", "data.image_size=16", "data.batch_size=6")
+    cfg = compose(
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.cache_in_memory=true",
+        "data.val_split=0",
+        "data.image_size=16",
+        "data.batch_size=6",
+    )
     dm = ImageDataModule(cfg.data, cfg.seed)
     dm.build()
     opened = []
@@ -320,7 +411,9 @@ def test_auto_workers_follow_the_cores(compose, caplog):
 def test_pack_and_train_from_packed(tmp_path, train):
     src = _jpeg_folder(tmp_path / "imgs", per_class=10)
     dst = tmp_path / "packed"
-    r = subprocess.run([sys.executable, "-m", "trainer.pack", str(src), str(dst), "--size", "24"], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "trainer.pack", str(src), str(dst), "--size", "24"], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     assert {p.name for p in dst.iterdir()} == {"images.npy", "labels.npy", "meta.json"}
     r = subprocess.run([sys.executable, "-m", "trainer.pack", str(src), str(dst)], capture_output=True, text=True)
@@ -351,7 +444,9 @@ def test_packed_shards_exactly_across_ranks_and_workers(tmp_path):
     for epoch in (1, 2):
         seen, per_rank = [], []
         for rank in range(2):
-            sampler = DistributedSamplerWrapper(EpochShuffleSampler(len(dataset), seed=3), num_replicas=2, rank=rank, shuffle=False, drop_last=False)
+            sampler = DistributedSamplerWrapper(
+                EpochShuffleSampler(len(dataset), seed=3), num_replicas=2, rank=rank, shuffle=False, drop_last=False
+            )
             sampler.set_epoch(epoch)
             got = [int(i) for batch in DataLoader(dataset, batch_size=3, sampler=sampler, num_workers=2) for i in batch]
             per_rank.append(got)
@@ -365,8 +460,20 @@ def test_packed_shards_exactly_across_ranks_and_workers(tmp_path):
 def test_data_only_benchmark_runs(tmp_path):
     out = tmp_path / "bench.json"
     r = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve().parent.parent / "scripts" / "bench_data.py"), "--config", "data.image_size=16 data.num_samples=64 data.batch_size=8", "--batches", "3", "--repeats", "1", "--out", str(out)],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            str(Path(__file__).resolve().parent.parent / "scripts" / "bench_data.py"),
+            "--config",
+            "data.image_size=16 data.num_samples=64 data.batch_size=8",
+            "--batches",
+            "3",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, r.stderr[-2000:]
     import json
@@ -416,7 +523,13 @@ def test_data_cache_copies_once_checksummed_resumable_and_locked(tmp_path, monke
     assert (local / "c" / "1.jpg").read_bytes() == (src / "c" / "1.jpg").read_bytes()
     assert (local / "a" / "0.jpg").stat().st_mtime_ns == before  # good files are not copied again
 
-    cfg = compose("data=imagefolder", f"data.root={src}", f"data.cache={tmp_path / 'local'}", "data.image_size=16", "data.batch_size=2")
+    cfg = compose(
+        "data=imagefolder",
+        f"data.root={src}",
+        f"data.cache={tmp_path / 'local'}",
+        "data.image_size=16",
+        "data.batch_size=2",
+    )
     dm = ImageDataModule(cfg.data, cfg.seed)
     dm.build()
     assert str(dm.train_set.dataset.root).startswith(str(local))
@@ -462,7 +575,13 @@ def test_allocator_is_preloaded_and_recorded(tmp_path, name):
     if find_allocator(name) is None:
         pytest.skip(f"{name} is not installed (Debian: libjemalloc2 / libtcmalloc-minimal4; .ci/run installs them)")
     run_dir = tmp_path / name
-    r = run_cli(f"hydra.run.dir={run_dir}", f"runtime.allocator={name}", "trainer.max_epochs=1", "data.num_samples=64", "checkpoint.enabled=false")
+    r = run_cli(
+        f"hydra.run.dir={run_dir}",
+        f"runtime.allocator={name}",
+        "trainer.max_epochs=1",
+        "data.num_samples=64",
+        "checkpoint.enabled=false",
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     m = read_metrics(run_dir)
     assert m["flags"]["runtime.allocator"] == name and m["allocator"] == name  # really mapped into the process
@@ -489,7 +608,9 @@ def test_device_resident_synthetic_gathers_whole_batches_on_the_device(compose, 
     assert isinstance(loader.dataset, DeviceResidentImages) and loader.num_workers == 0
     calls = []
     real = DeviceResidentImages.__getitems__
-    monkeypatch.setattr(DeviceResidentImages, "__getitems__", lambda self, idx: calls.append(len(idx)) or real(self, idx))
+    monkeypatch.setattr(
+        DeviceResidentImages, "__getitems__", lambda self, idx: calls.append(len(idx)) or real(self, idx)
+    )
     batches = list(loader)
     assert calls == [8, 8, 8, 8]  # one gather per batch, no per-sample collate
     ref = ImageDataModule(compose(*args).data, cfg.seed)

@@ -22,13 +22,18 @@ from pathlib import Path
 from typing import List, NamedTuple, Optional
 
 import pytest
-
 from conftest import ROOT, clean_env
 
 # appended to every command: any recipe at smoke scale, one short epoch of small batches (a bf16
 # step of ResNet-50 is slow where a CPU only emulates bf16), no checkpoints
-SMOKE = ["scale=smoke", "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "data.batch_size=4",
-         "checkpoint.enabled=false"]
+SMOKE = [
+    "scale=smoke",
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=2",
+    "trainer.limit_val_batches=1",
+    "data.batch_size=4",
+    "checkpoint.enabled=false",
+]
 # and to a tune: the shortest probes, one candidate that a CPU skips (the search itself is tested in test_tune)
 TUNE_SMOKE = ["tune.only=[pin_memory]", "tune.probe_batches=2", "tune.probe_epochs=3", "tune.verify_epochs=1"]
 # the best.yaml the README's +tuned= example reads
@@ -60,7 +65,7 @@ def readme_commands(path: Path = ROOT / "README.md") -> List[Command]:
             marker = next((m for tag, m in MARKERS.items() if tag in comment), None)
             cmd = cmd.split("  #", 1)[0].strip()
             nxt = lines[i + 1] if i + 1 < len(lines) else ""
-            error = nxt[len("error: "):].rstrip(". ").split(" ...")[0] if shown and nxt.startswith("error: ") else None
+            error = nxt[len("error: ") :].rstrip(". ").split(" ...")[0] if shown and nxt.startswith("error: ") else None
             out.append(Command(cmd, "README.md", marker, error))
     return out
 
@@ -71,7 +76,9 @@ def spec_commands(path: Path = ROOT.parent / "shared" / "SPEC.md") -> List[Comma
         return []
     out = []
     for cmd in re.findall(r"^\| `(python [^`]+)` \|", path.read_text(), flags=re.M):
-        cmd = re.sub(r"\s*\[[^\]]*\]", "", cmd).replace(" ...", "").strip()  # [DIR ...], [--format parquet], [overrides]
+        cmd = (
+            re.sub(r"\s*\[[^\]]*\]", "", cmd).replace(" ...", "").strip()
+        )  # [DIR ...], [--format parquet], [overrides]
         marker = "slurm" if "launcher=slurm" in cmd else None
         out.append(Command(cmd, "SPEC.md", marker, None))
     return out
@@ -101,8 +108,14 @@ def _slurm_problem():
 
 def _param(c: Command):
     marks = {
-        "gpu": [pytest.mark.gpu, pytest.mark.skipif(not _cuda(), reason="[needs GPU]: scripts/gpu_check.sh runs it on a CUDA machine")],
-        "slurm": [pytest.mark.slurm, pytest.mark.skipif(_slurm_problem() is not None, reason=f"[needs Slurm]: {_slurm_problem()}")],
+        "gpu": [
+            pytest.mark.gpu,
+            pytest.mark.skipif(not _cuda(), reason="[needs GPU]: scripts/gpu_check.sh runs it on a CUDA machine"),
+        ],
+        "slurm": [
+            pytest.mark.slurm,
+            pytest.mark.skipif(_slurm_problem() is not None, reason=f"[needs Slurm]: {_slurm_problem()}"),
+        ],
     }.get(c.marker, [])
     if "compile=" in c.text:
         # one pytest-xdist worker runs the commands that compile a recipe, one after the other: a
@@ -113,10 +126,35 @@ def _param(c: Command):
 
 def _fake_job(sweep: Path, job: str, flags: dict, times: List[float]) -> None:
     (sweep / job).mkdir(parents=True)
-    epochs = [{"epoch": i, "time_s": t, "samples": 64, "samples_per_s": 64 / t, "data_wait_s": 0.0, "transfer_s": 0.0, "steps": 8, "warmup": i == 0} for i, t in enumerate(times)]
-    m = {"schema": 1, "status": "ok", "error": None, "recipe": "resnet50", "flags": {"amp": False, "compile": False, **flags},
-         "device": {"accelerator": "cpu", "name": "x", "count": 1}, "epochs": epochs, "epoch_time_s": sorted(times[1:])[len(times[1:]) // 2],
-         "samples_per_s": 64 / times[-1], "data_wait_fraction": 0.0, "transfer_fraction": 0.0, "peak_memory_mb": 1.0, "train_loss": 1.0, "val_acc": 0.5}
+    epochs = [
+        {
+            "epoch": i,
+            "time_s": t,
+            "samples": 64,
+            "samples_per_s": 64 / t,
+            "data_wait_s": 0.0,
+            "transfer_s": 0.0,
+            "steps": 8,
+            "warmup": i == 0,
+        }
+        for i, t in enumerate(times)
+    ]
+    m = {
+        "schema": 1,
+        "status": "ok",
+        "error": None,
+        "recipe": "resnet50",
+        "flags": {"amp": False, "compile": False, **flags},
+        "device": {"accelerator": "cpu", "name": "x", "count": 1},
+        "epochs": epochs,
+        "epoch_time_s": sorted(times[1:])[len(times[1:]) // 2],
+        "samples_per_s": 64 / times[-1],
+        "data_wait_fraction": 0.0,
+        "transfer_fraction": 0.0,
+        "peak_memory_mb": 1.0,
+        "train_loss": 1.0,
+        "val_acc": 0.5,
+    }
     (sweep / job / "metrics.json").write_text(json.dumps(m))
 
 
@@ -128,7 +166,7 @@ def _workdir(tmp_path: Path) -> Path:
     _fake_job(work / "multirun/2026-11-22/10-00-00", "0", {}, [2.0, 1.0, 1.0])
     _fake_job(work / "multirun/2026-11-23/09-30-00", "0", {"amp": True}, [2.0, 0.5, 0.5])
     (work / TUNED_EXAMPLE).parent.mkdir(parents=True)
-    (work / TUNED_EXAMPLE).write_text("overrides:\n  - \"channels_last=true\"\n")
+    (work / TUNED_EXAMPLE).write_text('overrides:\n  - "channels_last=true"\n')
     from PIL import Image
 
     for c in range(2):
@@ -143,7 +181,12 @@ def _args(c: Command) -> List[str]:
     if c.marker == "gpu":  # "8 GPUs" in the README: as many as this GPU machine has
         import torch
 
-        args = [f"devices={min(int(a.split('=')[1]), torch.cuda.device_count())}" if a.startswith("devices=") and a.split("=")[1].isdigit() else a for a in args]
+        args = [
+            f"devices={min(int(a.split('=')[1]), torch.cuda.device_count())}"
+            if a.startswith("devices=") and a.split("=")[1].isdigit()
+            else a
+            for a in args
+        ]
     if "hydra.launcher.partition=P" in args:  # the SPEC's placeholder: the local test cluster (CPU only)
         args = [a for a in args if a != "hydra.launcher.partition=P"]
         args = ["hydra/launcher=slurm_local" if a == "hydra/launcher=slurm" else a for a in args]
@@ -175,7 +218,9 @@ def test_the_command_runs_as_written(command: Command, tmp_path):
             pytest.skip("the README shows this error for a machine with no GPU")
     work = _workdir(tmp_path)
     env = clean_env()
-    r = subprocess.run([sys.executable, *_args(command)], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, *_args(command)], cwd=work, env=env, capture_output=True, text=True, timeout=600
+    )
     out = r.stdout + r.stderr
     if command.expected_error:
         assert r.returncode == 2, out[-3000:]
@@ -207,7 +252,12 @@ def test_the_readme_has_the_commands_this_test_expects():
 
 def test_tab_completion_as_the_readme_installs_it(tmp_path):
     """The README's bash completion, installed with its eval line and asked the way bash asks."""
-    line = next(l for block in _code_blocks((ROOT / "README.md").read_text()) for l in block.splitlines() if "-sc install=bash" in l)
+    line = next(
+        line
+        for block in _code_blocks((ROOT / "README.md").read_text())
+        for line in block.splitlines()
+        if "-sc install=bash" in line
+    )
     install = line.split("  #", 1)[0].strip()
     script = f"""
 {install}
@@ -219,7 +269,9 @@ complete_for "python train.py am"
 complete_for "python train.py +recipe="
 """
     env = clean_env(PATH=os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]))
-    r = subprocess.run(["bash", "-c", script], cwd=_workdir(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        ["bash", "-c", script], cwd=_workdir(tmp_path), env=env, capture_output=True, text=True, timeout=120
+    )
     keys, recipes = r.stdout.strip().splitlines()[-2:]
     assert set(keys.split()) == {"amp=", "amp_dtype="}, r.stdout + r.stderr
     assert set(recipes.split()) == {"+recipe=resnet50", "+recipe=vit"}, r.stdout + r.stderr

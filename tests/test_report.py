@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-
-import pytest
 import subprocess
 import sys
+
+import pytest
 
 from trainer import report
 
@@ -14,14 +14,34 @@ from trainer import report
 def _job(root, name, flags, times, val_acc=0.5, status="ok", error=None, overrides=(), val_samples=None):
     d = root / name
     d.mkdir(parents=True)
-    epochs = [{"epoch": i, "time_s": t, "samples": 320, "samples_per_s": 320 / t, "data_wait_s": 0.01, "steps": 20, "warmup": i == 0} for i, t in enumerate(times)]
+    epochs = [
+        {
+            "epoch": i,
+            "time_s": t,
+            "samples": 320,
+            "samples_per_s": 320 / t,
+            "data_wait_s": 0.01,
+            "steps": 20,
+            "warmup": i == 0,
+        }
+        for i, t in enumerate(times)
+    ]
     steady = sorted(t for t in times[1:]) or times
     m = {
-        "schema": 1, "status": status, "error": error, "recipe": None,
+        "schema": 1,
+        "status": status,
+        "error": error,
+        "recipe": None,
         "flags": {"amp": False, "compile": False, "channels_last": False, "accumulate": 1, "strategy": "auto", **flags},
-        "device": {"accelerator": "cpu", "name": "test", "count": 1}, "epochs": epochs,
-        "epoch_time_s": steady[len(steady) // 2] if status == "ok" else None, "samples_per_s": 100.0,
-        "data_wait_fraction": 0.01, "peak_memory_mb": 100.0, "train_loss": 1.0, "val_acc": val_acc, "overrides": list(overrides),
+        "device": {"accelerator": "cpu", "name": "test", "count": 1},
+        "epochs": epochs,
+        "epoch_time_s": steady[len(steady) // 2] if status == "ok" else None,
+        "samples_per_s": 100.0,
+        "data_wait_fraction": 0.01,
+        "peak_memory_mb": 100.0,
+        "train_loss": 1.0,
+        "val_acc": val_acc,
+        "overrides": list(overrides),
         "val_samples": val_samples,
     }
     (d / "metrics.json").write_text(json.dumps(m))
@@ -55,9 +75,14 @@ def test_an_accuracy_drop_within_the_val_sets_sampling_noise_is_not_called_a_dro
         _job(tmp_path / sweep, "1", {"amp": True}, [2, 1, 1, 1], val_acc=0.75, val_samples=n)
     _, small, _ = report.build_rows(report.load_jobs([str(tmp_path / "small")]))
     _, large, _ = report.build_rows(report.load_jobs([str(tmp_path / "large")]))
-    assert "ACCURACY DROP" not in small[1]["notes"] and "val_acc -0.050 not a significant drop (+-0.094 on 150 val samples)" in small[1]["notes"]
+    assert (
+        "ACCURACY DROP" not in small[1]["notes"]
+        and "val_acc -0.050 not a significant drop (+-0.094 on 150 val samples)" in small[1]["notes"]
+    )
     assert "ACCURACY DROP -0.050" in large[1]["notes"] and "not a significant drop" not in large[1]["notes"]
-    assert report.accuracy_noise(0.8, 150, 0.75, 150) == pytest.approx(1.96 * (0.8 * 0.2 / 150 + 0.75 * 0.25 / 150) ** 0.5)
+    assert report.accuracy_noise(0.8, 150, 0.75, 150) == pytest.approx(
+        1.96 * (0.8 * 0.2 / 150 + 0.75 * 0.25 / 150) ** 0.5
+    )
     assert report.accuracy_noise(0.8, None, 0.75, 150) is None  # older metrics.json: the fixed threshold alone
 
 
@@ -74,7 +99,11 @@ def test_cli_rebuilds_report_from_several_dirs(tmp_path):
     _job(tmp_path / "day1", "0", {}, [2, 1, 1])
     _job(tmp_path / "day2", "0", {"compile": True}, [9, 0.8, 0.8])
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "trainer.report", str(tmp_path / "day1"), str(tmp_path / "day2"), "--out", str(out)], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "trainer.report", str(tmp_path / "day1"), str(tmp_path / "day2"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert "| compile |" in (out / "ab_report.md").read_text().replace("| job | compile |", "| compile |")
     assert (out / "ab_report.csv").read_text().count("\n") == 3
@@ -99,11 +128,19 @@ def test_parallel_launcher_gets_a_timing_warning(caplog):
     from trainer.sweep import SweepCallback
 
     cb = SweepCallback()
-    cb.on_multirun_start(OmegaConf.create({"hydra": {"launcher": {"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"}}}))
+    cb.on_multirun_start(
+        OmegaConf.create(
+            {"hydra": {"launcher": {"_target_": "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"}}}
+        )
+    )
     assert "interfere" in caplog.text
     caplog.clear()
     try:
-        cb.on_multirun_start(OmegaConf.create({"hydra": {"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}}}))
+        cb.on_multirun_start(
+            OmegaConf.create(
+                {"hydra": {"launcher": {"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}}}
+            )
+        )
     finally:
         stopping.uninstall_all()  # jobs in this process: it routed the stop signals here
     assert "interfere" not in caplog.text
@@ -136,8 +173,12 @@ def test_an_8_percent_gain_with_wide_overlapping_spreads_is_within_noise(tmp_pat
 
 
 def test_repeats_fold_into_one_row_with_their_spread(tmp_path):
-    for i, (flags, t) in enumerate([({}, 1.00), ({"amp": True}, 0.80), ({}, 1.04), ({"amp": True}, 0.82), ({}, 0.98), ({"amp": True}, 0.79)]):
-        _steady(tmp_path, str(i), flags, [t, t * 1.01], overrides=[f"repeat={i // 2}", "amp=" + str(bool(flags)).lower()])
+    for i, (flags, t) in enumerate(
+        [({}, 1.00), ({"amp": True}, 0.80), ({}, 1.04), ({"amp": True}, 0.82), ({}, 0.98), ({"amp": True}, 0.79)]
+    ):
+        _steady(
+            tmp_path, str(i), flags, [t, t * 1.01], overrides=[f"repeat={i // 2}", "amp=" + str(bool(flags)).lower()]
+        )
     columns, rows, base = report.build_rows(report.load_jobs([str(tmp_path)]))
     assert "repeat" not in columns and "repeats" in columns
     assert [r["job"] for r in rows] == ["0,2,4", "1,3,5"] and [r["repeats"] for r in rows] == [3, 3]

@@ -15,12 +15,27 @@ import pytest
 import torch
 from conftest import ROOT, clean_env, final_loss, read_metrics, run_cli
 
-LONG = ["data.num_samples=1024", "data.batch_size=8", "data.image_size=16", "data.val_samples=16", "trainer.max_epochs=3", "trainer.log_every_n_steps=8", "model.width=8"]
+LONG = [
+    "data.num_samples=1024",
+    "data.batch_size=8",
+    "data.image_size=16",
+    "data.val_samples=16",
+    "trainer.max_epochs=3",
+    "trainer.log_every_n_steps=8",
+    "model.width=8",
+]
 
 
 def _popen(*args: str) -> subprocess.Popen:
     env = clean_env()
-    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _new_checkpoint(directory: Path, since: float, proc: subprocess.Popen, timeout: float = 120) -> bool:
@@ -38,7 +53,9 @@ def _new_checkpoint(directory: Path, since: float, proc: subprocess.Popen, timeo
 def _assert_history(m: dict, epochs: int, longest_process_s: float) -> None:
     numbers = [e["epoch"] for e in m["epochs"]]
     assert numbers == list(range(epochs)), numbers  # every finished epoch, exactly once, in order
-    assert all(0 < e["time_s"] <= longest_process_s for e in m["epochs"]), m["epochs"]  # none claims time it did not see
+    assert all(0 < e["time_s"] <= longest_process_s for e in m["epochs"]), m[
+        "epochs"
+    ]  # none claims time it did not see
     assert m["epoch_time_s"] is not None
 
 
@@ -129,9 +146,19 @@ def test_compiled_checkpoints_have_clean_keys_and_load_either_way(train, tmp_pat
     compiled, out_c = train("compile=true", "checkpoint.enabled=true")
     state = torch.load(out_c / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     assert state and not any("_orig_mod" in k for k in state)
-    eager, out_e = train("compile=false", "checkpoint.enabled=true", f"ckpt_path={out_c / 'checkpoints' / 'last.ckpt'}", "trainer.max_epochs=2")
+    eager, out_e = train(
+        "compile=false",
+        "checkpoint.enabled=true",
+        f"ckpt_path={out_c / 'checkpoints' / 'last.ckpt'}",
+        "trainer.max_epochs=2",
+    )
     assert eager["status"] == "ok" and eager["epochs"][-1]["epoch"] == 1
-    again, _ = train("compile=true", "checkpoint.enabled=true", f"ckpt_path={out_e / 'checkpoints' / 'last.ckpt'}", "trainer.max_epochs=3")
+    again, _ = train(
+        "compile=true",
+        "checkpoint.enabled=true",
+        f"ckpt_path={out_e / 'checkpoints' / 'last.ckpt'}",
+        "trainer.max_epochs=3",
+    )
     assert again["status"] == "ok" and again["epochs"][-1]["epoch"] == 2
 
 
@@ -191,7 +218,9 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypa
 def test_nan_loss_stops_with_the_step_and_last_checkpoint(train):
     from trainer.errors import TrainingStopped
 
-    with pytest.raises(TrainingStopped, match=r"non-finite training loss \(nan\) at step 1;.*Last good checkpoint: none saved yet"):
+    with pytest.raises(
+        TrainingStopped, match=r"non-finite training loss \(nan\) at step 1;.*Last good checkpoint: none saved yet"
+    ):
         train("on_nan=stop", "model._target_=spies.ProbeNet", "~model.width", "+model.nan_after=1")
 
 
@@ -212,13 +241,28 @@ def _folder_with_a_corrupt_image(root: Path) -> None:
 
 def test_corrupt_image_is_skipped_and_counted(train, tmp_path):
     _folder_with_a_corrupt_image(tmp_path / "imgs")
-    m, _ = train("data=imagefolder", f"data.root={tmp_path / 'imgs'}", "data.val_split=0", "data.batch_size=4", "data.drop_last=true", "trainer.max_epochs=2")
+    m, _ = train(
+        "data=imagefolder",
+        f"data.root={tmp_path / 'imgs'}",
+        "data.val_split=0",
+        "data.batch_size=4",
+        "data.drop_last=true",
+        "trainer.max_epochs=2",
+    )
     assert m["status"] == "ok" and m["skipped_samples"] == 2  # once per epoch
 
 
 def test_corrupt_image_with_stop_names_the_file(tmp_path):
     _folder_with_a_corrupt_image(tmp_path / "imgs")
-    r = run_cli(f"hydra.run.dir={tmp_path / 'run'}", "data=imagefolder", f"data.root={tmp_path / 'imgs'}", "data.val_split=0", "data.batch_size=4", "data.on_bad_sample=stop", "checkpoint.enabled=false")
+    r = run_cli(
+        f"hydra.run.dir={tmp_path / 'run'}",
+        "data=imagefolder",
+        f"data.root={tmp_path / 'imgs'}",
+        "data.val_split=0",
+        "data.batch_size=4",
+        "data.on_bad_sample=stop",
+        "checkpoint.enabled=false",
+    )
     assert r.returncode == 3 and "3.jpg" in r.stderr and "on_bad_sample" in r.stderr
     assert "Traceback" not in r.stderr
 
@@ -227,7 +271,17 @@ def test_image_too_small_for_the_model(train):
     from trainer.errors import ConfigError
 
     with pytest.raises(ConfigError, match="data.image_size=8"):
-        train("model._target_=torchvision.models.vision_transformer.VisionTransformer", "~model.width", "+model.image_size=16", "+model.patch_size=8", "+model.num_layers=1", "+model.num_heads=2", "+model.hidden_dim=8", "+model.mlp_dim=8", "data.image_size=8")
+        train(
+            "model._target_=torchvision.models.vision_transformer.VisionTransformer",
+            "~model.width",
+            "+model.image_size=16",
+            "+model.patch_size=8",
+            "+model.num_layers=1",
+            "+model.num_heads=2",
+            "+model.hidden_dim=8",
+            "+model.mlp_dim=8",
+            "data.image_size=8",
+        )
 
 
 def test_unwritable_output_dir_is_a_clear_error(tmp_path):
@@ -254,5 +308,15 @@ def test_a_failed_resume_does_not_overwrite_a_finished_result(compose, tmp_path)
     # a resume that finds its checkpoint and then fails before training an epoch (here: a model that
     # cannot run) knows the finished epochs already; it still must not replace the result
     with pytest.raises(ConfigError, match="cannot take"):
-        run(compose(*TINY, "checkpoint.enabled=true", "ckpt_path=last", "model._target_=spies.ProbeNet", "~model.width", "+model.fail_in_forward=true"), str(out))
+        run(
+            compose(
+                *TINY,
+                "checkpoint.enabled=true",
+                "ckpt_path=last",
+                "model._target_=spies.ProbeNet",
+                "~model.width",
+                "+model.fail_in_forward=true",
+            ),
+            str(out),
+        )
     assert (out / "metrics.json").read_text() == before

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, clean_env
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -50,7 +49,11 @@ def test_train_py_cfg_job_prints_the_golden_config():
     """The user's path: train.py itself, for one case (the in-process test covers the rest)."""
     out = subprocess.run(
         [sys.executable, "train.py", "+recipe=vit", "scale=smoke", "--cfg", "job"],
-        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout == (GOLDEN / "cfg_job_base_recipe_vit_scale_smoke.yaml").read_text()
@@ -72,6 +75,7 @@ def test_help_lists_every_flag_from_its_schema_field(monkeypatch):
 
 def _functions(tree: ast.AST):
     """Every function and method with its qualified name (Class.method, outer.inner)."""
+
     def walk(node, prefix):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -107,7 +111,9 @@ def compile_calls_outside_the_one_place(root: Path = TRAINER) -> list:
             if (path.name, name) == COMPILE_SITE:
                 allowed |= {id(n) for n in ast.walk(node)}
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "compile"):
+            if not (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "compile"
+            ):
                 continue
             if isinstance(node.func.value, ast.Name) and node.func.value.id == "re":
                 continue

@@ -20,8 +20,17 @@ from conftest import ROOT, clean_env, final_loss, read_metrics, run_cli
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.whole_machine]  # one cluster, its 2 CPUs
 
 # ~4 s of training in 512 steps, a checkpoint every 7 steps: a preemption lands mid-run
-RUN = ["seed=42", "data.num_samples=1024", "data.batch_size=8", "data.image_size=16", "data.val_samples=16",
-       "trainer.max_epochs=4", "trainer.log_every_n_steps=8", "model.width=8", "checkpoint.every_n_steps=7"]
+RUN = [
+    "seed=42",
+    "data.num_samples=1024",
+    "data.batch_size=8",
+    "data.image_size=16",
+    "data.val_samples=16",
+    "trainer.max_epochs=4",
+    "trainer.log_every_n_steps=8",
+    "model.width=8",
+    "checkpoint.every_n_steps=7",
+]
 
 
 def cluster_problem() -> str | None:
@@ -32,7 +41,11 @@ def cluster_problem() -> str | None:
         r = subprocess.run(["sinfo", "-h", "-o", "%a"], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"no Slurm cluster answering ({e})"
-    return None if r.returncode == 0 and "up" in r.stdout else f"the Slurm cluster of {conf} does not answer: {r.stderr.strip()[:200]}"
+    return (
+        None
+        if r.returncode == 0 and "up" in r.stdout
+        else f"the Slurm cluster of {conf} does not answer: {r.stderr.strip()[:200]}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +89,11 @@ def _wait_for(path: Path, proc: subprocess.Popen | None, timeout: float = 120) -
 def _sweep(sweep: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=slurm_local", f"hydra.sweep.dir={sweep}", *args],
-        cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
@@ -87,8 +104,16 @@ def _assert_whole_history(m: dict, epochs: int) -> None:
 
 def test_a_sweep_on_slurm_writes_its_report_and_a_failed_job_keeps_its_row(tmp_path, cluster):
     sweep = tmp_path / "sweep"
-    proc = _sweep(sweep, "model._target_=spies.ProbeNet", "~model.width", "+model.fail_in_forward=true,false", "trainer.max_epochs=2",
-                  "data.num_samples=64", "data.image_size=16", "checkpoint.enabled=false")
+    proc = _sweep(
+        sweep,
+        "model._target_=spies.ProbeNet",
+        "~model.width",
+        "+model.fail_in_forward=true,false",
+        "trainer.max_epochs=2",
+        "data.num_samples=64",
+        "data.image_size=16",
+        "checkpoint.enabled=false",
+    )
     out, _ = proc.communicate(timeout=300)
     rows = (sweep / "ab_report.csv").read_text().splitlines()
     assert len(rows) == 3 and ",failed," in rows[1] and ",ok," in rows[2], out[-3000:]
@@ -136,19 +161,42 @@ def test_the_time_limit_signal_of_a_sweep_job_requeues_and_resumes_it(tmp_path, 
     assert proc.returncode == 0, out[-3000:]
     _assert_whole_history(read_metrics(sweep / "0"), 4)
     log = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.*"))
-    assert "SIGUSR2 received: saved" in log and "this job is timed-out" in log and "requeued by Slurm (restart 1)" in log, log[-3000:]
+    assert (
+        "SIGUSR2 received: saved" in log and "this job is timed-out" in log and "requeued by Slurm (restart 1)" in log
+    ), log[-3000:]
     assert final_loss(sweep / "0" / "checkpoints" / "last.ckpt") == pytest.approx(uninterrupted, rel=1e-4, abs=1e-5)
 
 
 def _sbatch(tmp_path: Path, *args: str, tasks: int = 1) -> tuple:
-    out = _slurm("sbatch", "--parsable", "--partition=debug", "--nodes=1", f"--ntasks-per-node={tasks}", "--gpus-per-node=0",
-                 "--cpus-per-task=1", "--time=10", f"--output={tmp_path}/slurm-%j.out", str(ROOT / "scripts/slurm/train.sbatch"),
-                 "accelerator=cpu", *args)
+    out = _slurm(
+        "sbatch",
+        "--parsable",
+        "--partition=debug",
+        "--nodes=1",
+        f"--ntasks-per-node={tasks}",
+        "--gpus-per-node=0",
+        "--cpus-per-task=1",
+        "--time=10",
+        f"--output={tmp_path}/slurm-%j.out",
+        str(ROOT / "scripts/slurm/train.sbatch"),
+        "accelerator=cpu",
+        *args,
+    )
     job = out.strip().split(";")[0]
     return job, ROOT / "outputs" / f"slurm-{job}"
 
 
-ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+ENDED = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "PREEMPTED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 
 def _wait_job_gone(job: str, timeout: float = 240) -> str:
@@ -185,7 +233,14 @@ def test_the_batch_script_requeues_itself_at_the_time_limit_signal_and_resumes(t
 
 
 def test_ddp_with_two_slurm_tasks_and_no_torchrun(tmp_path, cluster):
-    job, run_dir = _sbatch(tmp_path, "data.num_samples=256", "data.image_size=16", "trainer.max_epochs=2", "checkpoint.enabled=false", tasks=2)
+    job, run_dir = _sbatch(
+        tmp_path,
+        "data.num_samples=256",
+        "data.image_size=16",
+        "trainer.max_epochs=2",
+        "checkpoint.enabled=false",
+        tasks=2,
+    )
     try:
         state = _wait_job_gone(job)
         script_log = (tmp_path / f"slurm-{job}.out").read_text()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TESTS, clean_env, read_metrics, run_cli
+from conftest import ROOT, clean_env, read_metrics, run_cli
 
 from trainer.data import ImageDataModule
 from trainer.errors import ConfigError
@@ -35,7 +35,12 @@ def formats(small_images, tmp_path_factory):
     pack(small_images, str(out / "packed"), 32)
     pack(small_images, str(out / "parquet"), fmt="parquet", shard_samples=80, group_rows=20)
     pack(small_images, str(out / "webdataset"), fmt="webdataset", shard_samples=50)
-    return {"imagefolder": small_images, "packed": str(out / "packed"), "parquet": str(out / "parquet"), "webdataset": str(out / "webdataset")}
+    return {
+        "imagefolder": small_images,
+        "packed": str(out / "packed"),
+        "parquet": str(out / "parquet"),
+        "webdataset": str(out / "webdataset"),
+    }
 
 
 def _bucket(s3, name: str) -> str:
@@ -58,7 +63,11 @@ def test_every_format_reads_the_same_samples_from_s3_as_from_disk(s3, formats, c
     local = ImageDataModule(compose(f"data={fmt}", f"data.root={formats[fmt]}", *NO_AUGMENT).data)
     remote = ImageDataModule(compose(f"data={fmt}", f"data.root={url}", *NO_AUGMENT, "data.num_workers=2").data)
     assert local.build() == remote.build() == 10
-    assert remote.classes == local.classes and len(remote.train_set) == len(local.train_set) and len(remote.val_set) == len(local.val_set)
+    assert (
+        remote.classes == local.classes
+        and len(remote.train_set) == len(local.train_set)
+        and len(remote.val_set) == len(local.val_set)
+    )
     for i in (0, 7, len(local.train_set) - 1):
         (a, ya), (b, yb) = local.train_set[i], remote.train_set[i]
         assert ya == yb and torch.equal(a, b), i
@@ -77,8 +86,12 @@ def test_the_cache_copies_once_checksummed_and_is_then_read_locally(s3, formats,
     copies = [p for p in cache.iterdir() if p.is_dir()]
     assert len(copies) == 1 and (copies[0] / "DONE").exists()
     manifest = json.loads((copies[0] / "MANIFEST.json").read_text())
-    local_files = sorted(str(p.relative_to(formats["webdataset"])) for p in Path(formats["webdataset"]).rglob("*") if p.is_file())
-    assert local_files and sorted(manifest) == local_files and all(e["version"] for e in manifest.values())  # ETags recorded
+    local_files = sorted(
+        str(p.relative_to(formats["webdataset"])) for p in Path(formats["webdataset"]).rglob("*") if p.is_file()
+    )
+    assert (
+        local_files and sorted(manifest) == local_files and all(e["version"] for e in manifest.values())
+    )  # ETags recorded
     assert any("copied %d files" % len(local_files) in r.getMessage() for r in caplog.records)
     assert dm.train_set.load_block.fs.protocol in ("file", ("file", "local"))  # reads the local copy, not S3
     # a second build finds the finished copy: nothing fetched
@@ -98,8 +111,18 @@ def test_a_killed_cache_copy_resumes_where_it_stopped(s3, tmp_path):
             (src / f"c{c}" / f"{i}.bin").write_bytes(bytes([c, i]) * (20_000 + 200 * i))
     url = _upload(s3, str(src), f"{_bucket(s3, 'resume')}/many")
     cache = tmp_path / "cache"
-    code = f"import logging, sys; logging.basicConfig(level=logging.INFO); from trainer.data.cache import cached_copy; print(cached_copy({url!r}, {str(cache)!r}))"
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    code = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO); from "
+        f"trainer.data.cache import cached_copy; print(cached_copy({url!r}, {str(cache)!r}))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 120
     while not list(cache.glob("*/MANIFEST.json")) and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
@@ -109,7 +132,9 @@ def test_a_killed_cache_copy_resumes_where_it_stopped(s3, tmp_path):
     assert not (copy / "DONE").exists(), "the copy finished before it could be killed: " + out[-500:]
     done_before = len(json.loads((copy / "MANIFEST.json").read_text()))
     assert 0 < done_before < 400
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     copied = int(r.stderr.split("data.cache: copied ")[1].split()[0])
     reused = int(r.stderr.split(" files (")[1].split()[0])
@@ -124,8 +149,19 @@ def test_two_ddp_ranks_share_one_cache_and_train_from_s3(s3, formats, tmp_path):
     url = _upload(s3, formats["parquet"], f"{_bucket(s3, 'datasets')}/ddp-parquet")
     run_dir, cache = tmp_path / "run", tmp_path / "cache"
     r = run_cli(
-        f"hydra.run.dir={run_dir}", "data=parquet", f"data.root={url}", f"data.cache={cache}", "data.image_size=16", "data.batch_size=10",
-        "strategy=ddp", "devices=2", "data.num_workers=2", "trainer.max_epochs=1", "model.width=8", "monitor.enabled=false", "checkpoint.enabled=false",
+        f"hydra.run.dir={run_dir}",
+        "data=parquet",
+        f"data.root={url}",
+        f"data.cache={cache}",
+        "data.image_size=16",
+        "data.batch_size=10",
+        "strategy=ddp",
+        "devices=2",
+        "data.num_workers=2",
+        "trainer.max_epochs=1",
+        "model.width=8",
+        "monitor.enabled=false",
+        "checkpoint.enabled=false",
         env_extra=s3.env(),
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -143,8 +179,16 @@ def test_two_ddp_ranks_share_one_cache_and_train_from_s3(s3, formats, tmp_path):
     [
         ("s3://no-such-bucket/data", {}, "the bucket 'no-such-bucket' does not exist"),
         ("s3://datasets/no/such/prefix", {}, "does not exist: nothing is stored at that path"),
-        ("s3://datasets/imagefolder", {"AWS_ACCESS_KEY_ID": "AKIAWRONGKEY000000", "AWS_SECRET_ACCESS_KEY": "wrong"}, "refused the credentials"),
-        ("s3://datasets/imagefolder", {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None}, "no credentials for the object store"),
+        (
+            "s3://datasets/imagefolder",
+            {"AWS_ACCESS_KEY_ID": "AKIAWRONGKEY000000", "AWS_SECRET_ACCESS_KEY": "wrong"},
+            "refused the credentials",
+        ),
+        (
+            "s3://datasets/imagefolder",
+            {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None},
+            "no credentials for the object store",
+        ),
     ],
     ids=["missing-bucket", "wrong-prefix", "wrong-key", "no-credentials"],
 )
@@ -167,6 +211,8 @@ def test_storage_mistakes_are_one_clear_paragraph(s3, formats, compose, monkeypa
 
 
 def test_a_bad_root_url_from_the_command_line_is_one_paragraph_and_no_traceback(s3, tmp_path):
-    r = run_cli(f"hydra.run.dir={tmp_path / 'run'}", "data=parquet", "data.root=s3://no-such-bucket/x", env_extra=s3.env())
+    r = run_cli(
+        f"hydra.run.dir={tmp_path / 'run'}", "data=parquet", "data.root=s3://no-such-bucket/x", env_extra=s3.env()
+    )
     assert r.returncode == 2
     assert "the bucket 'no-such-bucket' does not exist" in r.stderr and "Traceback" not in r.stderr + r.stdout

@@ -12,9 +12,18 @@ import pytest
 from conftest import ROOT, clean_env, read_metrics, run_cli
 
 # a planted slow loader: 8 steps of about 0.25 s per epoch, so a signal lands mid-epoch
-SLOW = ["data=custom", "data.dataset._target_=spies.SlowDataset", "+data.dataset.n=64", "+data.dataset.sleep_ms=30",
-        "data.val_samples=0", "trainer.limit_val_batches=0", "data.image_size=16", "data.batch_size=8", "trainer.max_epochs=2",
-        "checkpoint.enabled=false"]
+SLOW = [
+    "data=custom",
+    "data.dataset._target_=spies.SlowDataset",
+    "+data.dataset.n=64",
+    "+data.dataset.sleep_ms=30",
+    "data.val_samples=0",
+    "trainer.limit_val_batches=0",
+    "data.image_size=16",
+    "data.batch_size=8",
+    "trainer.max_epochs=2",
+    "checkpoint.enabled=false",
+]
 
 
 def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 180) -> None:
@@ -41,14 +50,22 @@ def test_sigterm_stops_a_sweep_after_the_job_in_flight_saves_and_the_same_comman
 
     sweep_dir = tmp_path / "sweep"
     args = ["-m", f"hydra.sweep.dir={sweep_dir}", *SLOW, "model.width=4,5,6"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=clean_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     _wait_for(lambda: _running_epoch_written(sweep_dir / "0"), proc)  # job 0 finished epoch 0: it is in epoch 1
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
 
     assert proc.returncode == PREEMPTED_EXIT_CODE, out[-3000:]
-    assert not (sweep_dir / "1").exists() and not (sweep_dir / "2").exists(), sorted(p.name for p in sweep_dir.iterdir())
+    assert not (sweep_dir / "1").exists() and not (sweep_dir / "2").exists(), sorted(
+        p.name for p in sweep_dir.iterdir()
+    )
     job0 = read_metrics(sweep_dir / "0")
     assert job0["status"] == "failed" and job0["preempted"] is True and "preempted by SIGTERM at step" in job0["error"]
     saved_at = int(job0["error"].split("at step ")[1].split(";")[0])
@@ -56,7 +73,9 @@ def test_sigterm_stops_a_sweep_after_the_job_in_flight_saves_and_the_same_comman
     assert (sweep_dir / "0" / "checkpoints" / "last.ckpt").exists()
     report = (sweep_dir / "ab_report.md").read_text()
     assert "**Not run**" in report and "#1 model.width=5" in report and "#2 model.width=6" in report, report
-    assert "2 job(s) did not run" in out and f"hydra.sweep.dir={sweep_dir}" in out and "Traceback" not in out, out[-3000:]
+    assert "2 job(s) did not run" in out and f"hydra.sweep.dir={sweep_dir}" in out and "Traceback" not in out, out[
+        -3000:
+    ]
     assert json.loads((sweep_dir / "sweep.json").read_text())["state"] == "stopped"
 
     finished = run_cli(*args)  # the same command: finishes the sweep
@@ -78,8 +97,14 @@ def test_a_finished_job_of_a_stopped_sweep_is_kept_as_it_ran(tmp_path):
     """Stopped after job 0 finished: re-running keeps job 0's result and the config it ran with (not retrained)."""
     sweep_dir = tmp_path / "sweep"
     args = ["-m", f"hydra.sweep.dir={sweep_dir}", *SLOW, "model.width=4,5"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=clean_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     _wait_for(lambda: _running_epoch_written(sweep_dir / "1"), proc)  # job 0 finished, job 1 is in its epoch 1
     proc.send_signal(signal.SIGINT)  # Ctrl-C: the same stop as SIGTERM
     out, _ = proc.communicate(timeout=120)
@@ -92,10 +117,15 @@ def test_a_finished_job_of_a_stopped_sweep_is_kept_as_it_ran(tmp_path):
     finished = run_cli(*args)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert (sweep_dir / "0" / "metrics.json").read_text() == first  # kept as it was
-    assert (sweep_dir / "0" / ".hydra" / "config.yaml").read_text() == config  # the config it ran with, not Hydra's rewrite
+    assert (
+        sweep_dir / "0" / ".hydra" / "config.yaml"
+    ).read_text() == config  # the config it ran with, not Hydra's rewrite
     resumed = read_metrics(sweep_dir / "1")
     assert resumed["status"] == "ok" and resumed.get("resumed_from", "").endswith("last.ckpt")
-    assert "#0 model.width=4" in finished.stdout + finished.stderr and "already finished, unchanged" in finished.stdout + finished.stderr
+    assert (
+        "#0 model.width=4" in finished.stdout + finished.stderr
+        and "already finished, unchanged" in finished.stdout + finished.stderr
+    )
 
 
 def test_a_second_ctrl_c_stops_at_once():
@@ -117,10 +147,25 @@ def test_a_second_ctrl_c_stops_at_once():
 def test_a_signal_while_a_run_sets_up_stops_it_at_once(tmp_path):
     """Nothing trained yet, nothing to save: the run stops now, says so, and records it."""
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", "data=custom",
-                             "data.dataset._target_=spies.SlowInitDataset", "+data.dataset.init_s=60", "data.val_samples=0"],
-                            cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    _wait_for(lambda: "device: " in ((run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""), proc)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            f"hydra.run.dir={run_dir}",
+            "data=custom",
+            "data.dataset._target_=spies.SlowInitDataset",
+            "+data.dataset.init_s=60",
+            "data.val_samples=0",
+        ],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    _wait_for(
+        lambda: "device: " in ((run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""), proc
+    )
     time.sleep(0.5)  # inside the data set's 60 s opening
     sent = time.time()
     proc.send_signal(signal.SIGTERM)
@@ -136,13 +181,24 @@ def test_a_signal_while_a_run_sets_up_stops_it_at_once(tmp_path):
 def test_a_sweep_with_emulated_bf16_says_how_long_before_the_slow_job(tmp_path):
     """On a CPU without native bf16 (TRAINER_CPU_FLAGS makes this one look like an AVX2-only one): the
     amp=true job is named before the first job starts, and its expected time is said before it starts."""
-    r = run_cli("-m", f"hydra.sweep.dir={tmp_path / 'sweep'}", "amp=false,true", "trainer.max_epochs=1", "checkpoint.enabled=false",
-                "data.image_size=16", "data.num_samples=64", "data.val_samples=16", env_extra={"TRAINER_CPU_FLAGS": "fpu sse sse2 avx avx2 fma"})
+    r = run_cli(
+        "-m",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+        "amp=false,true",
+        "trainer.max_epochs=1",
+        "checkpoint.enabled=false",
+        "data.image_size=16",
+        "data.num_samples=64",
+        "data.val_samples=16",
+        env_extra={"TRAINER_CPU_FLAGS": "fpu sse sse2 avx avx2 fma"},
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
     named = out.index("#1 amp=true: amp=true runs emulated bf16 on this CPU")
     expect = out.index("#1 amp=true: expect about")
     first_done, second_done = out.index("#0 amp=false: "), out.index("#1 amp=true: ", expect + 1)
     assert named < first_done < expect < second_done, out[-3000:]  # named before any job, timed before its own start
-    assert "x the " in out[expect:second_done] and "that #0 took in fp32" in out[expect:second_done], out[expect:second_done]
+    assert "x the " in out[expect:second_done] and "that #0 took in fp32" in out[expect:second_done], out[
+        expect:second_done
+    ]
     assert "probe of this model measured a bf16 step" in out[named:first_done]

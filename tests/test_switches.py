@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import torch
-
 import spies
+import torch
 from spies import training_snapshots
 
 PROBE = ["model._target_=spies.ProbeNet", "~model.width"]
 pytestmark = pytest.mark.usefixtures("clear_spies")
-
-
 
 
 def test_baseline_runs_fp32_contiguous(train):
@@ -82,7 +79,12 @@ def test_compile_compiles_the_model(train, monkeypatch):
     assert metrics["status"] == "ok" and metrics["flags"]["compile"] is True
 
 
-COMPILE = ["compile=true", "model.width=4", "data.num_samples=64", "data.val_samples=32"]  # every batch full: no in-job shape change
+COMPILE = [
+    "compile=true",
+    "model.width=4",
+    "data.num_samples=64",
+    "data.val_samples=32",
+]  # every batch full: no in-job shape change
 
 
 def test_a_sweeps_second_compile_job_compiles_as_if_it_ran_alone(train):
@@ -96,29 +98,41 @@ def test_a_sweeps_second_compile_job_compiles_as_if_it_ran_alone(train):
     first, _ = train(*COMPILE, "data.batch_size=16")
     assert first["status"] == "ok"
     second, _ = train(*COMPILE, "data.batch_size=32")
-    compiled = {ref().co_name for ref in convert_frame.input_codes.seen if ref() is not None}  # since the second job began
+    compiled = {
+        ref().co_name for ref in convert_frame.input_codes.seen if ref() is not None
+    }  # since the second job began
     reasons = [str(r) for failures in guard_failures.values() for r in failures]
     assert second["status"] == "ok" and "forward" in compiled, compiled
     assert not compiled & {"training_step", "validation_step", "log", "_log_dict"}, compiled
-    assert not any("size mismatch" in r or "expected 16" in r for r in reasons), reasons  # nothing of the first job's batch
+    assert not any("size mismatch" in r or "expected 16" in r for r in reasons), (
+        reasons
+    )  # nothing of the first job's batch
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
 
 
 def test_compile_reaches_a_users_lightning_module_under_fsdp2(train):
     """strategy=fsdp2: the user's configure_model shards, then the trainer compiles the network in place."""
     import torch._dynamo
-
     from spies import ShardedProbeLightningModule
 
     ShardedProbeLightningModule.states.clear()
     try:
-        metrics, _ = train("model._target_=spies.ShardedProbeLightningModule", "~model.width", "strategy=fsdp2", "devices=1", "compile=true")
+        metrics, _ = train(
+            "model._target_=spies.ShardedProbeLightningModule",
+            "~model.width",
+            "strategy=fsdp2",
+            "devices=1",
+            "compile=true",
+        )
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     assert metrics["status"] == "ok", metrics["error"]
     # sharded by the user's configure_model while still eager, compiled once sharded
-    assert ShardedProbeLightningModule.states == [("configure_model", "ProbeNet", False), ("on_train_start", "FSDPProbeNet", True)]
+    assert ShardedProbeLightningModule.states == [
+        ("configure_model", "ProbeNet", False),
+        ("on_train_start", "FSDPProbeNet", True),
+    ]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # dynamo traced the user's network
     assert not training_snapshots()  # a compiled forward runs no Python: no eager training step recorded one
 
@@ -140,8 +154,8 @@ def test_accumulate_steps_the_optimizer_every_n_batches(train, compose, tmp_path
         # count optimizer steps through a callback injected via the Trainer class
         original = pl.Trainer.__init__
 
-        def init(self, *a, callbacks=None, **kw):
-            original(self, *a, callbacks=list(callbacks or []) + [CountSteps()], **kw)
+        def init(self, *a, callbacks=None, _original=original, **kw):
+            _original(self, *a, callbacks=list(callbacks or []) + [CountSteps()], **kw)
 
         pl.Trainer.__init__ = init
         try:
@@ -165,7 +179,14 @@ def test_tf32_and_cudnn_benchmark_reach_the_forward_pass(train):
 
 
 def test_profile_writes_a_clean_trace(train):
-    metrics, out = train("profile=true", "data.num_samples=96", "profiler.skip_first=1", "profiler.wait=1", "profiler.warmup=1", "profiler.active=2")
+    metrics, out = train(
+        "profile=true",
+        "data.num_samples=96",
+        "profiler.skip_first=1",
+        "profiler.wait=1",
+        "profiler.warmup=1",
+        "profiler.active=2",
+    )
     traces = list((out / "profiler").glob("*.pt.trace.json"))
     assert len(traces) == 1 and "[" not in traces[0].name and traces[0].name.startswith("rank0")
     assert metrics["flags"]["profile"] is True
@@ -214,10 +235,13 @@ def test_fsdp_without_gpu_names_fsdp2(train):
         train(*PROBE, "strategy=fsdp")
 
 
-@pytest.mark.parametrize("gpu,capability,amp", [
-    ("NVIDIA H100 80GB HBM3", (9, 0), ["amp=true", "amp_dtype=fp16"]),
-    ("Tesla V100-SXM2-16GB", (7, 0), ["amp=true"]),  # auto picks fp16 where bf16 is not native
-])
+@pytest.mark.parametrize(
+    "gpu,capability,amp",
+    [
+        ("NVIDIA H100 80GB HBM3", (9, 0), ["amp=true", "amp_dtype=fp16"]),
+        ("Tesla V100-SXM2-16GB", (7, 0), ["amp=true"]),  # auto picks fp16 where bf16 is not native
+    ],
+)
 def test_fsdp2_with_fp16_is_refused_before_anything_is_built(fake_gpu, compose, gpu, capability, amp):
     """Lightning's ModelParallelStrategy takes no 16-mixed: refused by resolve(), which runs before data or model exist."""
     from trainer import switchboard
@@ -248,8 +272,16 @@ def test_every_readme_flag_is_recorded_as_it_was_set(train):
 
     assert not set(flags) - set(FLAG_KEYS), set(flags) - set(FLAG_KEYS)
     # non-default values, so a recorder that wrote defaults (or nothing) fails
-    given = {"channels_last": True, "accumulate": 2, "tf32": True, "cudnn_benchmark": True, "compile_mode": "reduce-overhead",
-             "optim.zero_grad_to_none": False, "lr_scaling": "sqrt", "optim.fused": "foreach"}
+    given = {
+        "channels_last": True,
+        "accumulate": 2,
+        "tf32": True,
+        "cudnn_benchmark": True,
+        "compile_mode": "reduce-overhead",
+        "optim.zero_grad_to_none": False,
+        "lr_scaling": "sqrt",
+        "optim.fused": "foreach",
+    }
     metrics, _ = train(*PROBE, *[f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in given.items()])
     assert not set(flags) - set(metrics["flags"])
     assert {k: metrics["flags"][k] for k in given} == given

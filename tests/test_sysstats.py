@@ -23,7 +23,13 @@ def test_under_a_restricted_affinity_cores_and_busy_time_are_those_cpus_only():
     """A process pinned to one CPU, with a competitor busy on another: one usable core, and the
     competitor is not "other processes" on this run's CPU (host-wide readings said it was)."""
     cpus = sorted(os.sched_getaffinity(0))
-    burner = subprocess.Popen([sys.executable, "-c", f"import os,time; os.sched_setaffinity(0, {{{cpus[1]}}}); t=time.time()\nwhile time.time()-t<20: pass"])
+    burner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import os,time; os.sched_setaffinity(0, {{{cpus[1]}}}); t=time.time()\nwhile time.time()-t<20: pass",
+        ]
+    )
     try:
         code = f"""
 import os, time
@@ -79,12 +85,19 @@ def test_busy_time_is_read_from_the_right_cpus_when_some_are_offline(tmp_path, m
     from collections import namedtuple
 
     T = namedtuple("T", "user nice system idle iowait irq softirq steal guest guest_nice")
-    times = {"now": [T(0, 0, 0, 100, 0, 0, 0, 0, 0, 0), T(0, 0, 0, 100, 0, 0, 0, 0, 0, 0), T(50, 0, 0, 50, 0, 0, 0, 0, 0, 0)]}
+    times = {
+        "now": [T(0, 0, 0, 100, 0, 0, 0, 0, 0, 0), T(0, 0, 0, 100, 0, 0, 0, 0, 0, 0), T(50, 0, 0, 50, 0, 0, 0, 0, 0, 0)]
+    }
     monkeypatch.setattr(sysstats.psutil, "cpu_times", lambda percpu: times["now"])
     monkeypatch.setattr(sysstats, "online_cpus", lambda: [0, 1, 3])  # CPU 2 is offline: psutil lists 0, 1, 3
     busy = sysstats.CpuBusy(cpus=[3])
-    times["now"] = [T(0, 0, 0, 200, 0, 0, 0, 0, 0, 0), T(0, 0, 0, 200, 0, 0, 0, 0, 0, 0), T(150, 0, 0, 50, 0, 0, 0, 0, 0, 0)]
+    times["now"] = [
+        T(0, 0, 0, 200, 0, 0, 0, 0, 0, 0),
+        T(0, 0, 0, 200, 0, 0, 0, 0, 0, 0),
+        T(150, 0, 0, 50, 0, 0, 0, 0, 0, 0),
+    ]
     assert busy.cores() == 1.0  # CPU 3 (third in psutil's list) was busy all the time; 0 and 1 idle
+
 
 class _Burn:
     """A dataset whose every item costs CPU time in the loader worker."""
@@ -117,11 +130,25 @@ def test_the_process_tree_holds_the_loader_workers_and_their_cpu():
 
 def test_under_torchrun_or_srun_the_tree_is_the_launchers_every_local_rank():
     code = "import os; from trainer import sysstats; print(sysstats.ProcessTree().root.pid == os.getppid(), sysstats.ProcessTree().root.pid)"
-    r = subprocess.run([sys.executable, "-c", code], env=clean_env(TORCHELASTIC_RUN_ID="x"), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=clean_env(TORCHELASTIC_RUN_ID="x"), capture_output=True, text=True, timeout=60
+    )
     assert r.stdout.split()[0] == "True", r.stderr
-    r = subprocess.run([sys.executable, "-c", code], env=clean_env(SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="2"), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=clean_env(SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="2"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.stdout.split()[0] == "True", r.stderr
-    r = subprocess.run([sys.executable, "-c", code], env=clean_env(SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="1"), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        env=clean_env(SLURM_STEP_ID="0", SLURM_STEP_NUM_TASKS="1"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.stdout.split()[0] == "False", r.stderr  # a single-task step: its own tree
     r = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True, text=True, timeout=60)
     assert r.stdout.split()[0] == "False", r.stderr
@@ -213,12 +240,19 @@ def test_the_gpu_reader_reads_the_ranks_own_gpu(monkeypatch):
 
 def test_the_monitor_averages_the_steady_epochs_only():
     monitor = SystemMonitor(interval_s=60)
-    samples = [{"epoch": 0.0, "cpu_busy_cores": 2.0}, {"epoch": 1.0, "cpu_busy_cores": 1.0}, {"epoch": 2.0, "cpu_busy_cores": 0.5}]
+    samples = [
+        {"epoch": 0.0, "cpu_busy_cores": 2.0},
+        {"epoch": 1.0, "cpu_busy_cores": 1.0},
+        {"epoch": 2.0, "cpu_busy_cores": 0.5},
+    ]
     monitor.samples = samples
     assert monitor.averages({1, 2}) == {"cpu_busy_cores": 0.75}
     assert monitor.averages({7}) == monitor.averages() == {"cpu_busy_cores": round(3.5 / 3, 4)}  # none there: all
     # weighted by the time each reading covers: a 0.1 s tail of an epoch barely counts
-    monitor.samples = [{"epoch": 1.0, "window_s": 4.9, "cpu_busy_cores": 1.0}, {"epoch": 1.0, "window_s": 0.1, "cpu_busy_cores": 2.0}]
+    monitor.samples = [
+        {"epoch": 1.0, "window_s": 4.9, "cpu_busy_cores": 1.0},
+        {"epoch": 1.0, "window_s": 0.1, "cpu_busy_cores": 2.0},
+    ]
     assert monitor.averages({1}) == {"cpu_busy_cores": round((4.9 + 0.2) / 5, 4)}
 
 

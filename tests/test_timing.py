@@ -8,7 +8,14 @@ import yaml
 
 from trainer.callbacks.epoch_timer import merge_epochs
 
-SLOW_DATA = ["data=custom", "data.dataset._target_=spies.SlowDataset", "+data.dataset.n=64", "+data.dataset.sleep_ms=25", "data.val_samples=0", "trainer.limit_val_batches=0"]
+SLOW_DATA = [
+    "data=custom",
+    "data.dataset._target_=spies.SlowDataset",
+    "+data.dataset.n=64",
+    "+data.dataset.sleep_ms=25",
+    "data.val_samples=0",
+    "trainer.limit_val_batches=0",
+]
 USER_MODULE = ["model._target_=spies.SlowTransferModule", "~model.width"]
 
 
@@ -36,7 +43,9 @@ def test_a_slow_transfer_is_transfer_not_data_wait(train):
     assert m["data_wait_fraction"] <= 0.1, m["epochs"]
     assert m["transfer_fraction"] >= 0.7, m["epochs"]
     steady = [e for e in m["epochs"] if not e["warmup"]]
-    assert steady and steady[0]["transfer_s"] <= steady[0]["time_s"] and steady[0]["val_time_s"] >= 2 * 0.1  # 16 val samples = 2 batches, timed apart
+    assert (
+        steady and steady[0]["transfer_s"] <= steady[0]["time_s"] and steady[0]["val_time_s"] >= 2 * 0.1
+    )  # 16 val samples = 2 batches, timed apart
     d = m["diagnosis"]
     assert d["bottleneck"] == "host-device transfer" and "on_after_batch_transfer" in d["verdict"], d
     assert not any(s.startswith("data.num_workers") for s in d["try"])
@@ -72,7 +81,9 @@ def test_flops_per_sample_tflops_and_no_mfu_on_cpu(train):
         net(torch.randn(1, 3, 16, 16)).sum().backward()
     assert m["flops_per_sample"] == counter.get_total_flops() > 0
     assert m["tflops"] == pytest.approx(m["flops_per_sample"] * m["samples_per_s"] / 1e12, rel=1e-3)
-    assert m["mfu"] is None and m["peak_flops"] is None and m["peak_flops_source"].startswith("unknown")  # no peak is known for a CPU
+    assert (
+        m["mfu"] is None and m["peak_flops"] is None and m["peak_flops_source"].startswith("unknown")
+    )  # no peak is known for a CPU
     assert m["epochs"] and all("tflops" in e for e in m["epochs"])
 
 
@@ -84,16 +95,19 @@ def test_mfu_arithmetic():
     assert mfu(None, 989e12, 1) is None and mfu(1.0, None, 1) is None
 
 
-@pytest.mark.parametrize("name, precision, tf32, peak, model", [
-    ("NVIDIA H100 80GB HBM3", "bf16-mixed", False, 989.4e12, "H100 SXM"),
-    ("NVIDIA H100 80GB HBM3", "32-true", False, 66.9e12, "H100 SXM"),
-    ("NVIDIA H100 80GB HBM3", "32-true", True, 494.7e12, "H100 SXM"),
-    ("NVIDIA H100 PCIe", "16-mixed", False, 756e12, "H100 PCIe"),
-    ("NVIDIA H100 NVL", "bf16-mixed", False, 835.5e12, "H100 NVL"),
-    ("NVIDIA H200", "bf16-mixed", False, 989.4e12, "H200 SXM"),  # Lightning's table does not match this name
-    ("NVIDIA H200 NVL", "32-true", True, 417.5e12, "H200 NVL"),
-    ("NVIDIA GH200 480GB", "bf16-mixed", False, 989.4e12, "H100 SXM"),
-])
+@pytest.mark.parametrize(
+    "name, precision, tf32, peak, model",
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16-mixed", False, 989.4e12, "H100 SXM"),
+        ("NVIDIA H100 80GB HBM3", "32-true", False, 66.9e12, "H100 SXM"),
+        ("NVIDIA H100 80GB HBM3", "32-true", True, 494.7e12, "H100 SXM"),
+        ("NVIDIA H100 PCIe", "16-mixed", False, 756e12, "H100 PCIe"),
+        ("NVIDIA H100 NVL", "bf16-mixed", False, 835.5e12, "H100 NVL"),
+        ("NVIDIA H200", "bf16-mixed", False, 989.4e12, "H200 SXM"),  # Lightning's table does not match this name
+        ("NVIDIA H200 NVL", "32-true", True, 417.5e12, "H200 NVL"),
+        ("NVIDIA GH200 480GB", "bf16-mixed", False, 989.4e12, "H100 SXM"),
+    ],
+)
 def test_hopper_peaks_are_known_by_torchs_device_names(monkeypatch, name, precision, tf32, peak, model):
     import torch
 
@@ -127,7 +141,17 @@ def test_hydra_config_records_what_ran(tmp_path):
         (root / f"class{c}").mkdir(parents=True)
         for i in range(12):
             Image.new("RGB", (20, 20), (80 * c, 10 * i, 40)).save(root / f"class{c}" / f"{i}.jpg")
-    r = run_cli(f"hydra.run.dir={run_dir}", *TINY, "data=imagefolder", f"data.root={root}", "data.batch_size=auto", "batch_finder.max_batch_size=16", "lr_scaling=linear", "optim.lr=0.1", "optim.ref_batch_size=8")
+    r = run_cli(
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.batch_size=auto",
+        "batch_finder.max_batch_size=16",
+        "lr_scaling=linear",
+        "optim.lr=0.1",
+        "optim.ref_batch_size=8",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     saved = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
     import json
@@ -141,7 +165,11 @@ def test_hydra_config_records_what_ran(tmp_path):
 
 def test_merge_keeps_each_epoch_once_full_beats_partial_newer_beats_older():
     old = [{"epoch": 0, "time_s": 1.0}, {"epoch": 1, "time_s": 1.1}, {"epoch": 2, "time_s": 0.4, "partial": True}]
-    new = [{"epoch": 1, "time_s": 0.3, "partial": True, "resumed": True}, {"epoch": 2, "time_s": 1.2}, {"epoch": 3, "time_s": 1.3}]
+    new = [
+        {"epoch": 1, "time_s": 0.3, "partial": True, "resumed": True},
+        {"epoch": 2, "time_s": 1.2},
+        {"epoch": 3, "time_s": 1.3},
+    ]
     merged = merge_epochs(old, new)
     assert [e["epoch"] for e in merged] == [0, 1, 2, 3]
     assert merged[1]["time_s"] == 1.1 and merged[2]["time_s"] == 1.2  # the full records

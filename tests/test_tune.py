@@ -25,9 +25,17 @@ from conftest import ROOT, clean_env
 pytestmark = pytest.mark.slow
 
 PROBE = ["tune.probe_batches=6", "tune.probe_epochs=4", "tune.verify_epochs=1"]
-SLOW_DATA = ["data=custom", "data.dataset._target_=spies.SlowDataset", "+data.dataset.n=48", "+data.dataset.sleep_ms=6",
-             "+data.val_dataset._target_=spies.SlowDataset", "+data.val_dataset.n=16", "+data.val_dataset.sleep_ms=0",
-             "data.batch_size=8", "data.image_size=16"]
+SLOW_DATA = [
+    "data=custom",
+    "data.dataset._target_=spies.SlowDataset",
+    "+data.dataset.n=48",
+    "+data.dataset.sleep_ms=6",
+    "+data.val_dataset._target_=spies.SlowDataset",
+    "+data.val_dataset.n=16",
+    "+data.val_dataset.sleep_ms=0",
+    "data.batch_size=8",
+    "data.image_size=16",
+]
 
 
 def _env():
@@ -35,7 +43,14 @@ def _env():
 
 
 def _tune(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer.tune", *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "trainer.tune", *args],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _rows(run_dir: Path) -> list:
@@ -56,8 +71,14 @@ def test_a_dataset_that_sleeps_gets_loader_workers_first_and_a_killed_tune_resum
     journal = run_dir / "tune_journal.jsonl"
     log = tmp_path / "killed.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "trainer.tune", *args], cwd=ROOT, env=_env(), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer.tune", *args],
+            cwd=ROOT,
+            env=_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:  # kill -9 once the baseline's training and its first probe are in the journal
         deadline = time.time() + 240
         while time.time() < deadline and not (journal.exists() and len(journal.read_text().splitlines()) >= 3):
@@ -93,13 +114,24 @@ def test_compute_flags_are_kept_on_evidence_and_the_guard_rejects_a_faster_candi
     from trainer import hardware
 
     run_dir = tmp_path / "tune"
-    r = _tune(f"hydra.run.dir={run_dir}", "data.num_samples=256", "data.val_samples=128", "data.batch_size=16", "data.image_size=32",
-              "model.width=32", *PROBE, "tune.verify_epochs=2", "tune.only=[amp,channels_last,gpu_normalize,narrow]",
-              '+tune.extra.narrow="model.width=1"')
+    r = _tune(
+        f"hydra.run.dir={run_dir}",
+        "data.num_samples=256",
+        "data.val_samples=128",
+        "data.batch_size=16",
+        "data.image_size=32",
+        "model.width=32",
+        *PROBE,
+        "tune.verify_epochs=2",
+        "tune.only=[amp,channels_last,gpu_normalize,narrow]",
+        '+tune.extra.narrow="model.width=1"',
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     rows = _rows(run_dir)
     probed = [row for row in rows if row["decision"] in ("kept", "dropped")]
-    assert rows[0]["decision"] == "baseline" and probed and probed[0]["chosen_by"] == "compute", rows  # the doctor's verdict
+    assert rows[0]["decision"] == "baseline" and probed and probed[0]["chosen_by"] == "compute", (
+        rows
+    )  # the doctor's verdict
     names = {row["candidate"] for row in probed}
     bf16 = hardware.detect("cpu").bf16_native
     assert ({"amp", "channels_last"} if bf16 else {"channels_last"}) <= names, rows
@@ -116,7 +148,9 @@ def test_compute_flags_are_kept_on_evidence_and_the_guard_rejects_a_faster_candi
     narrow = next(row for row in probed if row["candidate"] == "narrow")
     assert narrow["decision"] == "kept", rows  # far fewer FLOPs: clearly faster...
     rejected = [row for row in rows if row["decision"] == "rejected"]
-    assert rejected and "model.width=1" in rejected[0]["tried"] and "below the baseline" in rejected[0]["why"], rows  # ...but guarded
+    assert rejected and "model.width=1" in rejected[0]["tried"] and "below the baseline" in rejected[0]["why"], (
+        rows
+    )  # ...but guarded
     assert not any("model.width" in o for o in _best(run_dir))
     # the guard walks back along the path: every configuration with the narrow model is rejected, and
     # the first without it (if the search kept anything else) is verified; best.yaml is that one when
@@ -135,9 +169,18 @@ def test_compute_flags_are_kept_on_evidence_and_the_guard_rejects_a_faster_candi
     # best.yaml goes back into train.py as +tuned=PATH (the tune's own, and one that surely has overrides)
     mine = tmp_path / "mine.yaml"
     mine.write_text('overrides:\n  - "channels_last=true"\n  - "data.batch_size=12"\n')
-    for path, overrides in ((run_dir / "best.yaml", _best(run_dir)), (mine, ["channels_last=true", "data.batch_size=12"])):
-        cfg = subprocess.run([sys.executable, "train.py", f"+tuned={path}", "--cfg", "job"], cwd=ROOT, env=_env(),
-                             capture_output=True, text=True, timeout=120)
+    for path, overrides in (
+        (run_dir / "best.yaml", _best(run_dir)),
+        (mine, ["channels_last=true", "data.batch_size=12"]),
+    ):
+        cfg = subprocess.run(
+            [sys.executable, "train.py", f"+tuned={path}", "--cfg", "job"],
+            cwd=ROOT,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert cfg.returncode == 0, cfg.stderr[-2000:]
         for override in overrides:
             key, value = override.split("=", 1)
@@ -195,12 +238,23 @@ def test_the_search_on_planted_measurements():
         if final_slow and name == "winner-final":
             t = 1.0
         acc = 0.3 if "model.width=1" in config else 0.9
-        return Result(kind, list(config), f"/runs/{len(calls)}", "ok", steady=[[t * f, 100] for f in (0.99, 1.0, 1.01, 1.0)],
-                      bottleneck="compute", val_acc=acc if kind == "verify" else None, epoch_samples=100)
+        return Result(
+            kind,
+            list(config),
+            f"/runs/{len(calls)}",
+            "ok",
+            steady=[[t * f, 100] for f in (0.99, 1.0, 1.01, 1.0)],
+            bottleneck="compute",
+            val_acc=acc if kind == "verify" else None,
+            epoch_samples=100,
+        )
 
     ctx = Context(cuda=False, bf16_native=True, capability=0.0, cores=2, data_name="synthetic", allocators=())
-    cands = [Candidate("amp", "compute", ("amp=true",)), Candidate("channels_last", "compute", ("channels_last=true",)),
-             Candidate("narrow", EXTRA, ("model.width=1",))]
+    cands = [
+        Candidate("amp", "compute", ("amp=true",)),
+        Candidate("channels_last", "compute", ("channels_last=true",)),
+        Candidate("narrow", EXTRA, ("model.width=1",)),
+    ]
     cfg = SimpleNamespace(budget_min=30, horizon_epochs=10, verify_epochs=1, acc_tolerance=0.02)
     out = Search(probe, cands, ctx, {"amp": False, "channels_last": False}, cfg, lambda: 0.0).run()
     decided = {s.candidate: s.decision for s in out.steps if s.decision in ("kept", "dropped")}
@@ -208,7 +262,10 @@ def test_the_search_on_planted_measurements():
     assert [s.decision for s in out.steps if s.candidate == "accuracy check"] == ["rejected", "verified"]
     assert out.winner == ["amp=true"] and out.speedup == pytest.approx(1 / 0.6, rel=0.02) and out.speedup_ci[0] > 1.0
     retried = [sorted(c[2]) for c in calls if c[1] == "channels_last"]
-    assert retried == [["amp=true", "channels_last=true"], ["amp=true", "channels_last=true", "model.width=1"]]  # again after narrow
+    assert retried == [
+        ["amp=true", "channels_last=true"],
+        ["amp=true", "channels_last=true", "model.width=1"],
+    ]  # again after narrow
 
     calls.clear()
     out = Search(lambda k, n, c: probe(k, n, c, final_slow=True), cands, ctx, {}, cfg, lambda: 0.0).run()
@@ -216,7 +273,9 @@ def test_the_search_on_planted_measurements():
 
     calls.clear()
     out = Search(probe, cands, ctx, {}, cfg, lambda: 31 * 60.0).run()
-    assert out.budget_hit and out.winner == [] and [c[1] for c in calls] == ["baseline", "baseline"]  # its training and its probe
+    assert (
+        out.budget_hit and out.winner == [] and [c[1] for c in calls] == ["baseline", "baseline"]
+    )  # its training and its probe
     assert {s.why for s in out.steps if s.decision == "skipped"} == {"the budget ran out first"}
 
 
@@ -227,12 +286,26 @@ def test_a_probe_scales_the_steps_not_the_epochs_fixed_cost(train):
     from trainer.tune.probe import Result, fixed_cost
 
     # the scaling: 3 s for 16 samples, 2 s of them fixed -> 2 s + 4 x 1 s for 64 samples (not 4 x 3 s)
-    assert Result("probe", [], "p", "ok", steady=[[3.0, 16, 2.0]]).epoch_times(full_samples=64, horizon_epochs=1) == [6.0]
-    assert Result("probe", [], "p", "ok", steady=[[3.0, 16]]).epoch_times(full_samples=64, horizon_epochs=1) == [12.0]  # old journals
+    assert Result("probe", [], "p", "ok", steady=[[3.0, 16, 2.0]]).epoch_times(full_samples=64, horizon_epochs=1) == [
+        6.0
+    ]
+    assert Result("probe", [], "p", "ok", steady=[[3.0, 16]]).epoch_times(full_samples=64, horizon_epochs=1) == [
+        12.0
+    ]  # old journals
     # the measurement: a planted 1 s start per epoch lands in the fixed cost, not in the steps
-    probe, _ = train("data=custom", "data.dataset._target_=spies.SlowStartDataset", "+data.dataset.n=64", "+data.dataset.startup_s=1.0",
-                     "data.num_workers=1", "data.persistent_workers=false", "data.val_samples=0", "trainer.limit_val_batches=0",
-                     "data.batch_size=8", "trainer.max_epochs=3", "trainer.limit_train_batches=2")
+    probe, _ = train(
+        "data=custom",
+        "data.dataset._target_=spies.SlowStartDataset",
+        "+data.dataset.n=64",
+        "+data.dataset.startup_s=1.0",
+        "data.num_workers=1",
+        "data.persistent_workers=false",
+        "data.val_samples=0",
+        "trainer.limit_val_batches=0",
+        "data.batch_size=8",
+        "trainer.max_epochs=3",
+        "trainer.limit_train_batches=2",
+    )
     steady = [e for e in probe["epochs"] if not e["warmup"]]
     assert steady and all(1.0 <= e["startup_s"] <= fixed_cost(e) < e["time_s"] for e in steady), steady
 
@@ -251,7 +324,10 @@ def test_prefetch_is_reachable_when_the_user_set_loader_workers():
     assert mine._eligible(by_name["prefetch"], [], []) is None  # the user's workers are workers too
     none = Search(None, CATALOGUE, ctx, {"data.num_workers": 0, "data.prefetch_factor": 2}, cfg, lambda: 0.0)
     assert "needs loader workers" in none._eligible(by_name["prefetch"], [], [])
-    assert none._eligible(by_name["prefetch"], ["data.auto_workers=true", "data.persistent_workers=true"], ["workers"]) is None
+    assert (
+        none._eligible(by_name["prefetch"], ["data.auto_workers=true", "data.persistent_workers=true"], ["workers"])
+        is None
+    )
 
 
 def test_a_journal_cut_mid_line_resumes_and_a_foreign_one_is_refused(tmp_path):
@@ -276,5 +352,7 @@ def test_a_journal_cut_mid_line_resumes_and_a_foreign_one_is_refused(tmp_path):
 def test_a_bad_tuned_file_is_one_paragraph(tmp_path):
     bad = tmp_path / "best.yaml"
     bad.write_text("amp: true\n")
-    r = subprocess.run([sys.executable, "train.py", f"+tuned={bad}"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "train.py", f"+tuned={bad}"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 2 and "no 'overrides:' list" in r.stderr and "Traceback" not in r.stderr, r.stderr

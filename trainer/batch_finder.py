@@ -31,7 +31,9 @@ from .optimizers import build_optimizer
 log = logging.getLogger(__name__)
 
 
-def find_batch_size(module: torch.nn.Module, datamodule, cfg, accelerator: str, amp_dtype: str | None) -> Tuple[int, str]:
+def find_batch_size(
+    module: torch.nn.Module, datamodule, cfg, accelerator: str, amp_dtype: str | None
+) -> Tuple[int, str]:
     """Return (batch size, why the search stopped)."""
     dataset = datamodule.train_set
     bf = cfg.batch_finder
@@ -67,7 +69,10 @@ def find_batch_size(module: torch.nn.Module, datamodule, cfg, accelerator: str, 
                 reason = f"{cap_reason}: the next size, {size}, exceeds {cap}"
                 break
             if accelerator != "cuda" and best and last_peak * size / best > budget:
-                reason = f"memory: batch {size} would need about {last_peak * size / best:.0f} MB (from {last_peak:.0f} MB at {best}), over the {budget:.0f} MB budget"
+                reason = (
+                    f"memory: batch {size} would need about {last_peak * size / best:.0f} MB "
+                    f"(from {last_peak:.0f} MB at {best}), over the {budget:.0f} MB budget"
+                )
                 break
             try:
                 peak = step(size)
@@ -81,7 +86,7 @@ def find_batch_size(module: torch.nn.Module, datamodule, cfg, accelerator: str, 
             size *= 2
     finally:
         optimizer.zero_grad(set_to_none=True)
-        del optimizer
+        optimizer = None  # frees its state (the step closure holds the name, not the object)
         module.load_state_dict(saved)
         if accelerator == "cuda":
             torch.cuda.empty_cache()

@@ -65,7 +65,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 ) from e
             raise
 
-    def load_checkpoint(self, path, map_location: Optional[Any] = None, weights_only: Optional[bool] = None) -> Dict[str, Any]:
+    def load_checkpoint(
+        self, path, map_location: Optional[Any] = None, weights_only: Optional[bool] = None
+    ) -> Dict[str, Any]:
         return safe_load(path, map_location=map_location)
 
 
@@ -107,19 +109,25 @@ def safe_load(path, map_location: Optional[Any] = "cpu") -> Dict[str, Any]:
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, ".metadata")):
         return {}  # a distributed (sharded) checkpoint folder: the strategy loads it shard by shard
     if not os.path.isfile(path):
-        raise ConfigError(f"'ckpt_path' points at {path}, which does not exist. Use ckpt_path=last to resume the run dir's newest checkpoint.")
+        raise ConfigError(
+            f"'ckpt_path' points at {path}, which does not exist. Use ckpt_path=last to resume the run dir's newest checkpoint."
+        )
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         if "GLOBAL" not in str(e):  # torch names the blocked global ("unsupported GLOBAL posix.system ...")
-            raise ConfigError(f"Checkpoint {path} is not a readable checkpoint: it is truncated, corrupt or another kind of file ({_weights_only_reason(e)}).") from None
+            raise ConfigError(
+                f"Checkpoint {path} is not a readable checkpoint: it is truncated, corrupt or another kind of file ({_weights_only_reason(e)})."
+            ) from None
         raise ConfigError(
             f"Refused to load checkpoint {path}: it contains objects that are not plain tensors or containers "
             f"({_weights_only_reason(e)}). Loading it would run code stored in the file; nothing was loaded or run. "
             "Only load checkpoints you trust; this trainer's own checkpoints load without this error."
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
-        raise ConfigError(f"Checkpoint {path} is truncated or corrupt and cannot be loaded ({str(e).splitlines()[0][:200]}).") from None
+        raise ConfigError(
+            f"Checkpoint {path} is truncated or corrupt and cannot be loaded ({str(e).splitlines()[0][:200]})."
+        ) from None
 
 
 def _weights_only_reason(e: Exception) -> str:
@@ -231,14 +239,24 @@ class ResumableState(pl.Callback):
 
         epoch, batches = state.get("position", (0, 0))
         datamodule = getattr(self._trainer, "datamodule", None) if self._trainer else None
-        if batches and datamodule is not None and hasattr(datamodule, "resume_position") and _single_device(self._trainer):
+        if (
+            batches
+            and datamodule is not None
+            and hasattr(datamodule, "resume_position")
+            and _single_device(self._trainer)
+        ):
             datamodule.resume_position = (int(epoch), int(batches))
-            saved, now = state.get("plan"), (list(datamodule.sampler_plan()) if hasattr(datamodule, "sampler_plan") else None)
+            saved, now = (
+                state.get("plan"),
+                (list(datamodule.sampler_plan()) if hasattr(datamodule, "sampler_plan") else None),
+            )
             if saved and now and saved != now:
                 log.warning(
                     "resuming mid-epoch %d with (processes, loader workers, batch size) = %s, not %s as when the checkpoint was saved: "
                     "the rest of this epoch follows the new plan, so some of its samples may be seen twice or not at all (later epochs are exact)",
-                    int(epoch), tuple(now), tuple(saved),
+                    int(epoch),
+                    tuple(now),
+                    tuple(saved),
                 )
         torch.set_rng_state(state["torch"])
         random.setstate(_tuples(state["python"]))
@@ -262,7 +280,11 @@ def _tuples(value):
     import numpy as np
 
     if isinstance(value, torch.Tensor):
-        return value.numpy().astype(np.uint32) if value.dtype == torch.int64 or value.dtype == torch.int32 else value.numpy()
+        return (
+            value.numpy().astype(np.uint32)
+            if value.dtype == torch.int64 or value.dtype == torch.int32
+            else value.numpy()
+        )
     if isinstance(value, list):
         return tuple(_tuples(v) for v in value)
     return value
@@ -318,7 +340,12 @@ class PreemptionCallback(pl.Callback):
     def _save(self, trainer) -> None:
         trainer.save_checkpoint(self.last_path)
         self.saved_at_step = trainer.global_step
-        log.warning("%s received: saved %s at step %d; stopping. Resume with ckpt_path=last.", self.received, self.last_path, trainer.global_step)
+        log.warning(
+            "%s received: saved %s at step %d; stopping. Resume with ckpt_path=last.",
+            self.received,
+            self.last_path,
+            trainer.global_step,
+        )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.received and self.saved_at_step is None:
@@ -371,18 +398,48 @@ def checkpoint_callbacks(cfg, dirpath: str) -> List[pl.Callback]:
     from pytorch_lightning.callbacks import ModelCheckpoint
 
     # every callback refreshes the one last.ckpt (no "last-v1.ckpt" versions): it is always the newest state
-    common = dict(dirpath=dirpath, save_weights_only=cfg.save_weights_only, save_last=True, enable_version_counter=False)
+    common = dict(
+        dirpath=dirpath, save_weights_only=cfg.save_weights_only, save_last=True, enable_version_counter=False
+    )
     periodic = dict(common, monitor="step", mode="max", save_top_k=cfg.keep_last_k)
     callbacks: List[pl.Callback] = []
     if cfg.every_n_epochs:
-        callbacks.append(ModelCheckpoint(filename="epoch{epoch:03d}-step{step:07d}", every_n_epochs=cfg.every_n_epochs, auto_insert_metric_name=False, **periodic))
+        callbacks.append(
+            ModelCheckpoint(
+                filename="epoch{epoch:03d}-step{step:07d}",
+                every_n_epochs=cfg.every_n_epochs,
+                auto_insert_metric_name=False,
+                **periodic,
+            )
+        )
     if cfg.every_n_steps:
-        callbacks.append(ModelCheckpoint(filename="step{step:07d}", every_n_train_steps=cfg.every_n_steps, auto_insert_metric_name=False, **periodic))
+        callbacks.append(
+            ModelCheckpoint(
+                filename="step{step:07d}",
+                every_n_train_steps=cfg.every_n_steps,
+                auto_insert_metric_name=False,
+                **periodic,
+            )
+        )
     if cfg.every_n_minutes:
-        callbacks.append(ModelCheckpoint(filename="time-step{step:07d}", train_time_interval=timedelta(minutes=cfg.every_n_minutes), auto_insert_metric_name=False, **periodic))
+        callbacks.append(
+            ModelCheckpoint(
+                filename="time-step{step:07d}",
+                train_time_interval=timedelta(minutes=cfg.every_n_minutes),
+                auto_insert_metric_name=False,
+                **periodic,
+            )
+        )
     if cfg.monitor:
         callbacks.append(
-            ModelCheckpoint(filename="best-epoch{epoch:03d}-step{step:07d}", monitor=cfg.monitor, mode=cfg.mode, save_top_k=1, auto_insert_metric_name=False, **common)
+            ModelCheckpoint(
+                filename="best-epoch{epoch:03d}-step{step:07d}",
+                monitor=cfg.monitor,
+                mode=cfg.mode,
+                save_top_k=1,
+                auto_insert_metric_name=False,
+                **common,
+            )
         )
     if not callbacks:  # last.ckpt is always kept
         callbacks.append(ModelCheckpoint(save_top_k=0, **common))

@@ -21,7 +21,19 @@ from .paths import CONFIG_DIR, RECIPE_DIR
 log = logging.getLogger("trainer")
 
 # Hydra options that take a value as the next argument
-_OPTS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+_OPTS_WITH_VALUE = {
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--config-dir",
+    "-cd",
+    "--experimental-rerun",
+}
 _NO_CHECK = {"--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc", "--info", "-i"}
 
 _failed_jobs: List[str] = []
@@ -32,8 +44,16 @@ def recipes() -> List[str]:
 
 
 # Hydra modes that exclude each other ("Only one of --run, --multirun, --cfg, ..." is a ValueError traceback)
-_MODES = {"-m": "--multirun", "--multirun": "--multirun", "--cfg": "--cfg", "-c": "--cfg", "--info": "--info", "-i": "--info",
-          "--shell-completion": "--shell-completion", "-sc": "--shell-completion"}
+_MODES = {
+    "-m": "--multirun",
+    "--multirun": "--multirun",
+    "--cfg": "--cfg",
+    "-c": "--cfg",
+    "--info": "--info",
+    "-i": "--info",
+    "--shell-completion": "--shell-completion",
+    "-sc": "--shell-completion",
+}
 
 
 def check_modes(argv: List[str]) -> None:
@@ -141,8 +161,9 @@ def check_config_files(dirs=None) -> None:
                 ) from None
 
 
-def checked_argv(argv: List[str], first: Callable[[List[str]], None] | None = None,
-                 then: Callable[[List[str]], None] | None = None) -> List[str]:
+def checked_argv(
+    argv: List[str], first: Callable[[List[str]], None] | None = None, then: Callable[[List[str]], None] | None = None
+) -> List[str]:
     """The command line checked before Hydra composes (train.py's and the tuner's), ``+tuned=`` expanded.
 
     ``first`` sees the raw arguments after the mode check; ``then`` the expanded overrides before
@@ -178,8 +199,17 @@ def _record_failure(out_dir: str, cfg, overrides: List[str], error: str) -> None
     if os.path.exists(path) and metrics.read(path).get("status") == "failed":
         return  # run() (or rank 0) already recorded this failure
     record = metrics.build(
-        status="failed", error=error, recipe=cfg.get("recipe"), flags=flags_of(cfg), device=None, epochs=[], summary={},
-        peak_memory=None, train_loss=None, val_acc=None, extra={"overrides": list(overrides)},
+        status="failed",
+        error=error,
+        recipe=cfg.get("recipe"),
+        flags=flags_of(cfg),
+        device=None,
+        epochs=[],
+        summary={},
+        peak_memory=None,
+        train_loss=None,
+        val_acc=None,
+        extra={"overrides": list(overrides)},
     )
     metrics.write(path, record)
 
@@ -225,7 +255,9 @@ class JobContext:
             overrides=list(hc.overrides.task),
             multirun=multirun,
             num=hc.job.num if multirun else 0,  # hydra.job.num exists in sweeps only
-            config_path=os.path.join(out_dir, hc.output_subdir, "config.yaml") if hc.output_subdir is not None else None,
+            config_path=os.path.join(out_dir, hc.output_subdir, "config.yaml")
+            if hc.output_subdir is not None
+            else None,
         )
 
     @property
@@ -270,7 +302,9 @@ def task(cfg) -> None:
     except UserFacingError as e:
         from .outputs import OutputTaken
 
-        if not isinstance(e, OutputTaken):  # an earlier run's results are not ours to overwrite, even with a failure record
+        if not isinstance(
+            e, OutputTaken
+        ):  # an earlier run's results are not ours to overwrite, even with a failure record
             _record_failure(job.out_dir, cfg, job.overrides, str(e))
         if not job.multirun:
             fail(str(e), e.exit_code)
@@ -311,7 +345,9 @@ def _launch_job(cfg, job: JobContext) -> None:
     # the child processes run this job in this job's dir
     code = launch(cfg, job.out_dir, job.overrides, quiet=job.multirun)
     if code != 0:
-        _record_failure(job.out_dir, cfg, job.overrides, f"its processes exited with status {code}; see the logs in {job.out_dir}")
+        _record_failure(
+            job.out_dir, cfg, job.overrides, f"its processes exited with status {code}; see the logs in {job.out_dir}"
+        )
         if not job.multirun:
             sys.exit(code)
         log.error("%s: its processes exited with status %d; see %s", job.label, code, job.out_dir)
@@ -331,7 +367,9 @@ def _run_job(cfg, job: JobContext) -> None:
     if job.multirun:
         _status(console.status_line(job.num, job.overrides, result, job.out_dir), ok=result.get("status") == "ok")
     else:
-        log.info("results: %s (TensorBoard: tensorboard --logdir %s)", os.path.join(job.out_dir, "metrics.json"), job.out_dir)
+        log.info(
+            "results: %s (TensorBoard: tensorboard --logdir %s)", os.path.join(job.out_dir, "metrics.json"), job.out_dir
+        )
     if result.get("preempted"):
         from .checkpointing import PREEMPTED_EXIT_CODE
 
@@ -373,7 +411,9 @@ def main() -> None:
                 sys.exit(128 + int(signal.Signals[stop.signal_name]))
             sys.exit(sweep.finish_stopped(stop.signal_name))
         if _failed_jobs:
-            print(f"\n{len(_failed_jobs)} job(s) failed; see metrics.json in: {', '.join(_failed_jobs)}", file=sys.stderr)
+            print(
+                f"\n{len(_failed_jobs)} job(s) failed; see metrics.json in: {', '.join(_failed_jobs)}", file=sys.stderr
+            )
             sys.exit(1)
         code = 0
     except SystemExit as e:

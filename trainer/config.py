@@ -25,7 +25,14 @@ SETTING = "setting"  # a run setting the A/B report compares too (devices, batch
 
 
 def key(
-    default: Any = None, help: str = "", *, choices: tuple = (), check: tuple = (), flag: str = "", lightning: Optional[str] = None, factory: Any = None
+    default: Any = None,
+    help: str = "",
+    *,
+    choices: tuple = (),
+    check: tuple = (),
+    flag: str = "",
+    lightning: Optional[str] = None,
+    factory: Any = None,
 ) -> Any:
     """A schema field and everything said about it, in one place: its default, its help text, its
     allowed values (``choices``) or range (``check``: a predicate and what it allows), and whether
@@ -46,17 +53,31 @@ def _positive(v) -> bool:
 
 @dataclass
 class DataConfig:
-    name: str = key("synthetic", "the dataset", choices=("synthetic", "imagefolder", "builtin", "custom", "packed", "parquet", "webdataset"))
+    name: str = key(
+        "synthetic",
+        "the dataset",
+        choices=("synthetic", "imagefolder", "builtin", "custom", "packed", "parquet", "webdataset"),
+    )
     root: Optional[str] = None  # imagefolder: a folder of class subfolders, or with train/ and val/ inside
     batch_size: Any = key(
-        32, "per-process batch: an integer, or auto (the largest that fits; see batch_finder)", check=(lambda v: v >= 1, "an integer >= 1, or auto"), flag=SETTING
+        32,
+        "per-process batch: an integer, or auto (the largest that fits; see batch_finder)",
+        check=(lambda v: v >= 1, "an integer >= 1, or auto"),
+        flag=SETTING,
     )
     image_size: int = key(32, "pixels per side", check=(lambda v: v >= 8, "an integer >= 8 (pixels)"))
     num_classes: int = key(10, "follows the data unless given", check=(lambda v: v >= 2, "an integer >= 2"))
-    num_workers: int = key(0, "DataLoader worker processes", check=(lambda v: v >= 0, "an integer >= 0 (0 loads in the main process)"), flag=SETTING)
+    num_workers: int = key(
+        0,
+        "DataLoader worker processes",
+        check=(lambda v: v >= 0, "an integer >= 0 (0 loads in the main process)"),
+        flag=SETTING,
+    )
     pin_memory: bool = False
     persistent_workers: bool = False
-    prefetch_factor: Optional[int] = key(None, "batches each worker loads ahead", check=(lambda v: v is None or v >= 1, "null or an integer >= 1"))
+    prefetch_factor: Optional[int] = key(
+        None, "batches each worker loads ahead", check=(lambda v: v is None or v >= 1, "null or an integer >= 1")
+    )
     drop_last: bool = True
     # synthetic: samples per epoch (a fixed pool of distinct images is cycled through)
     num_samples: int = key(1024, check=(lambda v: v >= 1, "an integer >= 1"))
@@ -74,16 +95,33 @@ class DataConfig:
     # input pipeline switches
     auto_workers: bool = key(False, "pick num_workers from the cores (and ranks) of this machine", flag=OPTIMIZATION)
     gpu_normalize: bool = key(False, "ship uint8 batches; convert and normalize on the device", flag=OPTIMIZATION)
-    device_prefetch: bool = key(False, "CUDA: copy the next batch to the GPU on a side stream during the step", flag=OPTIMIZATION)
-    device_resident: bool = key(False, "synthetic: keep the images on the device; batches are gathered there", flag=OPTIMIZATION)
-    decoder: str = key("pil", "JPEG decoder: pil, torchvision, turbo (libjpeg-turbo via simplejpeg), nvjpeg (CUDA)", choices=("pil", "torchvision", "turbo", "nvjpeg"), flag=OPTIMIZATION)
+    device_prefetch: bool = key(
+        False, "CUDA: copy the next batch to the GPU on a side stream during the step", flag=OPTIMIZATION
+    )
+    device_resident: bool = key(
+        False, "synthetic: keep the images on the device; batches are gathered there", flag=OPTIMIZATION
+    )
+    decoder: str = key(
+        "pil",
+        "JPEG decoder: pil, torchvision, turbo (libjpeg-turbo via simplejpeg), nvjpeg (CUDA)",
+        choices=("pil", "torchvision", "turbo", "nvjpeg"),
+        flag=OPTIMIZATION,
+    )
     cache_in_memory: bool = key(False, "keep the encoded image files in RAM after the first read", flag=OPTIMIZATION)
-    cache: Optional[str] = key(None, "copy data.root to this local folder once (checksummed, resumable), read from there", flag=OPTIMIZATION)
+    cache: Optional[str] = key(
+        None, "copy data.root to this local folder once (checksummed, resumable), read from there", flag=OPTIMIZATION
+    )
     # data.root as an fsspec URL: passed to fsspec (e.g. {anon: true}, {endpoint_url: ...}); credentials from AWS_* env vars
     storage_options: Any = None
     # parquet / webdataset: samples are shuffled within windows of this many consecutive samples
     # (after shuffling the row groups / shards); a loader worker holds the blocks one window spans
-    shuffle_window: int = key(1024, check=(lambda v: v >= 1, "an integer >= 1 (samples shuffled together; 1: row groups / shards in order, each shuffled inside)"))
+    shuffle_window: int = key(
+        1024,
+        check=(
+            lambda v: v >= 1,
+            "an integer >= 1 (samples shuffled together; 1: row groups / shards in order, each shuffled inside)",
+        ),
+    )
     # data=custom: any map-style Dataset of (image tensor, label) by _target_ (val_dataset optional)
     dataset: Any = None
     val_dataset: Any = None
@@ -97,26 +135,40 @@ class TrainerConfig:
     The last three set how the console shows the run; each field says what Lightning gets from it.
     """
 
-    max_epochs: Optional[int] = key(3, "-1: until stopped (needs sched.name=constant); null: Lightning's default", check=(lambda v: v is None or v >= -1, "an integer >= 0, -1 (train until stopped) or null"))
+    max_epochs: Optional[int] = key(
+        3,
+        "-1: until stopped (needs sched.name=constant); null: Lightning's default",
+        check=(lambda v: v is None or v >= -1, "an integer >= 0, -1 (train until stopped) or null"),
+    )
     limit_train_batches: Any = 1.0  # a fraction, a number of batches, or null (all)
     limit_val_batches: Any = 1.0
     log_every_n_steps: Optional[int] = key(50, check=(lambda v: v is None or v >= 0, "an integer >= 0 or null"))
     gradient_clip_val: Optional[float] = None
     gradient_clip_algorithm: str = key("norm", choices=("norm", "value"))
-    num_sanity_val_steps: int = key(0, "-1: the whole val set", check=(lambda v: v >= -1, "an integer >= 0, or -1 (the whole validation set)"))
+    num_sanity_val_steps: int = key(
+        0, "-1: the whole val set", check=(lambda v: v >= -1, "an integer >= 0, or -1 (the whole validation set)")
+    )
     check_val_every_n_epoch: Optional[int] = key(1, check=(lambda v: v is None or v >= 1, "null or an integer >= 1"))
     deterministic: Any = key(False, "false, true or warn", choices=(False, True, "warn"))
     # null: show the progress bar only when stderr is a terminal (passed as decided: trainer.run)
-    enable_progress_bar: Optional[bool] = key(None, "the progress bar; null: only when stderr is a terminal", lightning="")
-    progress_refresh_rate: int = key(20, "steps between progress bar updates (TQDMProgressBar's refresh_rate)", lightning="")
+    enable_progress_bar: Optional[bool] = key(
+        None, "the progress bar; null: only when stderr is a terminal", lightning=""
+    )
+    progress_refresh_rate: int = key(
+        20, "steps between progress bar updates (TQDMProgressBar's refresh_rate)", lightning=""
+    )
     # Lightning's table of layers and parameter counts before training (off: the console stays short)
-    model_summary: bool = key(False, "Lightning's table of layers and parameter counts before training", lightning="enable_model_summary")
+    model_summary: bool = key(
+        False, "Lightning's table of layers and parameter counts before training", lightning="enable_model_summary"
+    )
 
 
 @dataclass
 class OptimConfig:
     name: str = key("sgd", choices=("sgd", "adamw"))
-    lr: float = key(0.05, "at ref_batch_size (with lr_scaling); the recipes set their own", check=(lambda v: v > 0, "a number > 0"))
+    lr: float = key(
+        0.05, "at ref_batch_size (with lr_scaling); the recipes set their own", check=(lambda v: v > 0, "a number > 0")
+    )
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 5e-5
@@ -124,7 +176,12 @@ class OptimConfig:
     # the batch size ``lr`` was tuned for: with lr_scaling, lr follows the effective batch size
     ref_batch_size: int = 32
     # optimizer implementation: auto (torch's choice), true (fused kernels), foreach, false (per-parameter loop)
-    fused: Any = key("auto", "optimizer kernels: auto (torch's choice), true (fused), foreach, false (a loop)", choices=("auto", True, False, "foreach"), flag=OPTIMIZATION)
+    fused: Any = key(
+        "auto",
+        "optimizer kernels: auto (torch's choice), true (fused), foreach, false (a loop)",
+        choices=("auto", True, False, "foreach"),
+        flag=OPTIMIZATION,
+    )
     zero_grad_to_none: bool = key(True, "zero_grad(set_to_none=True): gradients freed, not zeroed", flag=OPTIMIZATION)
 
 
@@ -154,8 +211,14 @@ class CheckpointConfig:
     enabled: bool = True
     every_n_epochs: Optional[int] = key(1, check=(lambda v: v is None or v >= 1, "null or an integer >= 1"))
     every_n_steps: Optional[int] = key(None, check=(lambda v: v is None or v >= 1, "null or an integer >= 1"))
-    every_n_minutes: Optional[float] = key(None, check=(lambda v: v is None or v > 0, "null or a number of minutes > 0"))
-    keep_last_k: int = key(1, "periodic checkpoints kept besides last.ckpt (-1: all)", check=(lambda v: v == -1 or v >= 0, "-1 (all) or an integer >= 0"))
+    every_n_minutes: Optional[float] = key(
+        None, check=(lambda v: v is None or v > 0, "null or a number of minutes > 0")
+    )
+    keep_last_k: int = key(
+        1,
+        "periodic checkpoints kept besides last.ckpt (-1: all)",
+        check=(lambda v: v == -1 or v >= 0, "-1 (all) or an integer >= 0"),
+    )
     monitor: Optional[str] = None  # also keep the best by this metric, e.g. val/acc
     mode: str = key("max", choices=("max", "min"))
     save_weights_only: bool = False
@@ -197,7 +260,12 @@ class FSDPConfig:
 class RuntimeConfig:
     """Process-level settings applied by re-launching the job (see trainer/launch.py)."""
 
-    allocator: str = key("default", "malloc by LD_PRELOAD (Debian: libjemalloc2, libtcmalloc-minimal4)", choices=("default", "jemalloc", "tcmalloc"), flag=OPTIMIZATION)
+    allocator: str = key(
+        "default",
+        "malloc by LD_PRELOAD (Debian: libjemalloc2, libtcmalloc-minimal4)",
+        choices=("default", "jemalloc", "tcmalloc"),
+        flag=OPTIMIZATION,
+    )
 
 
 @dataclass
@@ -224,12 +292,28 @@ class BatchFinderConfig:
 class TuneConfig:
     """``python -m trainer.tune``: the search's budget and its accuracy guard (training ignores these)."""
 
-    budget_min: float = key(30.0, "stop probing after this many minutes (the accuracy check still runs)", check=(_positive, "above 0"))
+    budget_min: float = key(
+        30.0, "stop probing after this many minutes (the accuracy check still runs)", check=(_positive, "above 0")
+    )
     probe_batches: int = key(20, "training steps per probe epoch", check=(lambda v: v >= 1, "at least 1"))
-    probe_epochs: int = key(4, "per probe: 1 warm-up epoch, the rest measured", check=(lambda v: v >= 3, "at least 3 (one warm-up epoch and at least two measured ones, to judge the noise)"))
-    horizon_epochs: int = key(10, "compile time is spread over this many full epochs of the real run", check=(lambda v: v >= 1, "at least 1"))
-    verify_epochs: int = key(3, "the accuracy guard: the winner and the baseline each train this many full epochs", check=(lambda v: v >= 1, "at least 1"))
-    acc_tolerance: float = key(0.02, "the winner's val_acc may be at most this far below the baseline's", check=(lambda v: math.isfinite(v) and v >= 0, "0 or more (a val_acc difference, e.g. 0.02)"))
+    probe_epochs: int = key(
+        4,
+        "per probe: 1 warm-up epoch, the rest measured",
+        check=(lambda v: v >= 3, "at least 3 (one warm-up epoch and at least two measured ones, to judge the noise)"),
+    )
+    horizon_epochs: int = key(
+        10, "compile time is spread over this many full epochs of the real run", check=(lambda v: v >= 1, "at least 1")
+    )
+    verify_epochs: int = key(
+        3,
+        "the accuracy guard: the winner and the baseline each train this many full epochs",
+        check=(lambda v: v >= 1, "at least 1"),
+    )
+    acc_tolerance: float = key(
+        0.02,
+        "the winner's val_acc may be at most this far below the baseline's",
+        check=(lambda v: math.isfinite(v) and v >= 0, "0 or more (a val_acc difference, e.g. 0.02)"),
+    )
     # restrict the search to these candidates (names as in the tune report; null: all that apply)
     only: Optional[List[str]] = None
     # candidates of your own: name -> overrides, space separated (e.g. tune.extra.narrow='model.width=4')
@@ -242,31 +326,57 @@ class TrainSchema:
     # repeats=N (with -m) runs every configuration of the sweep N times, interleaved, and the A/B
     # report folds the repeats into one row with their spread; repeat is which one a job is
     # (set by repeats=N; training does not read it)
-    repeats: int = key(1, "with -m: run every configuration this many times, interleaved", check=(lambda v: v >= 1, "an integer >= 1 (with -m: how many times to run each configuration)"))
+    repeats: int = key(
+        1,
+        "with -m: run every configuration this many times, interleaved",
+        check=(lambda v: v >= 1, "an integer >= 1 (with -m: how many times to run each configuration)"),
+    )
     repeat: int = 0
     recipe: Optional[str] = None
     # the switchboard (SPEC): one top-level key per optimization
     amp: bool = key(False, "mixed precision (bf16 where native, else fp16 on CUDA)", flag=OPTIMIZATION)
-    amp_dtype: str = key("auto", "amp's dtype: auto picks bf16 where native", choices=("auto", "bf16", "fp16"), flag=OPTIMIZATION)
+    amp_dtype: str = key(
+        "auto", "amp's dtype: auto picks bf16 where native", choices=("auto", "bf16", "fp16"), flag=OPTIMIZATION
+    )
     compile: bool = key(False, "torch.compile each network of the model", flag=OPTIMIZATION)
-    compile_mode: str = key("default", choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"), flag=OPTIMIZATION)
+    compile_mode: str = key(
+        "default",
+        choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+        flag=OPTIMIZATION,
+    )
     channels_last: bool = key(False, "NHWC memory format for weights and inputs", flag=OPTIMIZATION)
-    accumulate: int = key(1, "gradient accumulation steps", check=(lambda v: v >= 1, "an integer >= 1 (1 means no accumulation)"), flag=OPTIMIZATION)
-    strategy: str = key("auto", "auto (one process), ddp, fsdp (GPU), fsdp2", choices=("auto", "ddp", "fsdp", "fsdp2"), flag=OPTIMIZATION)
+    accumulate: int = key(
+        1,
+        "gradient accumulation steps",
+        check=(lambda v: v >= 1, "an integer >= 1 (1 means no accumulation)"),
+        flag=OPTIMIZATION,
+    )
+    strategy: str = key(
+        "auto",
+        "auto (one process), ddp, fsdp (GPU), fsdp2",
+        choices=("auto", "ddp", "fsdp", "fsdp2"),
+        flag=OPTIMIZATION,
+    )
     devices: Any = key(1, "processes per node: a positive integer, -1 (all) or auto", flag=SETTING)
     num_nodes: int = key(1, "machines (Slurm)", check=(lambda v: v >= 1, "an integer >= 1"), flag=SETTING)
     accelerator: str = key("auto", choices=("auto", "cpu", "gpu", "cuda"))
     profile: bool = key(False, "torch.profiler trace of a few steps (TensorBoard's profile tab)", flag=SETTING)
     tf32: bool = key(False, "TF32 matmuls and convolutions (CUDA, Ampere or newer)", flag=OPTIMIZATION)
     cudnn_benchmark: bool = key(False, "cuDNN picks the fastest convolution for each shape", flag=OPTIMIZATION)
-    activation_checkpointing: bool = key(False, "recompute each repeated block's activations in backward", flag=OPTIMIZATION)
+    activation_checkpointing: bool = key(
+        False, "recompute each repeated block's activations in backward", flag=OPTIMIZATION
+    )
     sync_batchnorm: bool = key(False, "BatchNorm statistics across ranks (ResNet under ddp)", flag=OPTIMIZATION)
     # learning rate vs effective batch size (batch x accumulate x world size) relative to optim.ref_batch_size
-    lr_scaling: str = key("none", "lr follows the effective batch size", choices=("none", "linear", "sqrt"), flag=SETTING)
+    lr_scaling: str = key(
+        "none", "lr follows the effective batch size", choices=("none", "linear", "sqrt"), flag=SETTING
+    )
     # PYTORCH_CUDA_ALLOC_CONF for this run (e.g. expandable_segments:True), set before CUDA initializes
     cuda_alloc_conf: Optional[str] = key(None, "PYTORCH_CUDA_ALLOC_CONF for this run", flag=OPTIMIZATION)
     ckpt_path: Optional[str] = None  # a .ckpt file, or "last": the newest good checkpoint of the run dir
-    on_nan: str = key("stop", "a non-finite training loss: stop, skip (the step) or off (no check)", choices=("stop", "skip", "off"))
+    on_nan: str = key(
+        "stop", "a non-finite training loss: stop, skip (the step) or off (no check)", choices=("stop", "skip", "off")
+    )
     data: DataConfig = field(default_factory=DataConfig)
     model: Dict[str, Any] = field(default_factory=dict)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -346,8 +456,18 @@ def lightning_trainer_args(trainer_cfg) -> Dict[str, Any]:
 def help_text(key: str) -> str:
     field_ = SCHEMA_FIELDS.get(key)
     return field_.metadata.get("help", "") if field_ is not None else ""
+
+
 # Open nodes: any key below them is allowed (model kwargs, scale overrides).
-OPEN_PREFIXES = ("model.", "scale.overrides.", "scales.", "data.dataset.", "data.val_dataset.", "data.storage_options.", "tune.extra.")
+OPEN_PREFIXES = (
+    "model.",
+    "scale.overrides.",
+    "scales.",
+    "data.dataset.",
+    "data.val_dataset.",
+    "data.storage_options.",
+    "tune.extra.",
+)
 SECTIONS = sorted({k.split(".")[0] for k in SCHEMA_KEYS if "." in k} | {"model", "scales"})
 TOP_LEVEL_FLAGS = [k for k in SCHEMA_KEYS if "." not in k and k not in SECTIONS and k not in GROUPS]
 
@@ -360,7 +480,9 @@ def _suggest(key: str) -> str:
 def unknown_key_message(key: str) -> str:
     parent = key.rsplit(".", 1)[0] if "." in key else ""
     if parent and parent in SCHEMA_KEYS:
-        siblings = sorted(k.split(".")[-1] for k in SCHEMA_KEYS if k.startswith(parent + ".") and k.count(".") == key.count("."))
+        siblings = sorted(
+            k.split(".")[-1] for k in SCHEMA_KEYS if k.startswith(parent + ".") and k.count(".") == key.count(".")
+        )
         allowed = f"Keys under '{parent}': {', '.join(siblings)}."
     else:
         allowed = f"Top-level flags: {', '.join(TOP_LEVEL_FLAGS)}; sections: {', '.join(SECTIONS)}."
@@ -439,7 +561,9 @@ def allowed_values(key: str) -> str:
 
 
 def _check_value(key: str, value: Any) -> None:
-    if key in CHOICES and (value not in CHOICES[key] or (isinstance(value, bool) and not any(c is value for c in CHOICES[key]))):
+    if key in CHOICES and (
+        value not in CHOICES[key] or (isinstance(value, bool) and not any(c is value for c in CHOICES[key]))
+    ):
         allowed = ", ".join(str(c).lower() if isinstance(c, bool) else c for c in CHOICES[key])
         raise ConfigError(f"Bad value for '{key}': {value!r}. Allowed values: {allowed}.")
     if key in RANGES and value is not None and not isinstance(value, str):
@@ -447,9 +571,13 @@ def _check_value(key: str, value: Any) -> None:
         if not ok(value):
             raise ConfigError(f"Bad value for '{key}': {value!r}. It must be {what}.")
     if key == "data.batch_size" and (isinstance(value, bool) or not (value == "auto" or isinstance(value, int))):
-        raise ConfigError(f"Bad value for 'data.batch_size': {value!r}. It must be an integer >= 1, or auto (the largest batch that fits).")
+        raise ConfigError(
+            f"Bad value for 'data.batch_size': {value!r}. It must be an integer >= 1, or auto (the largest batch that fits)."
+        )
     if key == "data.storage_options" and value is not None and not hasattr(value, "keys"):
-        raise ConfigError(f"Bad value for 'data.storage_options': {value!r}. It must be a mapping passed to fsspec, e.g. +data.storage_options.anon=true.")
+        raise ConfigError(
+            f"Bad value for 'data.storage_options': {value!r}. It must be a mapping passed to fsspec, e.g. +data.storage_options.anon=true."
+        )
     if key == "devices" and not (value == "auto" or (isinstance(value, int) and (value >= 1 or value == -1))):
         raise ConfigError(f"Bad value for 'devices': {value!r}. It must be a positive integer, -1 (all) or auto.")
     if key in ("trainer.limit_train_batches", "trainer.limit_val_batches"):
@@ -466,7 +594,9 @@ def validate(cfg: Any) -> None:
     """Range and choice checks on a composed config (the parts that do not need the hardware)."""
     from omegaconf import OmegaConf
 
-    flat = {k: OmegaConf.select(cfg, k) for k in SCHEMA_KEYS if k not in GROUPS and not is_dataclass_type(SCHEMA_KEYS[k])}
+    flat = {
+        k: OmegaConf.select(cfg, k) for k in SCHEMA_KEYS if k not in GROUPS and not is_dataclass_type(SCHEMA_KEYS[k])
+    }
     for key, value in flat.items():
         _check_value(key, value)
     if cfg.get("on_nan") == "skip" and cfg.get("strategy") != "auto":

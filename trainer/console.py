@@ -105,11 +105,15 @@ def quiet_known_warnings() -> None:
     # torch 2.14 deprecated ``isinstance(x, LeafSpec)``; Lightning 2.6's own pytree helper still
     # builds LeafSpec() (pytorch_lightning/utilities/_pytree.py). Lightning's bug to fix, not ours
     # nor the user's: nothing they can change.
-    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+    )
     # Lightning warns when an epoch has fewer batches than log_every_n_steps: its own step logging
     # would write nothing in that epoch. The trainer writes step values itself (StepLoss: every
     # log_every_n_steps optimizer steps, across epochs), so nothing is lost and there is nothing to set.
-    warnings.filterwarnings("ignore", message=r"The number of training batches \(\d+\) is smaller than the logging interval")
+    warnings.filterwarnings(
+        "ignore", message=r"The number of training batches \(\d+\) is smaller than the logging interval"
+    )
     if "SLURM_JOB_ID" not in os.environ:
         # Lightning warns on every run that `srun` exists but is not used whenever Slurm's client is
         # installed. Outside a Slurm job that is a machine that merely has Slurm: not a mistake.

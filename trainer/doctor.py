@@ -96,11 +96,19 @@ def diagnose(
         if cuda and not data.get("pin_memory"):
             suggestions.append("data.pin_memory=true")
         suggestions += decode_suggestions(data, cuda)
-        if _reads_object_store(data):  # every sample (or block) a request to the store: copy it once, read locally after
+        if _reads_object_store(
+            data
+        ):  # every sample (or block) a request to the store: copy it once, read locally after
             suggestions.insert(0, "data.cache=DIR")
-            why = "data.root is read from an object store, a request per sample or block: copy it to local disk once with data.cache=DIR (checksummed, shared by the ranks of a node)"
+            why = (
+                "data.root is read from an object store, a request per sample or block: copy it to "
+                "local disk once with data.cache=DIR (checksummed, shared by the ranks of a node)"
+            )
         elif saturated:
-            why = "the CPU is saturated, so more workers will not help: make each sample cheaper to load (smaller stored images, less augmentation) or use more cores; data=synthetic shows the model's own ceiling"
+            why = (
+                "the CPU is saturated, so more workers will not help: make each sample cheaper to load (smaller "
+                "stored images, less augmentation) or use more cores; data=synthetic shows the model's own ceiling"
+            )
         else:
             why = "the model waits for data"
         text = f"{wait:.0%} of training time waiting for the next batch with {busy_text} and {workers} loader workers: {why}."
@@ -110,21 +118,39 @@ def diagnose(
         return _verdict("host-device transfer", *_transfer_advice(transfer, h2d_share, cuda, data), hw_notes, evidence)
 
     if cuda and gpu_util is not None and gpu_util < LOW_GPU_UTIL:
-        suggestions = [s for s, on in (("compile=true", flags.get("compile")), ("compile_mode=reduce-overhead", flags.get("compile_mode") == "reduce-overhead")) if not on]
+        suggestions = [
+            s
+            for s, on in (
+                ("compile=true", flags.get("compile")),
+                ("compile_mode=reduce-overhead", flags.get("compile_mode") == "reduce-overhead"),
+            )
+            if not on
+        ]
         suggestions.append("data.batch_size=auto")
-        text = f"the GPU is busy only {gpu_util:.0f}% of the time while data is ready ({wait:.0%} data wait): the host cannot launch work fast enough (Python overhead, small kernels, sync points)."
+        text = (
+            f"the GPU is busy only {gpu_util:.0f}% of the time while data is ready ({wait:.0%} data wait): "
+            "the host cannot launch work fast enough (Python overhead, small kernels, sync points)."
+        )
         return _verdict("CPU-side overhead", text, suggestions, hw_notes, evidence)
 
     used = evidence["memory_used_fraction"]
     if cuda and used is not None and used >= MEMORY_FULL:
-        suggestions = [s for s, key in (("activation_checkpointing=true", "activation_checkpointing"), ("amp=true", "amp")) if not flags.get(key)]
+        suggestions = [
+            s
+            for s, key in (("activation_checkpointing=true", "activation_checkpointing"), ("amp=true", "amp"))
+            if not flags.get(key)
+        ]
         text = f"the run peaked at {used:.0%} of device memory: memory limits the batch size; trade compute for memory."
         return _verdict("memory", text, suggestions, hw_notes, evidence)
 
     suggestions = compute_suggestions(flags, hardware, is_convnet)
     if cuda and used is not None and used < MEMORY_ROOMY and flags.get("data.batch_size") != "auto":
         suggestions.append("data.batch_size=auto")
-    where = f"the GPU ({gpu_util:.0f}% busy)" if (cuda and gpu_util is not None) else ("the GPU" if cuda else f"the CPU ({busy_text})")
+    where = (
+        f"the GPU ({gpu_util:.0f}% busy)"
+        if (cuda and gpu_util is not None)
+        else ("the GPU" if cuda else f"the CPU ({busy_text})")
+    )
     text = f"only {wait:.0%} of training time waits for data: {where} spends the time on the model's own math."
     if not suggestions:
         text += " The math-cheapening flags that pay off on this hardware are already on."
@@ -140,7 +166,11 @@ def _transfer_advice(transfer: float, h2d_share: Optional[float], cuda: bool, da
             text = f"host-to-device copies take {h2d_share:.0%} of device time"
         else:
             text = f"moving batches to the GPU and preparing them there takes {transfer:.0%} of training time"
-        return text + ": the bus is the limit. Send fewer bytes per sample (smaller or uint8 images), copy from pinned memory and overlap the copy with compute.", suggestions
+        return (
+            text
+            + ": the bus is the limit. Send fewer bytes per sample (smaller or uint8 images), copy from pinned memory and overlap the copy with compute.",
+            suggestions,
+        )
     # on a CPU there is no bus: the time is the work done on each batch after the loader
     # (transfer_batch_to_device / on_after_batch_transfer), in the training process, unparallelized
     suggestions = ["data.gpu_normalize=false"] if data.get("gpu_normalize") else []
@@ -154,7 +184,11 @@ def _transfer_advice(transfer: float, h2d_share: Optional[float], cuda: bool, da
 def _reads_object_store(data: Dict[str, Any]) -> bool:
     from .data.storage import is_remote
 
-    return data.get("name") in ("imagefolder", "packed", "parquet", "webdataset") and is_remote(data.get("root")) and not data.get("cache")
+    return (
+        data.get("name") in ("imagefolder", "packed", "parquet", "webdataset")
+        and is_remote(data.get("root"))
+        and not data.get("cache")
+    )
 
 
 def decode_suggestions(data: Dict[str, Any], cuda: bool) -> List[str]:
@@ -194,18 +228,31 @@ def hardware_notes(hardware: Dict[str, Any], flags: Dict[str, Any]) -> List[str]
     notes = []
     cuda = hardware.get("accelerator") == "cuda"
     cap = float(hardware.get("capability") or 0)
-    if not cuda and not hardware.get("bf16_native") and flags.get("amp") and flags.get("amp_dtype", "auto") in ("auto", "bf16"):
-        notes.append("this CPU has no native bf16 (no AVX512-BF16/AMX): amp=true ran emulated bf16, usually slower than fp32.")
+    if (
+        not cuda
+        and not hardware.get("bf16_native")
+        and flags.get("amp")
+        and flags.get("amp_dtype", "auto") in ("auto", "bf16")
+    ):
+        notes.append(
+            "this CPU has no native bf16 (no AVX512-BF16/AMX): amp=true ran emulated bf16, usually slower than fp32."
+        )
     if cuda and cap and cap < 8.0 and (flags.get("amp") or flags.get("tf32")):
-        notes.append(f"this GPU (sm{hardware.get('capability')}) has no native bf16 or TF32: amp uses fp16 with loss scaling, and tf32=true changes nothing.")
+        notes.append(
+            f"this GPU (sm{hardware.get('capability')}) has no native bf16 or TF32: amp uses fp16 with loss scaling, and tf32=true changes nothing."
+        )
     if cuda and cap and cap < 7.0 and flags.get("compile"):
-        notes.append(f"torch.compile's GPU backend (Triton) needs sm70 or newer; this GPU is sm{hardware.get('capability')}.")
+        notes.append(
+            f"torch.compile's GPU backend (Triton) needs sm70 or newer; this GPU is sm{hardware.get('capability')}."
+        )
     if not cuda and flags.get("tf32"):
         notes.append("tf32=true has no effect on a CPU.")
     return notes
 
 
-def _verdict(bottleneck: str, text: str, suggestions: List[str], notes: List[str], evidence: Dict[str, Any]) -> Dict[str, Any]:
+def _verdict(
+    bottleneck: str, text: str, suggestions: List[str], notes: List[str], evidence: Dict[str, Any]
+) -> Dict[str, Any]:
     advice = f" Try: {' '.join(suggestions)}" if suggestions else ""
     return {
         "bottleneck": bottleneck,

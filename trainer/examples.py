@@ -19,7 +19,12 @@ class MyNet(nn.Module):
     def __init__(self, num_classes: int = 10, width: int = 16, depth: int = 2):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU())
-        self.blocks = nn.Sequential(*[nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU()) for _ in range(depth)])
+        self.blocks = nn.Sequential(
+            *[
+                nn.Sequential(nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU())
+                for _ in range(depth)
+            ]
+        )
         self.head = nn.Linear(width, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

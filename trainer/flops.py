@@ -34,7 +34,11 @@ def training_flops_per_sample(cfg) -> Optional[float]:
             x = torch.empty(batch, 3, size, size)
         return float(measure_flops(module, lambda: module(x), lambda y: y.float().sum())) / batch
     except Exception as e:  # a model that cannot be built or run on meta (loads files, no forward, ...)
-        log.info("FLOPs not counted (%s: %s): tflops and mfu stay null", type(e).__name__, str(e).splitlines()[0][:160] if str(e) else "")
+        log.info(
+            "FLOPs not counted (%s: %s): tflops and mfu stay null",
+            type(e).__name__,
+            str(e).splitlines()[0][:160] if str(e) else "",
+        )
         return None
 
 

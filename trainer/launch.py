@@ -60,7 +60,14 @@ ALLOCATOR_LIBS = {
     "jemalloc": ("libjemalloc.so.2", "libjemalloc.so"),
     "tcmalloc": ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4", "libtcmalloc_minimal.so"),
 }
-_LIB_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib", "/lib/x86_64-linux-gnu")
+_LIB_DIRS = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+    "/lib/x86_64-linux-gnu",
+)
 
 
 def find_allocator(name: str) -> str | None:
@@ -93,7 +100,9 @@ def allocator_env(cfg) -> dict:
     if name == "default" or allocator_loaded() == name:
         return {}
     if os.environ.get("TRAINER_ALLOCATOR_RELAUNCHED") == name:
-        raise ConfigError(f"'runtime.allocator={name}': preloading {find_allocator(name)} did not take effect (LD_PRELOAD ignored?).")
+        raise ConfigError(
+            f"'runtime.allocator={name}': preloading {find_allocator(name)} did not take effect (LD_PRELOAD ignored?)."
+        )
     path = find_allocator(name)
     if path is None:
         package = {"jemalloc": "libjemalloc2", "tcmalloc": "libtcmalloc-minimal4"}[name]
@@ -166,16 +175,31 @@ def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False) -> int:
     from .console import QUIET_ENV
     from .paths import ROOT
 
-    kept = [o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir", "hydra.sweep.dir", "hydra.job.num"))]
+    kept = [
+        o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir", "hydra.sweep.dir", "hydra.job.num"))
+    ]
     job = [str(ROOT / "train.py"), *kept, f"hydra.run.dir={out_dir}"]
     if launches_ranks(cfg):
         nproc = processes_per_node(cfg)
         # trainer.torchrun: torchrun, with a failed rank's own message instead of the launcher's traceback
-        cmd = [sys.executable, "-m", "trainer.torchrun", os.path.join(out_dir, "ranks"), f"--nproc-per-node={nproc}", "--nnodes=1",
-               "--master-addr=127.0.0.1", f"--master-port={_free_port()}", *job]
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainer.torchrun",
+            os.path.join(out_dir, "ranks"),
+            f"--nproc-per-node={nproc}",
+            "--nnodes=1",
+            "--master-addr=127.0.0.1",
+            f"--master-port={_free_port()}",
+            *job,
+        ]
     else:
         cmd = [sys.executable, *job]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])), **allocator_env(cfg))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])),
+        **allocator_env(cfg),
+    )
     if quiet:
         env[QUIET_ENV] = "1"
     log.info("launching: %s%s", f"LD_PRELOAD={env['LD_PRELOAD']} " if "LD_PRELOAD" in env else "", " ".join(cmd))

@@ -111,7 +111,9 @@ class PeakMemory(pl.Callback):
         if trainer.world_size > 1:
 
             def max_over_ranks(value: float) -> float:
-                return float(trainer.strategy.reduce(torch.tensor(value, device=trainer.strategy.root_device), reduce_op="max"))
+                return float(
+                    trainer.strategy.reduce(torch.tensor(value, device=trainer.strategy.root_device), reduce_op="max")
+                )
 
             peak = max_over_ranks(peak)
             reserved = max_over_ranks(reserved) if reserved is not None else None

@@ -69,7 +69,9 @@ def write(path: str, metrics: Dict[str, Any]) -> str:
             old_epochs = {e.get("epoch") for e in old.get("epochs") or []}
             new_epochs = {e.get("epoch") for e in metrics.get("epochs") or []}
             if old_epochs and old_epochs < new_epochs:  # it trained on: a strict superset of the result's epochs
-                metrics = dict(metrics, previous_result=old.get("previous_result") or {k: old.get(k) for k in _RESULT_KEYS})
+                metrics = dict(
+                    metrics, previous_result=old.get("previous_result") or {k: old.get(k) for k in _RESULT_KEYS}
+                )
             else:
                 path = os.path.join(os.path.dirname(path), "metrics.failed.json")
     atomic_write_text(path, json.dumps(metrics, indent=2, default=str) + "\n")
@@ -77,7 +79,15 @@ def write(path: str, metrics: Dict[str, Any]) -> str:
 
 
 # the summary of a finished result that a resumed run, training on, keeps beside its journal
-_RESULT_KEYS = ("status", "epoch_time_s", "samples_per_s", "data_wait_fraction", "transfer_fraction", "train_loss", "val_acc")
+_RESULT_KEYS = (
+    "status",
+    "epoch_time_s",
+    "samples_per_s",
+    "data_wait_fraction",
+    "transfer_fraction",
+    "train_loss",
+    "val_acc",
+)
 
 
 def atomic_write_text(path, text: str) -> None:

@@ -21,7 +21,9 @@ def replace_retargeted_model(cfg: DictConfig, overrides: Iterable[str]) -> DictC
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     if not any(ov.key_or_group == "model._target_" and not ov.is_delete() for ov in parsed):
         return cfg
-    given = [ov.key_or_group.split(".")[1] for ov in parsed if ov.key_or_group.startswith("model.") and not ov.is_delete()]
+    given = [
+        ov.key_or_group.split(".")[1] for ov in parsed if ov.key_or_group.startswith("model.") and not ov.is_delete()
+    ]
     current = OmegaConf.to_container(cfg.model, resolve=False)
     model = {key: current[key] for key in dict.fromkeys(given) if key in current}
     model.setdefault("num_classes", "${data.num_classes}")

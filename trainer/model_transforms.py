@@ -91,7 +91,10 @@ def apply_activation_checkpointing(module: nn.Module, cfg) -> int:
 
 
 def _to_channels_last(module, args):
-    return tuple(a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.ndim == 4 else a for a in args)
+    return tuple(
+        a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.ndim == 4 else a
+        for a in args
+    )
 
 
 def apply_channels_last(module: nn.Module, cfg) -> None:
@@ -142,14 +145,19 @@ def warm_up_compiler(cfg, accelerator: str) -> None:
     if not cfg.compile:
         return
     import os
-
     from types import SimpleNamespace
 
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if accelerator == "cuda" else torch.device("cpu")
+    device = (
+        torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if accelerator == "cuda" else torch.device("cpu")
+    )
     holder = nn.Module()  # its one network: the small conv net, compiled whole
-    holder.net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2))
+    holder.net = nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2)
+    )
     holder.to(device)
-    apply_compile(holder, SimpleNamespace(compile=True, compile_mode="default"))  # default mode: no autotuning of a throwaway net
+    apply_compile(
+        holder, SimpleNamespace(compile=True, compile_mode="default")
+    )  # default mode: no autotuning of a throwaway net
     holder.net(torch.randn(2, 3, 8, 8, device=device)).sum().backward()
     torch.compiler.reset()
 

@@ -66,7 +66,12 @@ def build_optimizer(model: torch.nn.Module, cfg, loss_scaled_on_cuda: bool = Fal
     except (RuntimeError, ValueError) as e:
         if not impl.get("fused"):
             raise
-        log.warning("optim.fused=%s: %s has no fused kernel for these parameters (%s); using foreach instead", cfg.get("fused", "auto"), cls.__name__, e)
+        log.warning(
+            "optim.fused=%s: %s has no fused kernel for these parameters (%s); using foreach instead",
+            cfg.get("fused", "auto"),
+            cls.__name__,
+            e,
+        )
         return cls(groups, **kwargs, foreach=True)
 
 

@@ -50,7 +50,11 @@ def refuse_finished_run_dir(out_dir: str, ckpt_path: Optional[str], key: str = "
     if checkpoints:
         held.append(f"checkpoints ({', '.join(checkpoints[:3])}{', ...' if len(checkpoints) > 3 else ''})")
     if held:
-        resume = "Resume it with ckpt_path=last (raise trainer.max_epochs to train longer), or choose" if checkpoints else "Choose"
+        resume = (
+            "Resume it with ckpt_path=last (raise trainer.max_epochs to train longer), or choose"
+            if checkpoints
+            else "Choose"
+        )
         raise OutputTaken(
             f"'{key}' ({out_dir}) already holds {' and '.join(held)}; training into it from scratch would overwrite them. "
             f"{resume} a new dir. Nothing was changed."

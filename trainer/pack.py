@@ -65,12 +65,18 @@ def check_destination(src: Path, dst: Path) -> None:
     """Refuse anything that could overwrite or delete what the user has."""
     src_r, dst_r = src.resolve(), dst.resolve()
     if dst_r == src_r or src_r in dst_r.parents:
-        raise PackError(f"DST ({dst}) is {'SRC itself' if dst_r == src_r else 'inside SRC'} ({src}): packing would mix its output into the images it reads. Choose a DST outside SRC.")
+        raise PackError(
+            f"DST ({dst}) is {'SRC itself' if dst_r == src_r else 'inside SRC'} ({src}): "
+            "packing would mix its output into the images it reads. Choose a DST outside SRC."
+        )
     if dst.is_symlink() or (dst.exists() and not dst.is_dir()):
         raise PackError(f"DST ({dst}) exists and is not a folder; nothing was changed. Choose a new path.")
     if dst.is_dir() and any(dst.iterdir()):
         what = "a packed dataset" if (dst / "meta.json").exists() or (dst / "train" / "meta.json").exists() else "files"
-        raise PackError(f"DST ({dst}) already holds {what}; pack writes only to a new or empty folder, and nothing was changed. Choose a new path, or remove it yourself first.")
+        raise PackError(
+            f"DST ({dst}) already holds {what}; pack writes only to a new or empty folder, "
+            "and nothing was changed. Choose a new path, or remove it yourself first."
+        )
 
 
 def _remove_stale_temp_dirs(parent: Path) -> None:
@@ -115,7 +121,9 @@ def _numbered_as_train(classes, class_to_idx: Dict[str, int], path: Path) -> lis
     """A val folder's class index -> the train split's index of the same class (every val class must be a train class)."""
     unknown = [c for c in classes if c not in class_to_idx]
     if unknown:
-        raise PackError(f"{path} has classes that the train split does not: {', '.join(unknown[:5])}. The val classes must be train classes.")
+        raise PackError(
+            f"{path} has classes that the train split does not: {', '.join(unknown[:5])}. The val classes must be train classes."
+        )
     return [class_to_idx[c] for c in classes]
 
 
@@ -140,11 +148,15 @@ def _pack_one(src: Path, out: Path, size: int, class_to_idx: Optional[Dict[str, 
                 im = im.convert("RGB")
                 # resize the short side, then center-crop: the same framing as the val transform
                 scale = size / min(im.size)
-                im = im.resize((max(size, round(im.width * scale)), max(size, round(im.height * scale))), Image.BILINEAR)
+                im = im.resize(
+                    (max(size, round(im.width * scale)), max(size, round(im.height * scale))), Image.BILINEAR
+                )
                 left, top = (im.width - size) // 2, (im.height - size) // 2
                 images[i] = np.asarray(im.crop((left, top, left + size, top + size)))
         except (UnidentifiedImageError, OSError, ValueError) as e:
-            raise PackError(f"cannot decode {path}: {e}. Remove or replace the file and pack again (nothing was written to DST).") from None
+            raise PackError(
+                f"cannot decode {path}: {e}. Remove or replace the file and pack again (nothing was written to DST)."
+            ) from None
         labels[i] = targets[label]
     images.flush()
     del images
@@ -154,7 +166,14 @@ def _pack_one(src: Path, out: Path, size: int, class_to_idx: Optional[Dict[str, 
         with open(out / name, "rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)
-    meta = {"format": FORMAT, "count": n, "size": size, "classes": classes, "source": os.path.abspath(src), "sha256": digest.hexdigest()}
+    meta = {
+        "format": FORMAT,
+        "count": n,
+        "size": size,
+        "classes": classes,
+        "source": os.path.abspath(src),
+        "sha256": digest.hexdigest(),
+    }
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
     return meta
 
@@ -190,11 +209,15 @@ def _read_checked(path: str) -> bytes:
         with Image.open(io.BytesIO(data)) as im:
             im.verify()
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-        raise PackError(f"cannot decode {path}: {e}. Remove or replace the file and pack again (nothing was written to DST).") from None
+        raise PackError(
+            f"cannot decode {path}: {e}. Remove or replace the file and pack again (nothing was written to DST)."
+        ) from None
     return data
 
 
-def _write_shards(fmt: str, classes, splits, out: Path, shard_samples: int, group_rows: int, seed: int, src: Path) -> dict:
+def _write_shards(
+    fmt: str, classes, splits, out: Path, shard_samples: int, group_rows: int, seed: int, src: Path
+) -> dict:
     import random
 
     out.mkdir(parents=True)
@@ -212,12 +235,20 @@ def _write_shards(fmt: str, classes, splits, out: Path, shard_samples: int, grou
             else:
                 path = out / split / f"shard-{n:06d}.tar"
                 _write_tar(path, chunk, n * shard_samples)
-                shardlist.append({"url": f"{split}/{path.name}", "nsamples": len(chunk), "filesize": path.stat().st_size})
+                shardlist.append(
+                    {"url": f"{split}/{path.name}", "nsamples": len(chunk), "filesize": path.stat().st_size}
+                )
         if fmt == "webdataset":  # the wids index: WebDataset's own ShardListDataset reads it too
             index = {"wids_version": 1, "name": f"{src.name}-{split}", "shardlist": shardlist, "classes": list(classes)}
             (out / f"{split}.json").write_text(json.dumps(index, indent=1))
         counts[split] = len(samples)
-    return {"format": fmt, "count": counts["train"], "classes": list(classes), "source": os.path.abspath(src), "splits": counts}
+    return {
+        "format": fmt,
+        "count": counts["train"],
+        "classes": list(classes),
+        "source": os.path.abspath(src),
+        "splits": counts,
+    }
 
 
 def _write_parquet(path: Path, chunk, classes, group_rows: int, src: Path) -> None:
@@ -247,8 +278,16 @@ def _write_tar(path: Path, chunk, first_key: int) -> None:
             sink.write({"__key__": f"{first_key + i:08d}", ext: _read_checked(p), "cls": int(label)})
 
 
-def pack(src: str, dst: str, size: int = 64, fmt: str = "npy", shard_samples: int = 1000, group_rows: int = 100,
-         val_split: float = 0.2, seed: int = 42) -> dict:
+def pack(
+    src: str,
+    dst: str,
+    size: int = 64,
+    fmt: str = "npy",
+    shard_samples: int = 1000,
+    group_rows: int = 100,
+    val_split: float = 0.2,
+    seed: int = 42,
+) -> dict:
     """Pack ``src`` into the new folder ``dst``; return its meta (for a split: train's, with ``splits``)."""
     src_path, dst_path = Path(src), Path(dst)
     if not src_path.is_dir():
@@ -295,19 +334,45 @@ def pack(src: str, dst: str, size: int = 64, fmt: str = "npy", shard_samples: in
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.pack", description=__doc__.split("\n\n")[0])
-    parser.add_argument("src", help="an image folder: SRC/<class>/<image>, or SRC/train/<class>/... and SRC/val/<class>/...")
+    parser.add_argument(
+        "src", help="an image folder: SRC/<class>/<image>, or SRC/train/<class>/... and SRC/val/<class>/..."
+    )
     parser.add_argument("dst", help="where to write the packed dataset: a new or empty folder outside SRC")
-    parser.add_argument("--format", choices=("npy", "parquet", "webdataset"), default="npy",
-                        help="npy: one pre-resized uint8 array (data=packed); parquet / webdataset: shards of the encoded files (data=parquet, data=webdataset)")
-    parser.add_argument("--size", type=int, default=None, help="npy only: pixels per side (images are resized and center-cropped; default 64)")
+    parser.add_argument(
+        "--format",
+        choices=("npy", "parquet", "webdataset"),
+        default="npy",
+        help="npy: one pre-resized uint8 array (data=packed); parquet / webdataset: shards of the encoded files (data=parquet, data=webdataset)",
+    )
+    parser.add_argument(
+        "--size",
+        type=int,
+        default=None,
+        help="npy only: pixels per side (images are resized and center-cropped; default 64)",
+    )
     parser.add_argument("--shard-samples", type=int, default=1000, help="parquet / webdataset: samples per file")
-    parser.add_argument("--group-rows", type=int, default=100, help="parquet: rows per row group (the unit a loader reads)")
-    parser.add_argument("--val-split", type=float, default=0.2, help="parquet / webdataset, for a source with no train/val folders: fraction of each class held out")
-    parser.add_argument("--seed", type=int, default=42, help="parquet / webdataset: the split and the shuffled order (42: data=imagefolder's default seed)")
+    parser.add_argument(
+        "--group-rows", type=int, default=100, help="parquet: rows per row group (the unit a loader reads)"
+    )
+    parser.add_argument(
+        "--val-split",
+        type=float,
+        default=0.2,
+        help="parquet / webdataset, for a source with no train/val folders: fraction of each class held out",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=42,
+        help="parquet / webdataset: the split and the shuffled order (42: data=imagefolder's default seed)",
+    )
     args = parser.parse_args(argv)
     problem = None
     if args.size is not None and args.format != "npy":
-        problem = f"--size applies to --format npy only: {args.format} keeps each image's encoded file as it is (resizing happens when training, at data.image_size)."
+        problem = (
+            f"--size applies to --format npy only: {args.format} keeps each image's "
+            "encoded file as it is (resizing happens when training, at data.image_size)."
+        )
     elif args.size is not None and args.size < 1:
         problem = f"--size must be a positive number of pixels, not {args.size}."
     elif args.shard_samples < 1 or args.group_rows < 1:
@@ -318,7 +383,16 @@ def main(argv=None) -> int:
         print(f"\nerror: {problem}\n", file=sys.stderr)
         return 2
     try:
-        meta = pack(args.src, args.dst, args.size or 64, args.format, args.shard_samples, args.group_rows, args.val_split, args.seed)
+        meta = pack(
+            args.src,
+            args.dst,
+            args.size or 64,
+            args.format,
+            args.shard_samples,
+            args.group_rows,
+            args.val_split,
+            args.seed,
+        )
     except PackError as e:
         print(f"\nerror: {e}\n", file=sys.stderr)
         return 2

@@ -223,7 +223,11 @@ def fold_repeats(jobs: List[Job], varied: List[str]) -> List[Row]:
             continue
         # same settings from two sweeps (two days, before/after a change) are a comparison, not repeats
         where = str(job.path.resolve().parent) if several_sweeps else ""
-        key = json.dumps([where, {k: job.settings.get(k, _off_value(k)) for k in varied if k not in REPEAT_KEYS}], sort_keys=True, default=str)
+        key = json.dumps(
+            [where, {k: job.settings.get(k, _off_value(k)) for k in varied if k not in REPEAT_KEYS}],
+            sort_keys=True,
+            default=str,
+        )
         which = [job.settings.get(k) for k in repeat_keys]
         row = by_key.get(key)
         if row is not None and all([j.settings.get(k) for k in repeat_keys] != which for j in row.jobs):
@@ -256,7 +260,9 @@ def pick_baseline(rows: List[Row], varied: List[str]) -> Optional[Row]:
     return next((r for r in rows if r.ok), None)
 
 
-def speedup_interval(base: List[List[float]], other: List[List[float]], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Optional[tuple]:
+def speedup_interval(
+    base: List[List[float]], other: List[List[float]], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> Optional[tuple]:
     """A bootstrap interval of median(base) / median(other) over steady epoch times.
 
     Each argument is a list of repeats, each a list of epoch times. A resample draws repeats with
@@ -279,7 +285,17 @@ def speedup_interval(base: List[List[float]], other: List[List[float]], resample
 
 
 # decimals per numeric column in the markdown table (the CSV keeps full precision)
-_DIGITS = {"epoch_time_s": 3, "speedup": 2, "samples_per_s": 1, "data_wait_fraction": 3, "transfer_fraction": 3, "peak_memory_mb": 0, "val_acc": 3, "tflops": 3, "mfu": 3}
+_DIGITS = {
+    "epoch_time_s": 3,
+    "speedup": 2,
+    "samples_per_s": 1,
+    "data_wait_fraction": 3,
+    "transfer_fraction": 3,
+    "peak_memory_mb": 0,
+    "val_acc": 3,
+    "tflops": 3,
+    "mfu": 3,
+}
 
 
 def _fmt(value: Any, column: str = "") -> str:
@@ -306,17 +322,36 @@ def build_rows(jobs: List[Job], acc_drop: float = ACC_DROP_THRESHOLD) -> tuple:
     base_acc = base.median_of("val_acc") if base else None
     repeated = any(len(r.jobs) > 1 for r in rows)
     optional = [key for key in ("tflops", "mfu") if any(j.metrics.get(key) is not None for j in jobs)]
-    columns = ["job"] + shown + (["world_size"] if "world_size" not in shown else []) + (["repeats"] if repeated else []) + [
-        "epoch_time_s", "spread_s", "speedup", "speedup_ci", "samples_per_s", "data_wait_fraction", "transfer_fraction", *optional,
-        "peak_memory_mb", "val_acc", "bottleneck", "status", "notes",
-    ]
+    columns = (
+        ["job"]
+        + shown
+        + (["world_size"] if "world_size" not in shown else [])
+        + (["repeats"] if repeated else [])
+        + [
+            "epoch_time_s",
+            "spread_s",
+            "speedup",
+            "speedup_ci",
+            "samples_per_s",
+            "data_wait_fraction",
+            "transfer_fraction",
+            *optional,
+            "peak_memory_mb",
+            "val_acc",
+            "bottleneck",
+            "status",
+            "notes",
+        ]
+    )
     out = []
     for row in rows:
         m = row.first.metrics
         notes: List[str] = []
         t = row.epoch_time()
         speedup = round(base_time / t, 3) if (row.ok and t and base_time) else None
-        interval = speedup_interval(base.samples(), row.samples()) if (speedup is not None and row is not base) else None
+        interval = (
+            speedup_interval(base.samples(), row.samples()) if (speedup is not None and row is not base) else None
+        )
         base_samples, samples = _epoch_samples(base.first) if base else None, _epoch_samples(row.first)
         if speedup is not None and base_samples and samples and samples != base_samples:
             # epochs of different sizes (a batch-size change with trainer.limit_train_batches as a
@@ -342,7 +377,9 @@ def build_rows(jobs: List[Job], acc_drop: float = ACC_DROP_THRESHOLD) -> tuple:
         if row.ok and acc is not None and base_acc is not None and base_acc - acc > acc_drop:
             noise = accuracy_noise(base_acc, base.val_samples(), acc, row.val_samples())
             if noise is not None and base_acc - acc <= noise:
-                notes.append(f"val_acc {acc - base_acc:+.3f} not a significant drop (+-{noise:.3f} on {row.val_samples()} val samples)")
+                notes.append(
+                    f"val_acc {acc - base_acc:+.3f} not a significant drop (+-{noise:.3f} on {row.val_samples()} val samples)"
+                )
             else:
                 notes.append(f"ACCURACY DROP {acc - base_acc:+.3f}")
         if m.get("compile_time_s"):
@@ -430,13 +467,19 @@ def to_png(path: Path, columns: List[str], rows: List[dict]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    varied = [c for c in columns[1 : columns.index("epoch_time_s")] if c != "repeats" and (c != "world_size" or len({r.get(c) for r in rows}) > 1)]
+    varied = [
+        c
+        for c in columns[1 : columns.index("epoch_time_s")]
+        if c != "repeats" and (c != "world_size" or len({r.get(c) for r in rows}) > 1)
+    ]
     labels = [_label(r, varied) for r in rows]
     times = [r["epoch_time_s"] or 0.0 for r in rows]
     lines = sum(max(1, label.count("\n") + 1) for label in labels)
     fig, ax = plt.subplots(figsize=(11, 0.32 * lines + 0.25 * len(rows) + 1.6))
     ypos = range(len(rows))
-    colors = ["#9e9e9e" if "baseline" in r["notes"] else ("#d9534f" if r["status"] != "ok" else "#4c72b0") for r in rows]
+    colors = [
+        "#9e9e9e" if "baseline" in r["notes"] else ("#d9534f" if r["status"] != "ok" else "#4c72b0") for r in rows
+    ]
     errors = [[0.0] * len(rows), [0.0] * len(rows)]
     for i, r in enumerate(rows):
         if r.get("spread_s") and r["epoch_time_s"]:
@@ -448,7 +491,11 @@ def to_png(path: Path, columns: List[str], rows: List[dict]) -> None:
         if r["status"] != "ok":
             text = "FAILED"
         elif r["speedup"] is not None:
-            text = f"{t:.3g} s   {r['speedup']:.2f}x" + (f" [{r['speedup_ci']}]" if r.get("speedup_ci") else "") + (" (noise)" if "within noise" in r["notes"] else "")
+            text = (
+                f"{t:.3g} s   {r['speedup']:.2f}x"
+                + (f" [{r['speedup_ci']}]" if r.get("speedup_ci") else "")
+                + (" (noise)" if "within noise" in r["notes"] else "")
+            )
         else:
             text = f"{t:.3g} s"
         ax.text(t + errors[1][y] + top * 0.015, y, text, va="center", fontsize=9)
@@ -463,7 +510,9 @@ def to_png(path: Path, columns: List[str], rows: List[dict]) -> None:
     plt.close(fig)
 
 
-def write_report(dirs: Sequence[str], out_dir: str, echo: bool = True, not_run: Sequence[str] = (), note: str = "") -> Optional[str]:
+def write_report(
+    dirs: Sequence[str], out_dir: str, echo: bool = True, not_run: Sequence[str] = (), note: str = ""
+) -> Optional[str]:
     """Build the report from ``dirs`` into ``out_dir``; return the markdown (None if no jobs).
 
     ``not_run``: jobs of a stopped sweep that never ran (listed under the table), ``note``: why."""
@@ -501,7 +550,10 @@ def write_report(dirs: Sequence[str], out_dir: str, echo: bool = True, not_run: 
     if echo:
         verdicts = verdict_lines(jobs)
         print(
-            "\n" + to_markdown(columns, rows) + missing + ("\n" + "\n".join(verdicts) + "\n" if verdicts else "")
+            "\n"
+            + to_markdown(columns, rows)
+            + missing
+            + ("\n" + "\n".join(verdicts) + "\n" if verdicts else "")
             + f"\nreport: {out / 'ab_report.md'} (table), {out / 'ab_report.csv'}, chart: {out / 'ab_report.png'}\n",
             flush=True,
         )
@@ -515,13 +567,20 @@ def verdict_lines(jobs: List[Job]) -> List[str]:
         verdict = (row.first.metrics.get("diagnosis") or {}).get("verdict")
         if verdict:
             by_verdict.setdefault(verdict, []).append(row.name)
-    return [f"doctor, job{'s' if len(names) > 1 else ''} {', '.join(names)}: {verdict}" for verdict, names in by_verdict.items()]
+    return [
+        f"doctor, job{'s' if len(names) > 1 else ''} {', '.join(names)}: {verdict}"
+        for verdict, names in by_verdict.items()
+    ]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.report", description="Rebuild the A/B report from sweep or run dirs.")
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.report", description="Rebuild the A/B report from sweep or run dirs."
+    )
     parser.add_argument("dirs", nargs="+", help="sweep dirs, run dirs or metrics.json files")
-    parser.add_argument("--out", help="where to write ab_report.* (default: the single dir given, else the current dir)")
+    parser.add_argument(
+        "--out", help="where to write ab_report.* (default: the single dir given, else the current dir)"
+    )
     args = parser.parse_args(argv)
     missing = [d for d in args.dirs if not os.path.exists(d)]
     if missing:

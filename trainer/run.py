@@ -20,12 +20,11 @@ from . import config as config_mod
 from . import metrics as metrics_mod
 from . import stopping
 from .errors import ConfigError, UserFacingError
-from .flops import mfu
+from .flops import mfu, training_flops_per_sample
 from .flops import peak_flops as peak_flops_of
-from .flops import training_flops_per_sample
 from .launch import allocator_loaded
-from .outputs import refuse_finished_run_dir
 from .memory import PeakMemory
+from .outputs import refuse_finished_run_dir
 from .rank import global_rank, is_launched_rank
 
 log = logging.getLogger(__name__)
@@ -98,11 +97,15 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
     """
     from .callbacks import EpochTimer
 
-    parts = Parts(cfg=cfg, out_dir=out_dir, overrides=list(overrides or []), config_path=config_path, requested=flags_of(cfg))
+    parts = Parts(
+        cfg=cfg, out_dir=out_dir, overrides=list(overrides or []), config_path=config_path, requested=flags_of(cfg)
+    )
     # after every epoch (rank 0): the run so far, so a kill loses at most the epoch in flight.
     # train_loss: Lightning reduces the epoch's loss only after the epoch-end callbacks, so a
     # running record leaves it out rather than show the previous epoch's value
-    parts.timer = EpochTimer(on_epoch=lambda: metrics_mod.write(parts.metrics_path, record_of(parts, "running", None, train_loss=False)))
+    parts.timer = EpochTimer(
+        on_epoch=lambda: metrics_mod.write(parts.metrics_path, record_of(parts, "running", None, train_loss=False))
+    )
     if not is_launched_rank():  # launched ranks: the launching process checked already
         # before the try: a refused dir gets nothing written into it, not even a failure record
         # (in-process callers have no Hydra callback to check it for them)
@@ -218,7 +221,9 @@ def _settle(parts: Parts) -> None:
     if cfg.data.batch_size == "auto":
         from .batch_finder import find_batch_size
 
-        batch_size, parts.notes["batch_size_reason"] = find_batch_size(parts.module, parts.datamodule, cfg, plan.accelerator, plan.amp_dtype)
+        batch_size, parts.notes["batch_size_reason"] = find_batch_size(
+            parts.module, parts.datamodule, cfg, plan.accelerator, plan.amp_dtype
+        )
         parts.settled["data.batch_size"] = batch_size
         _apply_settled(cfg, parts.settled)
         pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the search consumed random numbers
@@ -293,11 +298,21 @@ def build_callbacks(parts: Parts) -> Callbacks:
         peak=PeakMemory(parts.plan.accelerator),
         preemption=PreemptionCallback(os.path.join(checkpoint_dir, "last.ckpt")),
         bad_samples=BadSampleCounter() if cfg.data.name != "synthetic" else None,
-        nan_guard=NaNGuard(cfg.on_nan, checkpoint_dir if cfg.checkpoint.enabled else None) if cfg.on_nan != "off" else None,
+        nan_guard=NaNGuard(cfg.on_nan, checkpoint_dir if cfg.checkpoint.enabled else None)
+        if cfg.on_nan != "off"
+        else None,
         monitor=SystemMonitor(cfg.monitor.interval_s) if cfg.monitor.enabled else None,
         all=[],
     )
-    found.all = [parts.timer, found.peak, ResumableState(), found.preemption, found.monitor, found.bad_samples, found.nan_guard]
+    found.all = [
+        parts.timer,
+        found.peak,
+        ResumableState(),
+        found.preemption,
+        found.monitor,
+        found.bad_samples,
+        found.nan_guard,
+    ]
     if cfg.compile:
         found.all.append(model_transforms.CompileAfterSetup(cfg))
     if isinstance(parts.module, ImageClassifier):
@@ -342,7 +357,12 @@ def fit(parts: Parts) -> tuple:
     """``Trainer.fit``; returns (status, error): a preemption or a stop is a failed run that resumes."""
     trainer, preemption = parts.trainer, parts.callbacks.preemption
     try:
-        trainer.fit(parts.module, datamodule=parts.datamodule, ckpt_path=parts.ckpt_path, weights_only=True if parts.ckpt_path else None)
+        trainer.fit(
+            parts.module,
+            datamodule=parts.datamodule,
+            ckpt_path=parts.ckpt_path,
+            weights_only=True if parts.ckpt_path else None,
+        )
     except SystemExit:
         # Lightning turns SIGTERM into SIGTERMException (a SystemExit with status 0) after the
         # step in which our PreemptionCallback saved last.ckpt: that is a preemption, not a crash
@@ -407,14 +427,18 @@ def record_of(parts: Parts, status: str, error: Optional[str], train_loss: bool 
         epochs=timer.history(),
         summary=summary,
         peak_memory=earlier.get("peak_memory_mb") if earlier else (peak.result_mb if peak else None),
-        train_loss=earlier.get("train_loss") if earlier else (_metric(trainer, "train/loss_epoch") if train_loss else None),
+        train_loss=earlier.get("train_loss")
+        if earlier
+        else (_metric(trainer, "train/loss_epoch") if train_loss else None),
         val_acc=earlier.get("val_acc") if earlier else _metric(trainer, "val/acc"),
         extra={
             "precision": plan.precision if plan else None,
             "batch_size": cfg.data.batch_size,
             "lr": cfg.optim.lr,
             "peak_memory_method": peak.method if peak else None,
-            "peak_memory_reserved_mb": earlier.get("peak_memory_reserved_mb") if earlier else (peak.reserved_mb if peak else None),
+            "peak_memory_reserved_mb": earlier.get("peak_memory_reserved_mb")
+            if earlier
+            else (peak.reserved_mb if peak else None),
             "peak_flops": parts.peak_flops,
             "skipped_samples": found.bad_samples.skipped if found and found.bad_samples else 0,
             "nan_skipped_steps": found.nan_guard.skipped if found and found.nan_guard else 0,
@@ -488,7 +512,13 @@ def _preempted(notes: Dict[str, Any], preemption) -> tuple:
 
 
 def _already_finished(previous: Optional[Dict[str, Any]], timer, status: str) -> bool:
-    return bool(previous) and previous.get("status") == "ok" and status == "ok" and not timer.epochs and bool(previous.get("epochs"))
+    return (
+        bool(previous)
+        and previous.get("status") == "ok"
+        and status == "ok"
+        and not timer.epochs
+        and bool(previous.get("epochs"))
+    )
 
 
 def _epoch_span(epochs: List[Dict[str, Any]]) -> str:

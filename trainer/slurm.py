@@ -42,7 +42,9 @@ def resume_if_requeued(cfg, out_dir: str) -> bool:
             cfg.ckpt_path = "last"
         log.warning("requeued by Slurm (restart %d): resuming from the newest checkpoint in %s", restarts, out_dir)
     elif not cfg.get("ckpt_path"):
-        log.warning("requeued by Slurm (restart %d) before a checkpoint was saved: starting over in %s", restarts, out_dir)
+        log.warning(
+            "requeued by Slurm (restart %d) before a checkpoint was saved: starting over in %s", restarts, out_dir
+        )
     return True
 
 
@@ -53,7 +55,12 @@ def requeue_pending() -> bool:
     import subprocess
 
     try:
-        out = subprocess.run(["scontrol", "show", "job", "-o", os.environ.get("SLURM_JOB_ID", "")], capture_output=True, text=True, timeout=20).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", os.environ.get("SLURM_JOB_ID", "")],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout
         restarts = next(int(f.split("=", 1)[1]) for f in out.split() if f.startswith("Restarts="))
     except (OSError, subprocess.TimeoutExpired, StopIteration, ValueError):
         return True
@@ -68,11 +75,17 @@ def leave_for_requeue(result) -> None:
     is the one the sweep gets. A cancelled job returns: its failed row is its result."""
     from .checkpointing import PREEMPTED_EXIT_CODE
 
-    if not (result.get("preempted") and os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and "SIGTERM" in str(result.get("error"))):
+    if not (
+        result.get("preempted")
+        and os.environ.get("SUBMITIT_EXECUTOR") == "slurm"
+        and "SIGTERM" in str(result.get("error"))
+    ):
         return
     if not requeue_pending():
         return  # scancel: no rerun comes, so this attempt's result (a failed row) is the job's
-    log.warning("preempted: Slurm requeues this job and it resumes from last.ckpt; leaving without a result for this attempt")
+    log.warning(
+        "preempted: Slurm requeues this job and it resumes from last.ckpt; leaving without a result for this attempt"
+    )
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

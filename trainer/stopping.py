@@ -22,7 +22,9 @@ from __future__ import annotations
 import signal
 from typing import Any, Dict, List, Optional
 
-SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGUSR1", None), signal.SIGINT) if s is not None)
+SIGNALS = tuple(
+    s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGUSR1", None), signal.SIGINT) if s is not None
+)
 
 
 class Stopped(BaseException):

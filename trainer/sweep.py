@@ -35,7 +35,14 @@ log = logging.getLogger(__name__)
 PLAN = "sweep.json"
 
 # this process's sweep: its dir, and whether it finishes a stopped one (set by on_multirun_start)
-_state: Dict[str, Any] = {"sweep_dir": None, "in_process": False, "resuming": False, "configs": {}, "argv": None, "slow": {}}
+_state: Dict[str, Any] = {
+    "sweep_dir": None,
+    "in_process": False,
+    "resuming": False,
+    "configs": {},
+    "argv": None,
+    "slow": {},
+}
 
 
 def remember_argv(argv: List[str]) -> None:
@@ -101,7 +108,11 @@ def resumable(sweep_dir: str, task_overrides: List[str]) -> Optional[str]:
         return None
     if plan.get("state") == "stopped":
         return f"stopped by {plan.get('signal') or 'a signal'}"
-    if plan.get("state") == "running" and plan.get("host") == socket.gethostname() and not _alive(int(plan.get("pid") or 0)):
+    if (
+        plan.get("state") == "running"
+        and plan.get("host") == socket.gethostname()
+        and not _alive(int(plan.get("pid") or 0))
+    ):
         return "its process ended without finishing it"
     return None
 
@@ -117,7 +128,11 @@ def start(sweep_dir: str, task_overrides: List[str]) -> None:
             config = job.parent / ".hydra" / "config.yaml"
             if _status(job.parent) == "ok" and config.exists():
                 _state["configs"][str(job.parent.resolve())] = config.read_text()
-        log.warning("taking up the sweep in %s (%s): finished jobs are kept, a stopped job resumes from its last.ckpt, the rest run", sweep_dir, why)
+        log.warning(
+            "taking up the sweep in %s (%s): finished jobs are kept, a stopped job resumes from its last.ckpt, the rest run",
+            sweep_dir,
+            why,
+        )
     plan = {
         "sweep": 1,
         "state": "running",
@@ -184,12 +199,16 @@ def expect_slow_jobs(config, jobs: Optional[List[List[str]]]) -> None:
     from .console import job_label
 
     names = ", ".join(job_label(num, jobs[num]) for num in cpu_bf16)
-    probe = (f"a probe of this model measured a bf16 step at {factor:.1f}x the time of an fp32 one here" if factor
-             else "expect it several times slower than fp32")
+    probe = (
+        f"a probe of this model measured a bf16 step at {factor:.1f}x the time of an fp32 one here"
+        if factor
+        else "expect it several times slower than fp32"
+    )
     log.warning(
         "%s: amp=true runs emulated bf16 on this CPU (no AVX512-BF16/AMX): %s. Each one's expected time is said before it "
         "starts; Ctrl-C stops the sweep after the job in flight (the same command with hydra.sweep.dir finishes it later).",
-        names, probe,
+        names,
+        probe,
     )
 
 
@@ -205,8 +224,14 @@ def announce(num: int, overrides: List[str]) -> None:
     if factor and twin:
         other, wall, steps = twin  # the steps slow down by the factor, setting up does not
         seconds = (wall - steps) + steps * factor
-        log.warning("%s: expect about %s (emulated bf16: %.1fx the %s of training and validation that #%s took in fp32)",
-                    label, _duration(seconds), factor, _duration(steps), other)
+        log.warning(
+            "%s: expect about %s (emulated bf16: %.1fx the %s of training and validation that #%s took in fp32)",
+            label,
+            _duration(seconds),
+            factor,
+            _duration(steps),
+            other,
+        )
     elif factor:
         log.warning("%s: expect about %.1fx the time of the same job in fp32 (emulated bf16)", label, factor)
 
@@ -237,7 +262,11 @@ def _finished_twin(num: int, overrides: List[str]) -> Optional[tuple]:
 def _duration(seconds: float) -> str:
     if seconds < 10:
         return f"{seconds:.1f} s"
-    return f"{seconds:.0f} s" if seconds < 120 else (f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h")
+    return (
+        f"{seconds:.0f} s"
+        if seconds < 120
+        else (f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h")
+    )
 
 
 def done(sweep_dir: str) -> None:

@@ -33,11 +33,16 @@ class Plan:
     warnings: List[str] = field(default_factory=list)
 
     def world_size(self, hw: Hardware) -> int:
-        per_node = self.devices if isinstance(self.devices, int) and self.devices > 0 else (hw.count if self.accelerator == "cuda" else 1)
+        per_node = (
+            self.devices
+            if isinstance(self.devices, int) and self.devices > 0
+            else (hw.count if self.accelerator == "cuda" else 1)
+        )
         return per_node * self.num_nodes
 
     def banner(self, cfg, hw: Hardware) -> str:
         dtypes = "bf16" + ("" if hw.bf16_native else " (emulated, slow)") + (", fp16" if hw.fp16 else "")
+
         def on(value: bool) -> str:
             return "true" if value else "false"
 
@@ -47,19 +52,27 @@ class Plan:
             f"devices={self.devices} tf32={on(cfg.tf32)} cudnn_benchmark={on(cfg.cudnn_benchmark)} profile={on(cfg.profile)}"
         )
         cap = f" sm{hw.capability}" if hw.capability else ""
-        return f"device: {hw.accelerator} x{hw.count} ({hw.name}{cap}, {hw.cpu_cores} cores) | dtypes: {dtypes} | {flags}"
+        return (
+            f"device: {hw.accelerator} x{hw.count} ({hw.name}{cap}, {hw.cpu_cores} cores) | dtypes: {dtypes} | {flags}"
+        )
 
 
 def resolve(cfg, hw: Hardware) -> Plan:
     """Decide precision, strategy and devices from the flags; raise ConfigError if impossible."""
     warnings: List[str] = []
     if cfg.accelerator in ("gpu", "cuda") and hw.accelerator != "cuda":
-        raise ConfigError("'accelerator' is set to a GPU, but torch sees no CUDA device here. Allowed on this machine: auto, cpu.")
+        raise ConfigError(
+            "'accelerator' is set to a GPU, but torch sees no CUDA device here. Allowed on this machine: auto, cpu."
+        )
     accelerator = hw.accelerator if cfg.accelerator == "auto" else ("cpu" if cfg.accelerator == "cpu" else "cuda")
     amp_dtype, precision = _precision(cfg, hw, accelerator, warnings)
 
     if cfg.strategy == "fsdp2" and precision == "16-mixed":
-        why = "amp_dtype=fp16" if cfg.amp_dtype == "fp16" else f"amp_dtype=auto, which picks fp16 on this GPU (sm{hw.capability}, no native bf16)"
+        why = (
+            "amp_dtype=fp16"
+            if cfg.amp_dtype == "fp16"
+            else f"amp_dtype=auto, which picks fp16 on this GPU (sm{hw.capability}, no native bf16)"
+        )
         raise ConfigError(
             f"'strategy=fsdp2' cannot run fp16 autocast ({why}): Lightning's ModelParallelStrategy takes only 32-true or "
             "bf16-mixed precision (fp16 would need a sharded gradient scaler it does not have). Allowed with strategy=fsdp2: "
@@ -69,7 +82,9 @@ def resolve(cfg, hw: Hardware) -> Plan:
     devices = cfg.devices
     available = hw.count if accelerator == "cuda" else None
     if accelerator == "cuda" and isinstance(devices, int) and devices > available:
-        raise ConfigError(f"'devices={devices}' but this machine has {available} CUDA device(s). Allowed: 1..{available}, -1 or auto.")
+        raise ConfigError(
+            f"'devices={devices}' but this machine has {available} CUDA device(s). Allowed: 1..{available}, -1 or auto."
+        )
 
     if accelerator == "cpu" and isinstance(devices, int) and devices > hw.cpu_cores:
         raise ConfigError(
@@ -90,7 +105,9 @@ def resolve(cfg, hw: Hardware) -> Plan:
             "or channels_last=true with strategy=fsdp (GPU), ddp or auto."
         )
     if cfg.sync_batchnorm and accelerator != "cuda":
-        raise ConfigError("'sync_batchnorm=true' needs CUDA GPUs (torch's SyncBatchNorm does not run on CPU). Allowed here: sync_batchnorm=false.")
+        raise ConfigError(
+            "'sync_batchnorm=true' needs CUDA GPUs (torch's SyncBatchNorm does not run on CPU). Allowed here: sync_batchnorm=false."
+        )
     if cfg.sync_batchnorm and cfg.strategy == "auto":
         warnings.append("sync_batchnorm=true only matters with more than one process (strategy=ddp/fsdp/fsdp2).")
     if cfg.data.batch_size == "auto" and cfg.strategy != "auto":
@@ -101,7 +118,9 @@ def resolve(cfg, hw: Hardware) -> Plan:
     if cfg.compile and cfg.compile_mode in ("reduce-overhead",) and accelerator == "cpu":
         warnings.append("compile_mode=reduce-overhead uses CUDA graphs; on CPU it behaves like the default mode.")
     if cfg.tf32 and accelerator == "cpu":
-        warnings.append("tf32=true only changes CUDA matmuls and convolutions (Ampere or newer); on CPU it has no effect.")
+        warnings.append(
+            "tf32=true only changes CUDA matmuls and convolutions (Ampere or newer); on CPU it has no effect."
+        )
     if cfg.cudnn_benchmark and accelerator == "cpu":
         warnings.append("cudnn_benchmark=true only affects cuDNN on CUDA; on CPU it has no effect.")
     return Plan(accelerator, devices, cfg.num_nodes, precision, amp_dtype, cfg.strategy, warnings)
@@ -122,7 +141,11 @@ def _precision(cfg, hw: Hardware, accelerator: str, warnings: List[str]) -> tupl
             )
         precision = "bf16-mixed" if amp_dtype == "bf16" else "16-mixed"
         if amp_dtype == "bf16" and not hw.bf16_native:
-            where = "this CPU has no AVX512-BF16/AMX" if accelerator == "cpu" else f"this GPU (sm{hw.capability}) has no native bf16"
+            where = (
+                "this CPU has no AVX512-BF16/AMX"
+                if accelerator == "cpu"
+                else f"this GPU (sm{hw.capability}) has no native bf16"
+            )
             warnings.append(
                 f"amp=true with bf16: {where}, so bf16 is emulated and will be SLOWER than fp32 here "
                 "(about 30x for a ResNet-50 step on the AVX2 build machines). Measure it, but do not expect a speed-up."
@@ -190,7 +213,10 @@ def scaled_lr(cfg, world_size: int) -> tuple:
     lr = base * factor
     if cfg.lr_scaling == "none":
         return lr, f"lr {base:g} (effective batch {effective}; lr_scaling=none)"
-    return lr, f"lr {base:g} at batch {cfg.optim.ref_batch_size} -> {lr:.4g} at effective batch {effective} (lr_scaling={cfg.lr_scaling})"
+    return (
+        lr,
+        f"lr {base:g} at batch {cfg.optim.ref_batch_size} -> {lr:.4g} at effective batch {effective} (lr_scaling={cfg.lr_scaling})",
+    )
 
 
 def set_cuda_alloc_conf(conf: str | None) -> None:
@@ -201,7 +227,9 @@ def set_cuda_alloc_conf(conf: str | None) -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         # CUDA already started in this process (a second sweep job): apply it to the live allocator
         torch.cuda.memory._set_allocator_settings(conf)
-        log.warning("cuda_alloc_conf=%s applied to an already initialized CUDA allocator (a previous job started CUDA)", conf)
+        log.warning(
+            "cuda_alloc_conf=%s applied to an already initialized CUDA allocator (a previous job started CUDA)", conf
+        )
 
 
 def trainer_kwargs(cfg, plan: Plan, strategy: Any = None) -> dict:

@@ -49,9 +49,15 @@ def cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/f
                 if quota[0] != "max":
                     limits += _ratio(quota[0], quota[1] if len(quota) > 1 else None)
         elif "cpu" in controllers.split(","):
-            base = os.path.join(root, controllers) if os.path.isdir(os.path.join(root, controllers)) else os.path.join(root, "cpu")
+            base = (
+                os.path.join(root, controllers)
+                if os.path.isdir(os.path.join(root, controllers))
+                else os.path.join(root, "cpu")
+            )
             for d in _self_and_ancestors(base, path):
-                limits += _ratio(_read(os.path.join(d, "cpu.cfs_quota_us")), _read(os.path.join(d, "cpu.cfs_period_us")))
+                limits += _ratio(
+                    _read(os.path.join(d, "cpu.cfs_quota_us")), _read(os.path.join(d, "cpu.cfs_period_us"))
+                )
     return min(limits) if limits else None
 
 
@@ -127,7 +133,11 @@ class CpuBusy:
             return None
         # psutil lists the online CPUs in order: with some offline, list position is not the CPU number
         online = online_cpus()
-        position = {cpu: i for i, cpu in enumerate(online)} if online and len(online) == len(per_cpu) else {i: i for i in range(len(per_cpu))}
+        position = (
+            {cpu: i for i, cpu in enumerate(online)}
+            if online and len(online) == len(per_cpu)
+            else {i: i for i in range(len(per_cpu))}
+        )
         busy = total = 0.0
         for cpu in self.cpus:
             if cpu in position:
@@ -210,11 +220,14 @@ def disk_read_bytes() -> Optional[int]:
 # ---- GPUs: NVML numbers every GPU of the machine in PCI order and ignores CUDA_VISIBLE_DEVICES;
 # CUDA numbers only the visible ones (in its own order unless CUDA_DEVICE_ORDER=PCI_BUS_ID).
 
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def nvml_handle(nvml, cuda_index: int, uuid: Optional[str] = None, visible: Optional[str] = None, pci_bus_id: Optional[str] = None):
+def nvml_handle(
+    nvml, cuda_index: int, uuid: Optional[str] = None, visible: Optional[str] = None, pci_bus_id: Optional[str] = None
+):
     """The NVML handle of the GPU that torch calls ``cuda:<cuda_index>``.
 
     Exact whatever the ordering: by the device's UUID when torch gives it (a GPU's or a MIG
@@ -270,7 +283,9 @@ class GpuReader:
                 pynvml.nvmlInit()
                 self.nvml = pynvml
             except Exception as e:  # no nvidia-ml-py, or no NVIDIA driver
-                self.note = f"no NVML ({type(e).__name__}); install nvidia-ml-py for GPU utilization, power and temperature"
+                self.note = (
+                    f"no NVML ({type(e).__name__}); install nvidia-ml-py for GPU utilization, power and temperature"
+                )
                 return
         uuid = pci = None
         try:

@@ -59,10 +59,18 @@ def main(argv: List[str]) -> int:
         text = path.read_text(errors="replace") if path else ""
         how = _how_it_ended(failure.exitcode)
         answer = answer_of(text) if text.strip() else f"rank {rank} {how} and printed nothing to stderr"
-        print(f"\n{answer}\n\n(rank {rank} {how}, which stopped the job; every rank's stderr is under {log_dir})\n", file=sys.stderr, flush=True)
+        print(
+            f"\n{answer}\n\n(rank {rank} {how}, which stopped the job; every rank's stderr is under {log_dir})\n",
+            file=sys.stderr,
+            flush=True,
+        )
         return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
     except SignalException as e:  # this launcher itself was signalled (a scheduler's SIGTERM, Ctrl-C)
-        print(f"\nthe job's launcher received {e.sigval.name}; its ranks were stopped (their stderr is under {log_dir})\n", file=sys.stderr, flush=True)
+        print(
+            f"\nthe job's launcher received {e.sigval.name}; its ranks were stopped (their stderr is under {log_dir})\n",
+            file=sys.stderr,
+            flush=True,
+        )
         return 128 + int(e.sigval)
     return 0
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from spies import training_snapshots
 
 pytestmark = [
@@ -20,8 +19,6 @@ pytestmark = [
 
 GPU = ["accelerator=gpu"]
 PROBE = GPU + ["model._target_=spies.ProbeNet", "~model.width"]
-
-
 
 
 def _jpeg_folder(root, classes=("a", "b", "c"), per_class=8, size=48):
@@ -49,7 +46,9 @@ def test_fp16_loss_scaling_skips_non_finite_steps(train):
     assert m["precision"] == "16-mixed" and m["grad_scale"] is not None
     assert m["grad_scale"] < 65536.0  # GradScaler's initial scale: it backed off on the NaN steps
     state = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
-    assert state and all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())  # no NaN reached the weights
+    assert state and all(
+        torch.isfinite(v).all() for v in state.values() if v.is_floating_point()
+    )  # no NaN reached the weights
 
 
 def test_compile_runs_on_the_gpu(train):
@@ -106,7 +105,11 @@ def test_gpu_normalize_ships_uint8_to_the_gpu(train, monkeypatch):
 
     shipped = []
     real = dm_mod.ImageDataModule.transfer_batch_to_device
-    monkeypatch.setattr(dm_mod.ImageDataModule, "transfer_batch_to_device", lambda self, b, d, i: shipped.append(b[0].dtype) or real(self, b, d, i))
+    monkeypatch.setattr(
+        dm_mod.ImageDataModule,
+        "transfer_batch_to_device",
+        lambda self, b, d, i: shipped.append(b[0].dtype) or real(self, b, d, i),
+    )
     train(*PROBE, "data.gpu_normalize=true")
     assert shipped and all(dt == torch.uint8 for dt in shipped)
     seen = training_snapshots()
@@ -118,7 +121,14 @@ def test_nvjpeg_decodes_batches_on_the_gpu(compose, train, tmp_path):
     from trainer.data.device_decode import EncodedBatch
 
     root = _jpeg_folder(tmp_path / "imgs")
-    args = ("data=imagefolder", f"data.root={root}", "data.augment=false", "data.val_split=0", "data.image_size=32", "data.batch_size=12")
+    args = (
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.augment=false",
+        "data.val_split=0",
+        "data.image_size=32",
+        "data.batch_size=12",
+    )
     cfg = compose(*args, "data.decoder=nvjpeg")
     dm = ImageDataModule(cfg.data, cfg.seed, accelerator="cuda")
     dm.build()
@@ -133,7 +143,16 @@ def test_nvjpeg_decodes_batches_on_the_gpu(compose, train, tmp_path):
     ref_x, ref_y = next(iter(ref_dm.train_dataloader()))
     assert torch.equal(ref_y, y.cpu())
     assert (x.cpu().float() - ref_x.float()).abs().mean() < 3  # nvJPEG and libjpeg-turbo differ by rounding
-    m, _ = train(*GPU, "data=imagefolder", f"data.root={root}", "data.image_size=32", "data.batch_size=4", "data.decoder=nvjpeg", "data.device_prefetch=true", "data.num_workers=1")
+    m, _ = train(
+        *GPU,
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.image_size=32",
+        "data.batch_size=4",
+        "data.decoder=nvjpeg",
+        "data.device_prefetch=true",
+        "data.num_workers=1",
+    )
     assert m["status"] == "ok" and m["decoder"] == "nvjpeg"
 
 
@@ -150,10 +169,10 @@ def test_device_resident_synthetic_lives_on_the_gpu(train):
 
 def test_fsdp1_wraps_the_blocks_trains_saves_and_resumes(compose, tmp_path):
     """strategy=fsdp (Lightning's FSDPStrategy, GPU only) on the ViT recipe's blocks, then ckpt_path=last."""
-    from trainer.run import run
-
     import pytorch_lightning as pl
     from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from trainer.run import run
 
     wrapped = []
 
@@ -167,8 +186,16 @@ def test_fsdp1_wraps_the_blocks_trains_saves_and_resumes(compose, tmp_path):
         original(self, *a, callbacks=list(callbacks or []) + [CountWrapped()], **kw)
 
     out = str(tmp_path / "fsdp")
-    args = GPU + ["+recipe=vit", "scale=smoke", "strategy=fsdp", "checkpoint.enabled=true", "data.batch_size=16",
-                  "trainer.limit_train_batches=4", "trainer.limit_val_batches=2", "trainer.max_epochs=1"]
+    args = GPU + [
+        "+recipe=vit",
+        "scale=smoke",
+        "strategy=fsdp",
+        "checkpoint.enabled=true",
+        "data.batch_size=16",
+        "trainer.limit_train_batches=4",
+        "trainer.limit_val_batches=2",
+        "trainer.max_epochs=1",
+    ]
     pl.Trainer.__init__ = init
     try:
         m = run(compose(*args), out, args)
@@ -182,7 +209,16 @@ def test_fsdp1_wraps_the_blocks_trains_saves_and_resumes(compose, tmp_path):
 
 
 def test_memory_snapshot_is_written_on_cuda(train):
-    m, out = train(*GPU, "profile=true", "profiler.memory_snapshot=true", "data.num_samples=96", "profiler.skip_first=1", "profiler.wait=1", "profiler.warmup=1", "profiler.active=2")
+    m, out = train(
+        *GPU,
+        "profile=true",
+        "profiler.memory_snapshot=true",
+        "data.num_samples=96",
+        "profiler.skip_first=1",
+        "profiler.wait=1",
+        "profiler.warmup=1",
+        "profiler.active=2",
+    )
     snapshot = out / "profiler" / "memory_snapshot_rank0.pickle"
     assert m["status"] == "ok" and snapshot.exists() and snapshot.stat().st_size > 0
     assert m["peak_memory_method"] == "cuda max_memory_allocated"
@@ -197,11 +233,22 @@ def test_nvml_readings_reach_the_doctor(train):
 def test_batch_size_auto_searches_device_memory(train):
     """A budget of 1% of device memory (headroom 0.99): the search must stop on memory, well below
     the cap and the data set size, not on either of them."""
-    m, _ = train(*GPU, "data.batch_size=auto", "batch_finder.headroom=0.99", "batch_finder.max_batch_size=65536",
-                 "data.num_samples=65536", "data.image_size=64", "model.width=64", "trainer.limit_train_batches=2")
+    m, _ = train(
+        *GPU,
+        "data.batch_size=auto",
+        "batch_finder.headroom=0.99",
+        "batch_finder.max_batch_size=65536",
+        "data.num_samples=65536",
+        "data.image_size=64",
+        "model.width=64",
+        "trainer.limit_train_batches=2",
+    )
     budget_mb = torch.cuda.get_device_properties(0).total_memory / 2**20 * 0.01
     assert m["status"] == "ok" and "memory" in m["batch_size_reason"], m["batch_size_reason"]
-    assert 1 <= m["batch_size"] < 65536 and str(round(budget_mb)) in m["batch_size_reason"].replace(".", ""), (m["batch_size"], m["batch_size_reason"])
+    assert 1 <= m["batch_size"] < 65536 and str(round(budget_mb)) in m["batch_size_reason"].replace(".", ""), (
+        m["batch_size"],
+        m["batch_size_reason"],
+    )
 
 
 def test_cuda_alloc_conf_is_in_effect_in_the_allocator(tmp_path):
@@ -218,22 +265,51 @@ def test_cuda_alloc_conf_is_in_effect_in_the_allocator(tmp_path):
         "segments = torch.cuda.memory_snapshot()\n"
         "print('EXPANDABLE', any(s.get('is_expandable') for s in segments), len(segments))\n"
     )
-    r = subprocess.run([sys.executable, "-c", script, *GPU, *TINY, "cuda_alloc_conf=expandable_segments:True", f"hydra.run.dir={tmp_path}/run"],
-                       cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            script,
+            *GPU,
+            *TINY,
+            "cuda_alloc_conf=expandable_segments:True",
+            f"hydra.run.dir={tmp_path}/run",
+        ],
+        cwd=ROOT,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "EXPANDABLE True" in r.stdout, (r.stdout + r.stderr)[-3000:]
 
 
 def test_compute_bound_gpu_run_is_not_called_input_bound(train):
     """Pageable copies wait for the previous step's kernels: that wait is compute, not data wait or transfer."""
-    m, _ = train(*GPU, "data.pin_memory=false", "data.num_samples=2048", "data.batch_size=256", "data.image_size=64", "model.width=96", "trainer.max_epochs=2")
+    m, _ = train(
+        *GPU,
+        "data.pin_memory=false",
+        "data.num_samples=2048",
+        "data.batch_size=256",
+        "data.image_size=64",
+        "model.width=96",
+        "trainer.max_epochs=2",
+    )
     assert m["data_wait_fraction"] < 0.25 and m["transfer_fraction"] is not None, m["epochs"]
     assert m["diagnosis"]["bottleneck"] != "input pipeline", m["diagnosis"]
     assert m["tflops"] and m["tflops"] > 0
     name = torch.cuda.get_device_name(0)
-    if "H100" in name or "H200" in name:  # the GPUs this product is measured on: their peak is known by torch's own name
-        assert m["peak_flops"] and m["peak_flops_source"].startswith(("H100", "H200")) and 0 < m["mfu"] < 1, (name, m["peak_flops_source"])
+    if (
+        "H100" in name or "H200" in name
+    ):  # the GPUs this product is measured on: their peak is known by torch's own name
+        assert m["peak_flops"] and m["peak_flops_source"].startswith(("H100", "H200")) and 0 < m["mfu"] < 1, (
+            name,
+            m["peak_flops_source"],
+        )
     else:
-        assert (m["peak_flops"] and 0 < m["mfu"] < 1) or m["peak_flops_source"].startswith("unknown"), m["peak_flops_source"]
+        assert (m["peak_flops"] and 0 < m["mfu"] < 1) or m["peak_flops_source"].startswith("unknown"), m[
+            "peak_flops_source"
+        ]
 
 
 def test_the_copy_share_agrees_with_the_trace(train):
@@ -241,11 +317,23 @@ def test_the_copy_share_agrees_with_the_trace(train):
     device work, each interval once, as the trace's own GPU events add up."""
     import json
 
-    m, out = train(*GPU, "profile=true", "data.pin_memory=false", "data.image_size=128", "data.batch_size=64", "data.num_samples=1024",
-                   "profiler.skip_first=2", "profiler.wait=1", "profiler.warmup=1", "profiler.active=3")
+    m, out = train(
+        *GPU,
+        "profile=true",
+        "data.pin_memory=false",
+        "data.image_size=128",
+        "data.batch_size=64",
+        "data.num_samples=1024",
+        "profiler.skip_first=2",
+        "profiler.wait=1",
+        "profiler.warmup=1",
+        "profiler.active=3",
+    )
     share = m["diagnosis"]["evidence"].get("h2d_share")
     trace = json.loads(next((out / "profiler").glob("*.pt.trace.json")).read_text())
-    device = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    device = [
+        e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    ]
     total = sum(e["dur"] for e in device)
     copies = sum(e["dur"] for e in device if "HtoD" in e.get("name", ""))
     assert device and share is not None and share == pytest.approx(copies / total, abs=0.03), (share, copies / total)
@@ -275,7 +363,11 @@ def test_nvjpeg_decode_overlaps_the_step_with_device_prefetch(train, compose, tm
 
     threads = []
     real = DeviceDecoder.__call__
-    monkeypatch.setattr(DeviceDecoder, "__call__", lambda self, b, d: threads.append(threading.current_thread().name) or real(self, b, d))
+    monkeypatch.setattr(
+        DeviceDecoder,
+        "__call__",
+        lambda self, b, d: threads.append(threading.current_thread().name) or real(self, b, d),
+    )
 
     class SlowStep(pl.Callback):
         def on_train_batch_end(self, *a):
@@ -290,7 +382,20 @@ def test_nvjpeg_decode_overlaps_the_step_with_device_prefetch(train, compose, tm
 
     monkeypatch.setattr(run_mod, "build_callbacks", with_slow_step)
     root = _jpeg_folder(tmp_path / "imgs", per_class=24)
-    m, _ = train(*GPU, "data=imagefolder", f"data.root={root}", "data.image_size=32", "data.batch_size=8", "data.decoder=nvjpeg",
-                 "data.device_prefetch=true", "data.num_workers=2", "trainer.max_epochs=3", "data.val_split=0")
+    m, _ = train(
+        *GPU,
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.image_size=32",
+        "data.batch_size=8",
+        "data.decoder=nvjpeg",
+        "data.device_prefetch=true",
+        "data.num_workers=2",
+        "trainer.max_epochs=3",
+        "data.val_split=0",
+    )
     assert m["status"] == "ok" and threads and set(threads) == {"trainer-device-prefetch"}, set(threads)
-    assert m["transfer_fraction"] < 0.1 and m["data_wait_fraction"] < 0.1, (m["transfer_fraction"], m["data_wait_fraction"])
+    assert m["transfer_fraction"] < 0.1 and m["data_wait_fraction"] < 0.1, (
+        m["transfer_fraction"],
+        m["data_wait_fraction"],
+    )

@@ -11,12 +11,9 @@ run under it. Marked ``gpu``; ``scripts/gpu_check.sh`` runs it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import pytorch_lightning as pl
 import torch
-
 from conftest import ROOT
 
 pytestmark = [
@@ -27,9 +24,17 @@ pytestmark = [
 ROWS = sorted(p.stem for p in (ROOT / "configs" / "bench").glob("*.yaml"))
 INPUT_ROWS = {"workers", "prefetch", "gpu_normalize", "nvjpeg", "all"}  # rows about the input pipeline: real JPEGs
 # smoke scale keeps the recipe's model and batch (32; big_batch and all search it, up to 64)
-SMALL = ["scale=smoke", "accelerator=gpu", "trainer.max_epochs=2", "trainer.limit_train_batches=5", "trainer.limit_val_batches=0",
-         "checkpoint.enabled=false", "batch_finder.max_batch_size=64", "monitor.interval_s=0.05",
-         "trainer.log_every_n_steps=2"]  # StepLoss and NaNGuard read every 2 steps: within the checked ones
+SMALL = [
+    "scale=smoke",
+    "accelerator=gpu",
+    "trainer.max_epochs=2",
+    "trainer.limit_train_batches=5",
+    "trainer.limit_val_batches=0",
+    "checkpoint.enabled=false",
+    "batch_finder.max_batch_size=64",
+    "monitor.interval_s=0.05",
+    "trainer.log_every_n_steps=2",
+]  # StepLoss and NaNGuard read every 2 steps: within the checked ones
 JPEGS = ["data=builtin", "data.images_per_class=40", "data.stored_size=48"]  # 5+ batches of 64 per epoch
 SYNTHETIC = ["data.device_resident=true", "data.num_samples=320"]
 
@@ -57,7 +62,9 @@ def _cases():
         for row in ROWS:
             yield pytest.param(recipe, row, JPEGS if row in INPUT_ROWS else SYNTHETIC, id=f"{recipe}-{row}")
     # uint8 batches normalized where the device-resident pool gathers them (DeviceResidentImages.__getitems__)
-    yield pytest.param("vit", "gpu_normalize", SYNTHETIC + ["data.gpu_normalize=true"], id="vit-gpu_normalize-device_resident")
+    yield pytest.param(
+        "vit", "gpu_normalize", SYNTHETIC + ["data.gpu_normalize=true"], id="vit-gpu_normalize-device_resident"
+    )
     # fp16 with loss scaling: the loss scaler must not read its overflow flag on the host
     yield pytest.param("resnet50", "amp", SYNTHETIC + ["amp_dtype=fp16"], id="resnet50-amp-fp16")
 
@@ -111,4 +118,7 @@ def test_host_reads_arrive_without_a_wait():
     finally:
         torch.cuda.set_sync_debug_mode(0)
     got.update(reads.drain())
-    assert len(got) + reads.dropped == 6 and len(got) >= 4 and all(got[k] == float(k) for k in got), (got, reads.dropped)
+    assert len(got) + reads.dropped == 6 and len(got) >= 4 and all(got[k] == float(k) for k in got), (
+        got,
+        reads.dropped,
+    )

@@ -61,7 +61,9 @@ def merge_epochs(previous: List[Dict[str, Any]], current: List[Dict[str, Any]]) 
 
 
 class EpochTimer(pl.Callback):
-    def __init__(self, previous: List[Dict[str, Any]] | None = None, on_epoch: Optional[Callable[[], None]] = None) -> None:
+    def __init__(
+        self, previous: List[Dict[str, Any]] | None = None, on_epoch: Optional[Callable[[], None]] = None
+    ) -> None:
         self.previous: List[Dict[str, Any]] = previous or []
         self.on_epoch = on_epoch
         self.clock = StepClock()  # pass as Trainer(profiler=...)
@@ -161,7 +163,11 @@ class EpochTimer(pl.Callback):
             # the epoch ends when the slowest rank ends (rank 0 reads the clock after the barrier);
             # samples are summed over ranks, once per epoch
             trainer.strategy.barrier("epoch_timer")
-            samples = int(trainer.strategy.reduce(torch.tensor(float(samples), device=trainer.strategy.root_device), reduce_op="sum"))
+            samples = int(
+                trainer.strategy.reduce(
+                    torch.tensor(float(samples), device=trainer.strategy.root_device), reduce_op="sum"
+                )
+            )
         elapsed = time.perf_counter() - self._t0 - self._val
         wait, transfer = self.clock.data_wait_s(), self.clock.transfer_s()
         epoch = {
@@ -179,7 +185,9 @@ class EpochTimer(pl.Callback):
         }
         if self._mid_epoch_start:
             epoch["resumed"] = True
-        if self._mid_epoch_start or (isinstance(trainer.num_training_batches, int) and self._steps < trainer.num_training_batches):
+        if self._mid_epoch_start or (
+            isinstance(trainer.num_training_batches, int) and self._steps < trainer.num_training_batches
+        ):
             epoch["partial"] = True  # stopped early (preemption) or resumed mid-epoch: not a full epoch
         tflops = self.flops_per_sample * epoch["samples_per_s"] / 1e12 if self.flops_per_sample else None
         if tflops is not None:
@@ -200,9 +208,14 @@ class EpochTimer(pl.Callback):
         if trainer.is_global_zero:
             log.info(
                 "epoch %d: %.3f s train, %.1f samples/s, data wait %.0f%%, transfer %.0f%%, val %.2f s%s%s",
-                epoch["epoch"], elapsed, epoch["samples_per_s"], 100 * wait / elapsed if elapsed else 0,
-                100 * transfer / elapsed if elapsed else 0, self._val,
-                " (warm-up)" if epoch["warmup"] else "", " (partial: resumed mid-epoch)" if self._mid_epoch_start else "",
+                epoch["epoch"],
+                elapsed,
+                epoch["samples_per_s"],
+                100 * wait / elapsed if elapsed else 0,
+                100 * transfer / elapsed if elapsed else 0,
+                self._val,
+                " (warm-up)" if epoch["warmup"] else "",
+                " (partial: resumed mid-epoch)" if self._mid_epoch_start else "",
             )
             if self.on_epoch is not None:
                 self.on_epoch()

@@ -53,7 +53,10 @@ class ProfilerCallback(pl.Callback):
         self.prof.__enter__()
         self._snapshot = c.memory_snapshot and trainer.strategy.root_device.type == "cuda"
         if c.memory_snapshot and not self._snapshot:
-            log.warning("profiler.memory_snapshot=true needs CUDA (it records the CUDA caching allocator): skipped on %s", trainer.strategy.root_device.type)
+            log.warning(
+                "profiler.memory_snapshot=true needs CUDA (it records the CUDA caching allocator): skipped on %s",
+                trainer.strategy.root_device.type,
+            )
         if self._snapshot:
             torch.cuda.memory._record_memory_history(max_entries=100_000)
 

@@ -122,5 +122,7 @@ class SystemMonitor(pl.Callback):
         for k in sorted(keys):
             pairs = [(s[k], s.get("window_s", 1.0)) for s in chosen if k in s]
             weight = sum(w for _, w in pairs)
-            out[k] = round(sum(v * w for v, w in pairs) / weight if weight > 0 else statistics.mean(v for v, _ in pairs), 4)
+            out[k] = round(
+                sum(v * w for v, w in pairs) / weight if weight > 0 else statistics.mean(v for v, _ in pairs), 4
+            )
         return out

@@ -51,8 +51,12 @@ def _source_name(src: str, storage_options=None) -> tuple:
 
     if is_remote(src):
         options = plain_options(storage_options)
-        endpoint = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url") \
-            or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        endpoint = (
+            options.get("endpoint_url")
+            or (options.get("client_kwargs") or {}).get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+        )
         ident = src.rstrip("/") + (f" at {endpoint}" if endpoint else "")
         base = src.rstrip("/").rsplit("/", 1)[-1] or src.split("://", 1)[-1].split("/", 1)[0]
     else:
@@ -66,7 +70,9 @@ def cached_copy(src: str, cache_dir: str, storage_options=None) -> str:
     from .storage import is_remote, local_path
 
     if not is_remote(src) and not Path(local_path(src)).is_dir():
-        raise ConfigError(f"'data.root' points at {src}, which does not exist or is not a folder; data.cache can only copy a folder.")
+        raise ConfigError(
+            f"'data.root' points at {src}, which does not exist or is not a folder; data.cache can only copy a folder."
+        )
     ident, name = _source_name(src, storage_options)
     root = Path(os.path.expanduser(cache_dir))
     dst, done = root / name, root / name / "DONE"
@@ -78,7 +84,9 @@ def cached_copy(src: str, cache_dir: str, storage_options=None) -> str:
         # never sees another rank's half-made folder (made, marker not yet written) as foreign files.
         lock = open(root / f".{name}.lock", "a")
     except OSError as e:
-        raise ConfigError(f"'data.cache={cache_dir}' cannot be created ({e.strerror}). Point it at a writable local folder.") from None
+        raise ConfigError(
+            f"'data.cache={cache_dir}' cannot be created ({e.strerror}). Point it at a writable local folder."
+        ) from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one process copies; the others wait here
         if done.exists() and _ours(dst):
@@ -88,12 +96,16 @@ def cached_copy(src: str, cache_dir: str, storage_options=None) -> str:
                 f"'data.cache={cache_dir}': {dst} already exists and holds files this cache did not write; "
                 "copying into it could overwrite them, so nothing was changed. Point data.cache at another folder."
             )
-        source = _RemoteSource(src, storage_options) if is_remote(src) else _LocalSource(Path(local_path(src)).resolve())
+        source = (
+            _RemoteSource(src, storage_options) if is_remote(src) else _LocalSource(Path(local_path(src)).resolve())
+        )
         try:
             dst.mkdir(exist_ok=True)
             (dst / MARKER).touch()
         except OSError as e:
-            raise ConfigError(f"'data.cache={cache_dir}' cannot be written ({e.strerror}). Point it at a writable local folder.") from None
+            raise ConfigError(
+                f"'data.cache={cache_dir}' cannot be written ({e.strerror}). Point it at a writable local folder."
+            ) from None
         _copy(source, dst)
         done.write_text(json.dumps({"source": ident}))
     return str(dst)  # the lock is released when its file closes
@@ -107,7 +119,9 @@ class _LocalSource:
 
     def files(self):
         """rel -> (size, version): version None (local files are checked by content)."""
-        return {str(p.relative_to(self.path)): (p.stat().st_size, None) for p in sorted(self.path.rglob("*")) if p.is_file()}
+        return {
+            str(p.relative_to(self.path)): (p.stat().st_size, None) for p in sorted(self.path.rglob("*")) if p.is_file()
+        }
 
     def fetch(self, rels, tmps) -> list:
         """Copy; return the copies' sha256 (each also the source's after the copy)."""
@@ -138,7 +152,10 @@ class _RemoteSource:
             raise explain(e, self.url) from None
         prefix = self.path.rstrip("/") + "/"
         return {
-            name[len(prefix):]: (int(info["size"]), str(info.get("ETag") or info.get("etag") or info.get("mtime") or ""))
+            name[len(prefix) :]: (
+                int(info["size"]),
+                str(info.get("ETag") or info.get("etag") or info.get("mtime") or ""),
+            )
             for name, info in sorted(listing.items())
             if info.get("type") != "directory" and name.startswith(prefix)
         }
@@ -164,7 +181,10 @@ def _copy(source, dst: Path) -> None:
         target = dst / rel
         entry = manifest.get(rel)
         if (
-            entry and target.exists() and target.stat().st_size == size == entry["size"] and entry.get("version") == version
+            entry
+            and target.exists()
+            and target.stat().st_size == size == entry["size"]
+            and entry.get("version") == version
             and _sha256(target) == entry["sha256"]
         ):
             continue
@@ -181,7 +201,9 @@ def _copy(source, dst: Path) -> None:
         for rel, tmp, checksum in zip(rels, tmps, sums):
             size, version = files[rel]
             if tmp.stat().st_size != size:  # a torn download is never moved into place
-                raise ConfigError(f"data.cache: {rel} arrived with {tmp.stat().st_size} bytes, not the {size} listed; it may have changed at the source. Run again.")
+                raise ConfigError(
+                    f"data.cache: {rel} arrived with {tmp.stat().st_size} bytes, not the {size} listed; it may have changed at the source. Run again."
+                )
             manifest[rel] = {"size": size, "sha256": checksum or _sha256(tmp), "version": version}
             os.replace(tmp, dst / rel)
             copied += 1

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from ..errors import ConfigError
 from ..rank import world_size
+
 # imported here, not lazily: Lightning records the arguments of DataLoader subclasses that exist
 # when it asks for a loader, so that it can re-create them with a distributed sampler
 from .prefetch import DevicePrefetchLoader, move_to_device
@@ -55,7 +56,12 @@ class ImageDataModule(pl.LightningDataModule):
 
         cores = usable_cores()
         workers = max(0, min(16, cores // max(1, self.processes_per_node) - 1))
-        log.info("data.auto_workers: %d loader workers per process (%d cores, %d process(es) on this node)", workers, cores, self.processes_per_node)
+        log.info(
+            "data.auto_workers: %d loader workers per process (%d cores, %d process(es) on this node)",
+            workers,
+            cores,
+            self.processes_per_node,
+        )
         return workers
 
     def _local_root(self, root):
@@ -74,7 +80,10 @@ class ImageDataModule(pl.LightningDataModule):
         """
         c = self.cfg
         if c.get("device_prefetch") and self.accelerator != "cuda":
-            log.warning("data.device_prefetch=true needs a CUDA GPU (it overlaps host-to-device copies with compute); on %s it does nothing", self.accelerator)
+            log.warning(
+                "data.device_prefetch=true needs a CUDA GPU (it overlaps host-to-device copies with compute); on %s it does nothing",
+                self.accelerator,
+            )
         if c.get("device_resident"):
             if c.name != "synthetic":
                 raise ConfigError(
@@ -82,20 +91,34 @@ class ImageDataModule(pl.LightningDataModule):
                     "Use it with data=synthetic, or use data.device_prefetch / data.gpu_normalize / data.decoder=nvjpeg for real images."
                 )
             if self.num_workers or c.pin_memory:
-                log.info("data.device_resident: batches are gathered on the device, so loader workers and pinned memory are not used")
+                log.info(
+                    "data.device_resident: batches are gathered on the device, so loader workers and pinned memory are not used"
+                )
                 self.num_workers = 0
         if c.name == "synthetic":
             from .synthetic import SyntheticImages
 
             u8 = bool(c.get("gpu_normalize"))
-            self.train_set = SyntheticImages(c.num_samples, c.image_size, c.num_classes, self.seed, "train", keep_uint8=u8)
-            self.val_set = SyntheticImages(c.val_samples, c.image_size, c.num_classes, self.seed, "val", keep_uint8=u8) if c.val_samples else None
+            self.train_set = SyntheticImages(
+                c.num_samples, c.image_size, c.num_classes, self.seed, "train", keep_uint8=u8
+            )
+            self.val_set = (
+                SyntheticImages(c.val_samples, c.image_size, c.num_classes, self.seed, "val", keep_uint8=u8)
+                if c.val_samples
+                else None
+            )
             return c.num_classes
         if c.name == "packed":
             from .packed import build_packed
 
             self.train_set, self.val_set, self.classes = build_packed(
-                self._local_root(c.root), c.image_size, c.augment, c.val_split, self.seed, bool(c.get("gpu_normalize")), c.get("storage_options"),
+                self._local_root(c.root),
+                c.image_size,
+                c.augment,
+                c.val_split,
+                self.seed,
+                bool(c.get("gpu_normalize")),
+                c.get("storage_options"),
             )
             return len(self.classes)
         if c.name in BLOCK_FORMATS:
@@ -104,7 +127,10 @@ class ImageDataModule(pl.LightningDataModule):
             from hydra.utils import instantiate
 
             if not c.dataset or not c.dataset.get("_target_"):
-                raise ConfigError("data=custom needs data.dataset._target_=pkg.module.MyDataset (a map-style Dataset of (image, label)); its other data.dataset.* keys are passed as arguments.")
+                raise ConfigError(
+                    "data=custom needs data.dataset._target_=pkg.module.MyDataset (a map-style Dataset "
+                    "of (image, label)); its other data.dataset.* keys are passed as arguments."
+                )
             self.train_set = instantiate(c.dataset, _convert_="all")
             self.val_set = instantiate(c.val_dataset, _convert_="all") if c.val_dataset else None
             return c.num_classes
@@ -119,14 +145,22 @@ class ImageDataModule(pl.LightningDataModule):
             root, key = ensure_builtin(c.cache_dir, c.images_per_class, c.stored_size), "data.cache_dir"
         else:
             root, key = self._local_root(c.root), "data.root"
-        from .folder import build_image_folders
-
         from .decoders import resolve_decoder
+        from .folder import build_image_folders
 
         self.decoder = resolve_decoder(c.decoder, self.accelerator)
         self.train_set, self.val_set, self.classes = build_image_folders(
-            root, c.image_size, c.augment, c.val_split, self.seed, key, c.on_bad_sample,
-            decoder=self.decoder, cache_in_memory=c.cache_in_memory, keep_uint8=c.gpu_normalize, storage_options=c.get("storage_options"),
+            root,
+            c.image_size,
+            c.augment,
+            c.val_split,
+            self.seed,
+            key,
+            c.on_bad_sample,
+            decoder=self.decoder,
+            cache_in_memory=c.cache_in_memory,
+            keep_uint8=c.gpu_normalize,
+            storage_options=c.get("storage_options"),
         )
         if len(self.train_set) == 0:
             raise ConfigError(f"'{key}' ({root}) has no training images.")
@@ -135,7 +169,8 @@ class ImageDataModule(pl.LightningDataModule):
             from .folder import transforms_for
 
             self.device_decoders = {
-                train: DeviceDecoder(transforms_for(c.image_size, train, c.augment, keep_uint8=True), c.on_bad_sample) for train in (True, False)
+                train: DeviceDecoder(transforms_for(c.image_size, train, c.augment, keep_uint8=True), c.on_bad_sample)
+                for train in (True, False)
             }
         if c.drop_last and isinstance(c.batch_size, int) and len(self.train_set) < c.batch_size:
             raise ConfigError(
@@ -148,7 +183,9 @@ class ImageDataModule(pl.LightningDataModule):
         """data=parquet / data=webdataset: samples in blocks (row groups, tar shards), read by BlockSampler's plan."""
         c = self.cfg
         if c.decoder == "nvjpeg":
-            raise ConfigError(f"data.decoder=nvjpeg decodes image files on the GPU; with data={c.name} use data.decoder=pil, torchvision or turbo.")
+            raise ConfigError(
+                f"data.decoder=nvjpeg decodes image files on the GPU; with data={c.name} use data.decoder=pil, torchvision or turbo."
+            )
         from .decoders import resolve_decoder
 
         self.decoder = resolve_decoder(c.decoder, self.accelerator)
@@ -157,8 +194,16 @@ class ImageDataModule(pl.LightningDataModule):
         else:
             from .webdataset import build_webdataset as build
         self.train_set, self.val_set, self.classes = build(
-            self._local_root(c.root), c.image_size, c.augment, c.val_split, self.seed, bool(c.gpu_normalize), self.decoder,
-            c.on_bad_sample, c.shuffle_window, c.get("storage_options"),
+            self._local_root(c.root),
+            c.image_size,
+            c.augment,
+            c.val_split,
+            self.seed,
+            bool(c.gpu_normalize),
+            self.decoder,
+            c.on_bad_sample,
+            c.shuffle_window,
+            c.get("storage_options"),
         )
         per_rank = -(-len(self.train_set) // max(1, world_size()))
         if c.drop_last and isinstance(c.batch_size, int) and per_rank < c.batch_size:
@@ -174,7 +219,9 @@ class ImageDataModule(pl.LightningDataModule):
 
         if not isinstance(dataset, BlockImages):
             return None
-        sampler = BlockSampler(dataset.sizes, self.seed, train, self.cfg.batch_size, self.num_workers, self.cfg.shuffle_window)
+        sampler = BlockSampler(
+            dataset.sizes, self.seed, train, self.cfg.batch_size, self.num_workers, self.cfg.shuffle_window
+        )
         if train:
             self._apply_resume(sampler)
         return sampler
@@ -248,8 +295,12 @@ class ImageDataModule(pl.LightningDataModule):
 
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         return DataLoader(
-            DeviceResidentImages(dataset, device), batch_size=self.cfg.batch_size, sampler=sampler,
-            collate_fn=batch_as_is, drop_last=train and self.cfg.drop_last, num_workers=0,
+            DeviceResidentImages(dataset, device),
+            batch_size=self.cfg.batch_size,
+            sampler=sampler,
+            collate_fn=batch_as_is,
+            drop_last=train and self.cfg.drop_last,
+            num_workers=0,
         )
 
     def _prefetch_device(self):
@@ -307,14 +358,19 @@ class ImageDataModule(pl.LightningDataModule):
             if len(good) == min(size, n):
                 break
         if not good:
-            raise ConfigError("None of the training images could be decoded (each was skipped, see the warnings above); check data.root.")
+            raise ConfigError(
+                "None of the training images could be decoded (each was skipped, see the warnings above); check data.root."
+            )
         samples = [good[i % len(good)] for i in range(size)]
         if self.device_decoders is not None:
             from .device_decode import encoded_collate
 
             x, y = self.to_device(encoded_collate(samples), device)
         else:
-            x, y = torch.stack([s[0] for s in samples]).to(device), torch.tensor([int(s[1]) for s in samples], device=device)
+            x, y = (
+                torch.stack([s[0] for s in samples]).to(device),
+                torch.tensor([int(s[1]) for s in samples], device=device),
+            )
         return model_input(x), y
 
     def expected_batch_size(self, batch_idx: int) -> int:

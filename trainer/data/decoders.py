@@ -23,7 +23,9 @@ log = logging.getLogger(__name__)
 def resolve_decoder(name: str, accelerator: str) -> str:
     """The decoder that will really run here, with a message when it is not the one asked for."""
     if name == "turbo" and importlib.util.find_spec("simplejpeg") is None:
-        log.warning("data.decoder=turbo needs simplejpeg (pip install simplejpeg): using data.decoder=torchvision instead")
+        log.warning(
+            "data.decoder=turbo needs simplejpeg (pip install simplejpeg): using data.decoder=torchvision instead"
+        )
         return "torchvision"
     if name == "nvjpeg" and accelerator != "cuda":
         log.warning("data.decoder=nvjpeg needs a CUDA GPU: using data.decoder=torchvision (CPU) instead")

@@ -60,7 +60,9 @@ class EncodedBatch:
 def encoded_collate(samples, train: bool = True) -> EncodedBatch:
     """The loader's collate_fn (with ``functools.partial`` for ``train``, which picks the transforms)."""
     samples = [s for s in samples if s is not None]
-    return EncodedBatch([s[0][0] for s in samples], torch.tensor([int(s[1]) for s in samples]), [s[0][1] for s in samples], train)
+    return EncodedBatch(
+        [s[0][0] for s in samples], torch.tensor([int(s[1]) for s in samples]), [s[0][1] for s in samples], train
+    )
 
 
 class DeviceDecoder:
@@ -90,7 +92,9 @@ class DeviceDecoder:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         jpeg = [i for i, t in enumerate(batch.items) if t.ndim == 1]
-        images: List[Optional[torch.Tensor]] = [t.to(device, non_blocking=True) if t.ndim == 3 else None for t in batch.items]
+        images: List[Optional[torch.Tensor]] = [
+            t.to(device, non_blocking=True) if t.ndim == 3 else None for t in batch.items
+        ]
         if jpeg:
             try:  # one batched call: nvJPEG decodes the whole batch on the device
                 decoded = decode_jpeg([batch.items[i] for i in jpeg], mode=ImageReadMode.RGB, device=device)
@@ -106,7 +110,9 @@ class DeviceDecoder:
         if not keep:
             from ..errors import TrainingStopped
 
-            raise TrainingStopped(f"no image of a batch could be decoded ({', '.join(batch.paths[:3])}, ...): check the files under data.root.")
+            raise TrainingStopped(
+                f"no image of a batch could be decoded ({', '.join(batch.paths[:3])}, ...): check the files under data.root."
+            )
         x = torch.stack([self.transform(images[i]) for i in keep])
         y = batch.labels[keep] if len(keep) < len(images) else batch.labels
         return x, y.to(device, non_blocking=True)

@@ -13,6 +13,7 @@ from typing import Tuple
 
 from ..errors import ConfigError
 
+
 def transforms_for(image_size: int, train: bool, augment: bool, keep_uint8: bool = False):
     """torchvision v2 transforms: they take PIL images and uint8 tensors alike (any decoder)."""
     import torch
@@ -27,7 +28,9 @@ def transforms_for(image_size: int, train: bool, augment: bool, keep_uint8: bool
         steps += [v2.Resize(int(round(image_size * 1.14)), antialias=True), v2.CenterCrop(image_size)]
     if keep_uint8:  # data.gpu_normalize: the device converts and normalizes
         return v2.Compose(steps + [v2.ToPureTensor()])
-    return v2.Compose(steps + [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD), v2.ToPureTensor()])
+    return v2.Compose(
+        steps + [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD), v2.ToPureTensor()]
+    )
 
 
 def _no_transform(*args, **kwargs):
@@ -49,7 +52,12 @@ def _safe_image_folder_class():
         def __getitem__(self, index):
             try:
                 return super().__getitem__(index)
-            except (OSError, ValueError, SyntaxError, RuntimeError) as e:  # what PIL / torchvision / simplejpeg raise for corrupt files
+            except (
+                OSError,
+                ValueError,
+                SyntaxError,
+                RuntimeError,
+            ) as e:  # what PIL / torchvision / simplejpeg raise for corrupt files
                 path = self.samples[index][0]
                 if self.on_bad_sample == "stop":
                     from ..errors import TrainingStopped
@@ -134,11 +142,17 @@ def _remote_image_folder(fs, path: str, transform, key: str, on_bad_sample: str,
             except Exception as e:  # noqa: BLE001
                 raise explain(e, root, key) from None
             classes = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory")
-            loose = [e["name"] for e in entries if e["type"] != "directory" and e["name"].lower().endswith(IMG_EXTENSIONS)]
+            loose = [
+                e["name"] for e in entries if e["type"] != "directory" and e["name"].lower().endswith(IMG_EXTENSIONS)
+            ]
             if loose and not classes:
-                raise ConfigError(f"'{key}' ({root}) holds images ({loose[0]}, ...) but no class folders: the label of an image is the name of the folder it is in.")
+                raise ConfigError(
+                    f"'{key}' ({root}) holds images ({loose[0]}, ...) but no class folders: the label of an image is the name of the folder it is in."
+                )
             if len(classes) == 1:
-                raise ConfigError(f"'{key}' ({root}) holds one class folder ({classes[0]}): a classifier needs at least 2 classes, one folder each.")
+                raise ConfigError(
+                    f"'{key}' ({root}) holds one class folder ({classes[0]}): a classifier needs at least 2 classes, one folder each."
+                )
             return classes, {c: i for i, c in enumerate(classes)}
 
         def make_dataset(self, directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False):
@@ -150,7 +164,9 @@ def _remote_image_folder(fs, path: str, transform, key: str, on_bad_sample: str,
                     raise explain(e, root, key) from None
                 samples += [(f, class_to_idx[cls]) for f in files if f.lower().endswith(IMG_EXTENSIONS)]
             if not samples:
-                raise ConfigError(f"'{key}' ({root}) holds no images in its class folders (.jpg, .jpeg, .png, .bmp, .webp).")
+                raise ConfigError(
+                    f"'{key}' ({root}) holds no images in its class folders (.jpg, .jpeg, .png, .bmp, .webp)."
+                )
             return samples
 
     dataset = RemoteImageFolder(path, transform=transform, loader=loader)
@@ -159,8 +175,17 @@ def _remote_image_folder(fs, path: str, transform, key: str, on_bad_sample: str,
 
 
 def build_image_folders(
-    root: str, image_size: int, augment: bool, val_split: float, seed: int, key: str = "data.root", on_bad_sample: str = "skip",
-    decoder: str = "pil", cache_in_memory: bool = False, keep_uint8: bool = False, storage_options=None,
+    root: str,
+    image_size: int,
+    augment: bool,
+    val_split: float,
+    seed: int,
+    key: str = "data.root",
+    on_bad_sample: str = "skip",
+    decoder: str = "pil",
+    cache_in_memory: bool = False,
+    keep_uint8: bool = False,
+    storage_options=None,
 ) -> Tuple:
     """Return (train_dataset, val_dataset or None, class_names).
 
@@ -174,7 +199,9 @@ def build_image_folders(
     from .storage import is_remote, local_path, open_root
 
     if not root:
-        raise ConfigError(f"'{key}' is not set. data=imagefolder needs data.root=DIR, a folder of class subfolders of images.")
+        raise ConfigError(
+            f"'{key}' is not set. data=imagefolder needs data.root=DIR, a folder of class subfolders of images."
+        )
     fs = None
     if is_remote(root):
         fs, base = open_root(root, storage_options, key)
@@ -189,7 +216,9 @@ def build_image_folders(
     else:
         base = local_path(root)
         if not os.path.isdir(base):
-            raise ConfigError(f"'{key}' points at {base}, which does not exist or is not a folder. Set {key}=DIR to a folder of class subfolders of images.")
+            raise ConfigError(
+                f"'{key}' points at {base}, which does not exist or is not a folder. Set {key}=DIR to a folder of class subfolders of images."
+            )
         isdir, join = os.path.isdir, os.path.join
 
         def make(path, transform):
@@ -206,7 +235,6 @@ def build_image_folders(
     else:
         loader = Loader(decoder, cache_in_memory, fs=fs)
         make_transform = transforms_for
-    import torch
     from torch.utils.data import Subset
 
     train_dir, val_dir = join(base, "train"), join(base, "val")

@@ -29,7 +29,9 @@ class RemoteRows:
 
         with fs.open(path, "rb", block_size=1 << 16) as f:
             version = np.lib.format.read_magic(f)
-            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            read_header = (
+                np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            )
             shape, fortran, dtype = read_header(f)
             self.offset = f.tell()
         if fortran or dtype != np.uint8:
@@ -62,13 +64,17 @@ class PackedImages(Dataset):
         meta_path = f"{root}/meta.json"
         if fs is not None:
             if not fs.isfile(meta_path):
-                raise ConfigError(f"'data.root' ({root}) is not a packed dataset (no meta.json). Create one with: python -m trainer.pack SRC DST, then upload DST.")
+                raise ConfigError(
+                    f"'data.root' ({root}) is not a packed dataset (no meta.json). Create one with: python -m trainer.pack SRC DST, then upload DST."
+                )
             self.meta = json.loads(fs.cat_file(meta_path))
             self.images = RemoteRows(fs, f"{root}/images.npy")
             self.labels = np.load(io.BytesIO(fs.cat_file(f"{root}/labels.npy")))
         else:
             if not os.path.isfile(meta_path):
-                raise ConfigError(f"'data.root' ({root}) is not a packed dataset (no meta.json). Create one with: python -m trainer.pack SRC {root}")
+                raise ConfigError(
+                    f"'data.root' ({root}) is not a packed dataset (no meta.json). Create one with: python -m trainer.pack SRC {root}"
+                )
             self.meta = json.load(open(meta_path))
             self.images = np.load(os.path.join(root, "images.npy"), mmap_mode="r")
             self.labels = np.load(os.path.join(root, "labels.npy"))
@@ -87,20 +93,26 @@ class PackedImages(Dataset):
         x = torch.from_numpy(self.images[index].copy()).permute(2, 0, 1)  # uint8 CHW
         if self.train and self.augment:
             pad = max(1, self.size // 8)
-            x = torch.nn.functional.pad(x, (pad, pad, pad, pad), mode="reflect" if x.dtype.is_floating_point else "constant")
+            x = torch.nn.functional.pad(
+                x, (pad, pad, pad, pad), mode="reflect" if x.dtype.is_floating_point else "constant"
+            )
             i, j = torch.randint(0, 2 * pad + 1, (2,)).tolist()
             x = x[:, i : i + self.size, j : j + self.size]
             if torch.rand(()) < 0.5:
                 x = x.flip(2)
         if self.image_size != self.size:
-            x = torch.nn.functional.interpolate(x[None].float(), size=(self.image_size, self.image_size), mode="bilinear", antialias=True)[0]
+            x = torch.nn.functional.interpolate(
+                x[None].float(), size=(self.image_size, self.image_size), mode="bilinear", antialias=True
+            )[0]
             x = x.round().clamp(0, 255).to(torch.uint8)
         if not self.keep_uint8:
             x = normalize_uint8(x[None])[0]
         return x, int(self.labels[index])
 
 
-def build_packed(root: str, image_size: int, augment: bool, val_split: float, seed: int, keep_uint8: bool, storage_options=None) -> Tuple[Dataset, Optional[Dataset], list]:
+def build_packed(
+    root: str, image_size: int, augment: bool, val_split: float, seed: int, keep_uint8: bool, storage_options=None
+) -> Tuple[Dataset, Optional[Dataset], list]:
     from .storage import is_remote, local_path, open_root
 
     fs = None
@@ -109,12 +121,18 @@ def build_packed(root: str, image_size: int, augment: bool, val_split: float, se
         isfile = fs.isfile
     else:
         if not root or not os.path.isdir(local_path(root)):
-            raise ConfigError(f"'data.root' ({root}) does not exist. data=packed needs a folder made by: python -m trainer.pack SRC DST")
+            raise ConfigError(
+                f"'data.root' ({root}) does not exist. data=packed needs a folder made by: python -m trainer.pack SRC DST"
+            )
         root, isfile = local_path(root), os.path.isfile
     if isfile(f"{root}/train/meta.json"):
         train = PackedImages(f"{root}/train", image_size, True, augment, keep_uint8, fs)
         val_dir = f"{root}/val"
-        val = PackedImages(val_dir, image_size, False, augment, keep_uint8, fs) if isfile(f"{val_dir}/meta.json") else None
+        val = (
+            PackedImages(val_dir, image_size, False, augment, keep_uint8, fs)
+            if isfile(f"{val_dir}/meta.json")
+            else None
+        )
         return train, val, train.classes
     train_all = PackedImages(root, image_size, True, augment, keep_uint8, fs)
     if val_split <= 0:

@@ -31,7 +31,9 @@ def _pyarrow():
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise ConfigError("data=parquet needs pyarrow: pip install pyarrow (or pip install 'trainer-switchboard[data]').") from None
+        raise ConfigError(
+            "data=parquet needs pyarrow: pip install pyarrow (or pip install 'trainer-switchboard[data]')."
+        ) from None
     return pq
 
 
@@ -88,7 +90,9 @@ def _index(fs, files: List[str], root: str):
                 meta = pq.ParquetFile(f).metadata
                 schema = pq.ParquetFile(f).schema_arrow
         except Exception as e:  # noqa: BLE001 - pyarrow's ArrowInvalid and the storage's errors
-            raise ConfigError(f"'data.root' ({root}): {path} is not a readable Parquet file ({type(e).__name__}: {e}).") from None
+            raise ConfigError(
+                f"'data.root' ({root}): {path} is not a readable Parquet file ({type(e).__name__}: {e})."
+            ) from None
         fields = set(schema.names)
         image = next((c for c in IMAGE_COLUMNS if c in fields), None)
         label = next((c for c in LABEL_COLUMNS if c in fields), None)
@@ -111,18 +115,33 @@ def _index(fs, files: List[str], root: str):
     return blocks, sizes, columns, names
 
 
-def build_parquet(root: str, image_size: int, augment: bool, val_split: float, seed: int, keep_uint8: bool, decoder: str,
-                  on_bad_sample: str, window: int, storage_options=None) -> Tuple[BlockImages, Optional[BlockImages], list]:
+def build_parquet(
+    root: str,
+    image_size: int,
+    augment: bool,
+    val_split: float,
+    seed: int,
+    keep_uint8: bool,
+    decoder: str,
+    on_bad_sample: str,
+    window: int,
+    storage_options=None,
+) -> Tuple[BlockImages, Optional[BlockImages], list]:
     from .decoders import Loader
     from .folder import transforms_for
     from .storage import open_root
 
     if not root:
-        raise ConfigError("'data.root' is not set. data=parquet needs data.root=DIR_OR_URL holding Parquet files (python -m trainer.pack SRC DST --format parquet makes them).")
+        raise ConfigError(
+            "'data.root' is not set. data=parquet needs data.root=DIR_OR_URL holding "
+            "Parquet files (python -m trainer.pack SRC DST --format parquet makes them)."
+        )
     fs, base = open_root(root, storage_options)
     splits = find_split_files(fs, base, ".parquet")
     if not splits["train"]:
-        raise ConfigError(f"'data.root' ({root}) holds no .parquet files. Make them with: python -m trainer.pack SRC DST --format parquet")
+        raise ConfigError(
+            f"'data.root' ({root}) holds no .parquet files. Make them with: python -m trainer.pack SRC DST --format parquet"
+        )
     blocks, sizes, columns, names = _index(fs, splits["train"], root)
     if not blocks:
         raise ConfigError(f"'data.root' ({root}): its Parquet files hold no rows.")
@@ -138,13 +157,31 @@ def build_parquet(root: str, image_size: int, augment: bool, val_split: float, s
         names = [str(i) for i in range(top + 1)]
 
     def dataset(reader, sizes, train):
-        return BlockImages(sizes, reader, names, transforms_for(image_size, train, augment, keep_uint8), decode, on_bad_sample,
-                           block_capacity(sizes, window), reader.where)
+        return BlockImages(
+            sizes,
+            reader,
+            names,
+            transforms_for(image_size, train, augment, keep_uint8),
+            decode,
+            on_bad_sample,
+            block_capacity(sizes, window),
+            reader.where,
+        )
 
     if splits["val"]:
         v_blocks, v_sizes, v_columns, _ = _index(fs, splits["val"], root)
-        return dataset(reader, sizes, True), dataset(RowGroups(fs, splits["val"], v_blocks, *v_columns), v_sizes, False), names
+        return (
+            dataset(reader, sizes, True),
+            dataset(RowGroups(fs, splits["val"], v_blocks, *v_columns), v_sizes, False),
+            names,
+        )
     train_b, val_b = split_blocks(sizes, val_split, seed)
-    train = dataset(RowGroups(fs, splits["train"], [blocks[b] for b in train_b], *columns), [sizes[b] for b in train_b], True)
-    val = dataset(RowGroups(fs, splits["train"], [blocks[b] for b in val_b], *columns), [sizes[b] for b in val_b], False) if val_b else None
+    train = dataset(
+        RowGroups(fs, splits["train"], [blocks[b] for b in train_b], *columns), [sizes[b] for b in train_b], True
+    )
+    val = (
+        dataset(RowGroups(fs, splits["train"], [blocks[b] for b in val_b], *columns), [sizes[b] for b in val_b], False)
+        if val_b
+        else None
+    )
     return train, val, names

@@ -138,8 +138,15 @@ class _Producer:
 class DevicePrefetchLoader(DataLoader):
     """A DataLoader whose iterator yields batches already on ``device``, prepared by a producer thread."""
 
-    def __init__(self, *args, device: Optional[torch.device] = None, transfer: Optional[Callable[[Any, torch.device], Any]] = None,
-                 clock=None, depth: int = 2, **kwargs):
+    def __init__(
+        self,
+        *args,
+        device: Optional[torch.device] = None,
+        transfer: Optional[Callable[[Any, torch.device], Any]] = None,
+        clock=None,
+        depth: int = 2,
+        **kwargs,
+    ):
         super().__init__(*args, **kwargs)
         # same names as the arguments: Lightning re-creates the loader from them (distributed sampler)
         self.device = torch.device(device or "cpu")

@@ -43,8 +43,17 @@ log = logging.getLogger(__name__)
 class BlockImages(Dataset):
     """Map-style images stored in blocks; ``load_block(b)`` -> list of (encoded bytes, label)."""
 
-    def __init__(self, sizes: Sequence[int], load_block: Callable, classes: List[str], transform, decode: Callable,
-                 on_bad_sample: str = "skip", keep_blocks: int = 2, where: Callable[[int], str] = str) -> None:
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        load_block: Callable,
+        classes: List[str],
+        transform,
+        decode: Callable,
+        on_bad_sample: str = "skip",
+        keep_blocks: int = 2,
+        where: Callable[[int], str] = str,
+    ) -> None:
         self.sizes = [int(s) for s in sizes]
         self.starts = [0]
         for s in self.sizes:
@@ -75,7 +84,9 @@ class BlockImages(Dataset):
         if rows is None:
             rows = self.load_block(block)
             if len(rows) != self.sizes[block]:
-                raise ConfigError(f"{self.where(block)} holds {len(rows)} samples, not the {self.sizes[block]} its index says; the dataset changed after it was indexed.")
+                raise ConfigError(
+                    f"{self.where(block)} holds {len(rows)} samples, not the {self.sizes[block]} its index says; the dataset changed after it was indexed."
+                )
             self._blocks[block] = rows
             while len(self._blocks) > self.keep_blocks:
                 self._blocks.popitem(last=False)
@@ -88,7 +99,12 @@ class BlockImages(Dataset):
         data, label = self._block(block)[row]
         try:
             image = self.decode(data)
-        except (OSError, ValueError, SyntaxError, RuntimeError) as e:  # what PIL / torchvision / simplejpeg raise for corrupt bytes
+        except (
+            OSError,
+            ValueError,
+            SyntaxError,
+            RuntimeError,
+        ) as e:  # what PIL / torchvision / simplejpeg raise for corrupt bytes
             where = f"sample {row} of {self.where(block)}"
             if self.on_bad_sample == "stop":
                 from ..errors import TrainingStopped
@@ -114,8 +130,17 @@ def block_capacity(sizes: Sequence[int], window: int) -> int:
 
 
 class BlockSampler(DistributedSampler):
-    def __init__(self, sizes: Sequence[int], seed: int, shuffle: bool, batch_size: int, workers: int, window: int,
-                 num_replicas: Optional[int] = None, rank: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        seed: int,
+        shuffle: bool,
+        batch_size: int,
+        workers: int,
+        window: int,
+        num_replicas: Optional[int] = None,
+        rank: Optional[int] = None,
+    ) -> None:
         # DistributedSampler.__init__ is not called: it needs the process group, which Lightning
         # creates after the loader is defined; rank and world size are read in __iter__.
         self.sizes = [int(s) for s in sizes]
@@ -162,7 +187,10 @@ class BlockSampler(DistributedSampler):
         if not self.shuffle:
             return torch.arange(int(starts[-1]))
         g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        parts = [starts[b] + torch.randperm(self.sizes[b], generator=g) for b in torch.randperm(len(self.sizes), generator=g).tolist()]
+        parts = [
+            starts[b] + torch.randperm(self.sizes[b], generator=g)
+            for b in torch.randperm(len(self.sizes), generator=g).tolist()
+        ]
         order = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
         for s in range(0, len(order), self.window):  # mix neighbouring blocks
             chunk = order[s : s + self.window]
@@ -209,14 +237,23 @@ def split_blocks(sizes: Sequence[int], val_split: float, seed: int):
     if val_split <= 0:
         return list(range(n)), []
     if n < 2:
-        log.warning("data.val_split=%g: the dataset is one block (row group or shard), which cannot be split; training without validation", val_split)
+        log.warning(
+            "data.val_split=%g: the dataset is one block (row group or shard), which cannot be split; training without validation",
+            val_split,
+        )
         return list(range(n)), []
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(n, generator=g).tolist()
     n_val = min(n - 1, max(1, round(n * val_split)))
     held = sum(sizes[b] for b in perm[:n_val]) / max(1, sum(sizes))
     if abs(held - val_split) > 0.1:
-        log.warning("data.val_split=%g: whole blocks are held out, so validation gets %.0f%% of the samples (%d of %d blocks)", val_split, 100 * held, n_val, n)
+        log.warning(
+            "data.val_split=%g: whole blocks are held out, so validation gets %.0f%% of the samples (%d of %d blocks)",
+            val_split,
+            100 * held,
+            n_val,
+            n,
+        )
     return sorted(perm[n_val:]), sorted(perm[:n_val])
 
 

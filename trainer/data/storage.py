@@ -36,7 +36,7 @@ def local_path(root: str) -> str:
     """``file:///x`` -> ``/x``; a plain path is returned with ``~`` expanded."""
     for prefix in ("file://", "local://"):
         if str(root).startswith(prefix):
-            return str(root)[len(prefix):]
+            return str(root)[len(prefix) :]
     return os.path.expanduser(str(root))
 
 
@@ -64,7 +64,9 @@ def open_root(root: str, storage_options: Optional[Dict[str, Any]] = None, key: 
                 f"'{key}' ({root}) is a {protocol}:// URL, which needs the {package} package: pip install {package} "
                 "(or pip install 'trainer-switchboard[s3]' for S3)."
             ) from None
-        raise ConfigError(f"'{key}' ({root}): {protocol}:// is not a storage fsspec knows ({e}). Use a local folder or a URL such as s3://bucket/prefix.") from None
+        raise ConfigError(
+            f"'{key}' ({root}): {protocol}:// is not a storage fsspec knows ({e}). Use a local folder or a URL such as s3://bucket/prefix."
+        ) from None
     try:
         found = fs.exists(path) and (fs.isdir(path) or fs.isfile(path))
         if not found and is_remote(root):
@@ -125,24 +127,48 @@ def explain(error: BaseException, root: str, key: str = "data.root") -> ConfigEr
     """What an object store raised -> one paragraph: what is wrong and which setting fixes it."""
     name = type(error).__name__
     text = str(error)
-    if name in ("NoCredentialsError", "PartialCredentialsError", "NoAuthTokenError") or "Unable to locate credentials" in text:
+    if (
+        name in ("NoCredentialsError", "PartialCredentialsError", "NoAuthTokenError")
+        or "Unable to locate credentials" in text
+    ):
         return ConfigError(
             f"'{key}' ({root}): no credentials for the object store. Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
             "(and AWS_ENDPOINT_URL for a server other than AWS), or AWS_PROFILE; for a public bucket pass "
             "+data.storage_options.anon=true."
         )
-    if any(s in text for s in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidClientTokenId", "does not exist in our records", "signature we calculated does not match")):
+    if any(
+        s in text
+        for s in (
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "InvalidClientTokenId",
+            "does not exist in our records",
+            "signature we calculated does not match",
+        )
+    ):
         return ConfigError(
             f"'{key}' ({root}): the object store refused the credentials ({_first_line(text)}). Check AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) for this endpoint."
         )
-    if "NoSuchBucket" in text or "bucket does not exist" in text.lower() or (isinstance(error, FileNotFoundError) and "bucket" in text.lower()):
+    if (
+        "NoSuchBucket" in text
+        or "bucket does not exist" in text.lower()
+        or (isinstance(error, FileNotFoundError) and "bucket" in text.lower())
+    ):
         bucket = str(root).split("://", 1)[-1].split("/", 1)[0]
-        return ConfigError(f"'{key}' ({root}): the bucket '{bucket}' does not exist on this endpoint{_endpoint()}. Check the bucket name and AWS_ENDPOINT_URL.")
+        return ConfigError(
+            f"'{key}' ({root}): the bucket '{bucket}' does not exist on this endpoint{_endpoint()}. Check the bucket name and AWS_ENDPOINT_URL."
+        )
     if isinstance(error, PermissionError) or "AccessDenied" in text or "Forbidden" in text:
-        return ConfigError(f"'{key}' ({root}): access denied by the object store ({_first_line(text)}). These credentials may not read this bucket.")
-    if isinstance(error, (ConnectionError, TimeoutError, OSError)) and ("connect" in text.lower() or "timeout" in text.lower()):
-        return ConfigError(f"'{key}' ({root}): cannot reach the object store{_endpoint()} ({_first_line(text)}). Check AWS_ENDPOINT_URL and the network.")
+        return ConfigError(
+            f"'{key}' ({root}): access denied by the object store ({_first_line(text)}). These credentials may not read this bucket."
+        )
+    if isinstance(error, (ConnectionError, TimeoutError, OSError)) and (
+        "connect" in text.lower() or "timeout" in text.lower()
+    ):
+        return ConfigError(
+            f"'{key}' ({root}): cannot reach the object store{_endpoint()} ({_first_line(text)}). Check AWS_ENDPOINT_URL and the network."
+        )
     return ConfigError(f"'{key}' ({root}) cannot be read: {name}: {_first_line(text)}.")
 
 

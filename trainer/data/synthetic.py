@@ -21,13 +21,23 @@ POOL_SIZE = 1024
 
 
 class SyntheticImages(Dataset):
-    def __init__(self, num_samples: int, image_size: int, num_classes: int, seed: int, split: str = "train", keep_uint8: bool = False):
+    def __init__(
+        self,
+        num_samples: int,
+        image_size: int,
+        num_classes: int,
+        seed: int,
+        split: str = "train",
+        keep_uint8: bool = False,
+    ):
         self.num_samples = num_samples
         self.keep_uint8 = keep_uint8  # data.gpu_normalize: uint8 out, normalized on the device
         g = torch.Generator().manual_seed(seed)
         # class prototypes: low-frequency patterns shared by train and val
         coarse = torch.rand(num_classes, 3, 4, 4, generator=g)
-        protos = torch.nn.functional.interpolate(coarse, size=(image_size, image_size), mode="bilinear", align_corners=False)
+        protos = torch.nn.functional.interpolate(
+            coarse, size=(image_size, image_size), mode="bilinear", align_corners=False
+        )
         g_split = torch.Generator().manual_seed(seed * 1000 + (0 if split == "train" else 1))
         pool = min(num_samples, POOL_SIZE)
         self.labels = torch.arange(pool) % num_classes

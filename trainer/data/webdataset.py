@@ -30,6 +30,7 @@ from .shards import BlockImages, block_capacity, find_split_files, split_blocks
 
 log = logging.getLogger(__name__)
 
+
 def _image_extensions():
     from torchvision.datasets.folder import IMG_EXTENSIONS  # what an image folder (and so trainer.pack) takes
 
@@ -58,7 +59,9 @@ def read_shard(data: bytes, where: str) -> List[Tuple[bytes, int]]:
     for key, parts in samples.items():
         image = next((parts[e] for e in IMAGE_EXTENSIONS if e in parts), None)
         if image is None or "cls" not in parts:
-            raise ConfigError(f"{where}: sample '{key}' has {sorted(parts)}; data=webdataset needs an image (.jpg, .png, ...) and a .cls label per sample.")
+            raise ConfigError(
+                f"{where}: sample '{key}' has {sorted(parts)}; data=webdataset needs an image (.jpg, .png, ...) and a .cls label per sample."
+            )
         out.append((image, int(parts["cls"].decode().strip())))
     return out
 
@@ -91,17 +94,32 @@ def _descriptor(fs, path: str, root: str):
         urls = [s["url"] if "://" in s["url"] or s["url"].startswith("/") else f"{base}/{s['url']}" for s in shards]
         return urls, [int(s["nsamples"]) for s in shards], spec.get("classes")
     except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"'data.root' ({root}): {path} is not a wids shard index ({type(e).__name__}: {e}); expected {{\"shardlist\": [{{\"url\": ..., \"nsamples\": ...}}]}}.") from None
+        raise ConfigError(
+            f'\'data.root\' ({root}): {path} is not a wids shard index ({type(e).__name__}: {e}); expected {{"shardlist": [{{"url": ..., "nsamples": ...}}]}}.'
+        ) from None
 
 
-def build_webdataset(root: str, image_size: int, augment: bool, val_split: float, seed: int, keep_uint8: bool, decoder: str,
-                     on_bad_sample: str, window: int, storage_options=None) -> Tuple[BlockImages, Optional[BlockImages], list]:
+def build_webdataset(
+    root: str,
+    image_size: int,
+    augment: bool,
+    val_split: float,
+    seed: int,
+    keep_uint8: bool,
+    decoder: str,
+    on_bad_sample: str,
+    window: int,
+    storage_options=None,
+) -> Tuple[BlockImages, Optional[BlockImages], list]:
     from .decoders import Loader
     from .folder import transforms_for
     from .storage import open_root
 
     if not root:
-        raise ConfigError("'data.root' is not set. data=webdataset needs data.root=DIR_OR_URL holding tar shards (python -m trainer.pack SRC DST --format webdataset makes them).")
+        raise ConfigError(
+            "'data.root' is not set. data=webdataset needs data.root=DIR_OR_URL holding "
+            "tar shards (python -m trainer.pack SRC DST --format webdataset makes them)."
+        )
     fs, base = open_root(root, storage_options)
     splits, classes = {}, None
     for split in ("train", "val"):
@@ -112,7 +130,9 @@ def build_webdataset(root: str, image_size: int, augment: bool, val_split: float
     if "train" not in splits:  # no index: count the samples by reading each shard once
         found = find_split_files(fs, base, ".tar")
         if not found["train"]:
-            raise ConfigError(f"'data.root' ({root}) holds no .tar shards and no train.json index. Make them with: python -m trainer.pack SRC DST --format webdataset")
+            raise ConfigError(
+                f"'data.root' ({root}) holds no .tar shards and no train.json index. Make them with: python -m trainer.pack SRC DST --format webdataset"
+            )
         log.info("data=webdataset: no train.json index in %s; reading every shard once to count its samples", root)
         for split, urls in found.items():
             if urls:
@@ -127,8 +147,16 @@ def build_webdataset(root: str, image_size: int, augment: bool, val_split: float
 
     def dataset(urls, sizes, train):
         reader = TarShards(fs, urls)
-        return BlockImages(sizes, reader, classes, transforms_for(image_size, train, augment, keep_uint8), decode, on_bad_sample,
-                           block_capacity(sizes, window), reader.where)
+        return BlockImages(
+            sizes,
+            reader,
+            classes,
+            transforms_for(image_size, train, augment, keep_uint8),
+            decode,
+            on_bad_sample,
+            block_capacity(sizes, window),
+            reader.where,
+        )
 
     urls, sizes = splits["train"]
     if "val" in splits:

@@ -25,12 +25,18 @@ def build_module(cfg) -> pl.LightningModule:
     target = cfg.model.get("_target_")
     model_cfg = cfg.model
     if "num_classes" in model_cfg and not _takes(target, "num_classes"):
-        model_cfg = {k: v for k, v in model_cfg.items() if k != "num_classes"}  # a class of its own without that argument
+        model_cfg = {
+            k: v for k, v in model_cfg.items() if k != "num_classes"
+        }  # a class of its own without that argument
     try:
         obj = instantiate(model_cfg, _convert_="all")
     except InstantiationException as e:
         cause = " ".join(line.strip() for line in str(e.__cause__ or e).splitlines() if line.strip())
-        hint = " (timm models need: pip install timm)" if str(target).startswith("timm") and not _importable("timm") else ""
+        hint = (
+            " (timm models need: pip install timm)"
+            if str(target).startswith("timm") and not _importable("timm")
+            else ""
+        )
         raise ConfigError(
             f"Could not build the model from 'model._target_={target}'{hint}: {cause}. "
             "model._target_ must name an importable nn.Module or LightningModule class (or a function returning one); "
@@ -108,16 +114,26 @@ def check_user_module(module_or_class, cfg, overrides) -> None:
     given = {ov.lstrip("+~").split("=", 1)[0] for ov in overrides or []}
     problems = []
     if "lr_scaling" in given and cfg.lr_scaling != "none":
-        problems.append(f"lr_scaling={cfg.lr_scaling} scales the trainer's own optimizer, but {name}.configure_optimizers builds yours: drop it")
+        problems.append(
+            f"lr_scaling={cfg.lr_scaling} scales the trainer's own optimizer, but {name}.configure_optimizers builds yours: drop it"
+        )
     if cfg.on_nan == "skip":
-        problems.append(f"on_nan=skip skips steps inside the trainer's own training_step, not {name}'s: use on_nan=stop or off")
+        problems.append(
+            f"on_nan=skip skips steps inside the trainer's own training_step, not {name}'s: use on_nan=stop or off"
+        )
     own = sorted(k for k in given if k.startswith(_CLASSIFIER_PREFIXES))
     if own:
-        problems.append(f"{', '.join(own)} configure the trainer's own optimizer, schedule and loss; {name} has its own (configure_optimizers, training_step): drop them")
+        problems.append(
+            f"{', '.join(own)} configure the trainer's own optimizer, schedule and loss; {name} has its own (configure_optimizers, training_step): drop them"
+        )
     if problems:
         from ..errors import ConfigError
 
-        raise ConfigError(f"model._target_ is a LightningModule of your own ({name}), which the trainer runs as it is. " + "; ".join(problems) + ".")
+        raise ConfigError(
+            f"model._target_ is a LightningModule of your own ({name}), which the trainer runs as it is. "
+            + "; ".join(problems)
+            + "."
+        )
     if cfg.get("recipe"):
         log.warning(
             "%s is your own LightningModule: the recipe's optimizer, schedule, loss and lr_scaling do not apply to it "

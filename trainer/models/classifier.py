@@ -45,7 +45,14 @@ class ImageClassifier(pl.LightningModule):
         logits = self(x)
         n = y.shape[0]
         self.log("val/loss", F.cross_entropy(logits, y), on_epoch=True, sync_dist=True, batch_size=n)
-        self.log("val/acc", (logits.argmax(1) == y).float().mean(), on_epoch=True, sync_dist=True, prog_bar=True, batch_size=n)
+        self.log(
+            "val/acc",
+            (logits.argmax(1) == y).float().mean(),
+            on_epoch=True,
+            sync_dist=True,
+            prog_bar=True,
+            batch_size=n,
+        )
 
     def configure_model(self):
         """strategy=fsdp2: shard each repeated block, then the root, with FSDP2's ``fully_shard``."""
@@ -61,7 +68,11 @@ class ImageClassifier(pl.LightningModule):
         blocks = repeated_blocks(self.net)
         for block in blocks:
             fully_shard(block, mesh=mesh)
-        log.info("fsdp2: %d blocks sharded (%s), then the whole model", len(blocks), ", ".join(sorted({type(b).__name__ for b in blocks})) or "none found")
+        log.info(
+            "fsdp2: %d blocks sharded (%s), then the whole model",
+            len(blocks),
+            ", ".join(sorted({type(b).__name__ for b in blocks})) or "none found",
+        )
         fully_shard(self.net, mesh=mesh)
         self._sharded = True  # compile=true comes after this (model_transforms.CompileAfterSetup)
 
@@ -75,5 +86,7 @@ class ImageClassifier(pl.LightningModule):
         optimizer = build_optimizer(self.net, self.optim_cfg, loss_scaled_on_cuda)
         if self.sched_cfg.name == "constant":  # also the only schedule for max_epochs=-1 (no known length)
             return optimizer
-        sched = build_scheduler(optimizer, self.sched_cfg, int(self.trainer.estimated_stepping_batches), self.trainer.max_epochs)
+        sched = build_scheduler(
+            optimizer, self.sched_cfg, int(self.trainer.estimated_stepping_batches), self.trainer.max_epochs
+        )
         return optimizer if sched is None else {"optimizer": optimizer, "lr_scheduler": sched}

@@ -9,7 +9,6 @@ refuses sweeps and other launchers: probes that share the machine would time eac
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import List
 from ..errors import ConfigError, UserFacingError
 
 log = logging.getLogger("trainer.tune")
+
 
 def check_argv(argv: List[str]) -> None:
     if any(a in ("-m", "--multirun") for a in argv):
@@ -35,7 +35,7 @@ def check_argv(argv: List[str]) -> None:
     if bare:
         raise ConfigError(
             f"'{bare[0]}': a candidate of your own is a new key, so it takes a leading + "
-            f"(+{bare[0].split('=', 1)[0]}=\"k=v k2=v2\", quoted for Hydra and the shell: '+tune.extra.narrow=\"model.width=4\"')."
+            f'(+{bare[0].split("=", 1)[0]}="k=v k2=v2", quoted for Hydra and the shell: \'+tune.extra.narrow="model.width=4"\').'
         )
     resume = [a for a in argv if a.split("=", 1)[0].lstrip("+") == "ckpt_path"]
     if resume:
@@ -43,10 +43,20 @@ def check_argv(argv: List[str]) -> None:
             f"'{resume[0]}': the tuner's probes each train a few epochs from scratch, so they cannot start from a checkpoint. "
             "Tune without ckpt_path (the speed of a configuration does not depend on the weights), then resume your run with +tuned=best.yaml."
         )
-    swept = [a for a in argv if "=" in a and not a.startswith("-") and not a.startswith("hydra.")
-             and ("," in a.split("=", 1)[1] and not any(q in a for q in "[\"'")) or "range(" in a or "choice(" in a]
+    swept = [
+        a
+        for a in argv
+        if "=" in a
+        and not a.startswith("-")
+        and not a.startswith("hydra.")
+        and ("," in a.split("=", 1)[1] and not any(q in a for q in "[\"'"))
+        or "range(" in a
+        or "choice(" in a
+    ]
     if swept:
-        raise ConfigError(f"'{swept[0]}' lists several values: the tuner starts from one configuration and picks the values itself. Give one value.")
+        raise ConfigError(
+            f"'{swept[0]}' lists several values: the tuner starts from one configuration and picks the values itself. Give one value."
+        )
 
 
 def check_run_dir(overrides: List[str]) -> None:
@@ -59,7 +69,9 @@ def check_run_dir(overrides: List[str]) -> None:
     run_dir = Path(given[-1]).expanduser()
     if not run_dir.is_dir():
         return
-    if (run_dir / JOURNAL).exists():  # a tune's: it resumes with the same overrides (the journal checks the settings too)
+    if (
+        run_dir / JOURNAL
+    ).exists():  # a tune's: it resumes with the same overrides (the journal checks the settings too)
         first = (run_dir / JOURNAL).read_text().split("\n", 1)[0]
         problem = check_header(first, {"overrides": user_run_overrides(overrides), "settings": None}, run_dir)
         if problem:
@@ -88,14 +100,20 @@ def own_candidates(tune) -> list:
 
     unknown = [n for n in (tune.only or []) if n not in NAMES and n not in (tune.extra or {})]
     if unknown:
-        raise ConfigError(f"'tune.only' names {', '.join(unknown)}, which is not a candidate. Candidates: {', '.join(NAMES)} (and your tune.extra names).")
+        raise ConfigError(
+            f"'tune.only' names {', '.join(unknown)}, which is not a candidate. Candidates: {', '.join(NAMES)} (and your tune.extra names)."
+        )
     clash = [n for n in (tune.extra or {}) if n in NAMES]
     if clash:
-        raise ConfigError(f"'tune.extra.{clash[0]}' has the name of a built-in candidate; give your candidate another name.")
+        raise ConfigError(
+            f"'tune.extra.{clash[0]}' has the name of a built-in candidate; give your candidate another name."
+        )
     extras = extra_candidates(OmegaConf.to_container(tune.extra) if tune.extra else {})
     for cand in extras:  # a typo in a candidate of your own is said now, not after a failed probe
         if not cand.overrides or not all("=" in o for o in cand.overrides):
-            raise ConfigError(f"'tune.extra.{cand.name}' must hold key=value overrides separated by spaces, e.g. +tune.extra.narrow=\"model.width=4\".")
+            raise ConfigError(
+                f"'tune.extra.{cand.name}' must hold key=value overrides separated by spaces, e.g. +tune.extra.narrow=\"model.width=4\"."
+            )
         try:
             check_overrides(list(cand.overrides), recipes())
         except ConfigError as e:
@@ -108,9 +126,8 @@ def tune_task(cfg) -> None:
     from omegaconf import OmegaConf
 
     from .. import hardware
-    from ..cli import recipes
-    from ..config import FLAG_KEYS, check_overrides, validate
     from ..compose import finish
+    from ..config import FLAG_KEYS, validate
     from .candidates import CATALOGUE, Context
     from .output import machine_name, write_best, write_report
     from .probe import JOURNAL, Journal, Prober
@@ -130,13 +147,24 @@ def tune_task(cfg) -> None:
         if tune.only:
             candidates = [c for c in candidates if c.name in set(tune.only)]
         base_settings = {k: OmegaConf.select(cfg, k) for k in FLAG_KEYS}
-        base_settings.update({"data.pin_memory": cfg.data.pin_memory, "data.prefetch_factor": cfg.data.prefetch_factor,
-                              "data.persistent_workers": cfg.data.persistent_workers})
+        base_settings.update(
+            {
+                "data.pin_memory": cfg.data.pin_memory,
+                "data.prefetch_factor": cfg.data.prefetch_factor,
+                "data.persistent_workers": cfg.data.persistent_workers,
+            }
+        )
         journal = Journal(run_dir, user, {k: tune[k] for k in ("probe_batches", "probe_epochs", "verify_epochs")})
         prober = Prober(run_dir, user, tune, journal)
         machine = machine_name(hw)
         started = time.time()
-        log.info("tuning on %s: %s (budget %g min; journal %s)", machine, " ".join(user) or "(the base config)", tune.budget_min, run_dir / JOURNAL)
+        log.info(
+            "tuning on %s: %s (budget %g min; journal %s)",
+            machine,
+            " ".join(user) or "(the base config)",
+            tune.budget_min,
+            run_dir / JOURNAL,
+        )
         if journal.records:
             log.info("resuming: %d finished probes in the journal are not run again", len(journal.records))
         search = Search(prober.run, candidates, ctx, base_settings, tune, lambda: prober.spent_s)
@@ -155,11 +183,17 @@ def tune_task(cfg) -> None:
     except RuntimeError as e:
         from ..cli import fail
 
-        fail(f"{e}. Fix the configuration until python train.py with the same overrides trains; the tuner starts from it.", 1)
+        fail(
+            f"{e}. Fix the configuration until python train.py with the same overrides trains; the tuner starts from it.",
+            1,
+        )
     except KeyboardInterrupt:
         from ..cli import fail
 
-        fail(f"interrupted. Finished probes are in {run_dir / 'tune_journal.jsonl'}: the same command with hydra.run.dir={run_dir} resumes.", 130)
+        fail(
+            f"interrupted. Finished probes are in {run_dir / 'tune_journal.jsonl'}: the same command with hydra.run.dir={run_dir} resumes.",
+            130,
+        )
 
 
 def main() -> None:

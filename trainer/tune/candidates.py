@@ -14,7 +14,13 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
-INPUT, TRANSFER, COMPUTE, MEMORY, EXTRA = "input pipeline", "host-device transfer", "compute", "memory", "your candidates"
+INPUT, TRANSFER, COMPUTE, MEMORY, EXTRA = (
+    "input pipeline",
+    "host-device transfer",
+    "compute",
+    "memory",
+    "your candidates",
+)
 
 # the doctor's bottleneck -> the groups to try, most relevant first (the rest follow while budget lasts)
 ORDER = {
@@ -111,7 +117,9 @@ def _compile(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
 def _allocator(name: str) -> Callable:
     def skip(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
         if name not in ctx.allocators:
-            return f"{name} is not installed (Debian: {'libjemalloc2' if name == 'jemalloc' else 'libtcmalloc-minimal4'})"
+            return (
+                f"{name} is not installed (Debian: {'libjemalloc2' if name == 'jemalloc' else 'libtcmalloc-minimal4'})"
+            )
         return None if cfg.get("runtime.allocator", "default") == "default" else "another allocator is already set"
 
     return skip
@@ -137,17 +145,39 @@ CATALOGUE: List[Candidate] = [
     Candidate("cache_in_memory", INPUT, ("data.cache_in_memory=true",), _image_files),
     # needs loader workers, kept by the tuner or set by the user (data.num_workers): _prefetch says which
     Candidate("prefetch", INPUT, ("data.prefetch_factor=4",), _prefetch),
-    Candidate("gpu_normalize", INPUT, ("data.gpu_normalize=true",), _cuda_only("it moves normalization from the loader to the GPU")),
+    Candidate(
+        "gpu_normalize",
+        INPUT,
+        ("data.gpu_normalize=true",),
+        _cuda_only("it moves normalization from the loader to the GPU"),
+    ),
     # host-device transfer
     Candidate("pin_memory", TRANSFER, ("data.pin_memory=true",), _cuda_only("pinned memory speeds host-to-GPU copies")),
-    Candidate("device_prefetch", TRANSFER, ("data.device_prefetch=true",), _cuda_only("it overlaps the copy to the GPU on a CUDA stream")),
+    Candidate(
+        "device_prefetch",
+        TRANSFER,
+        ("data.device_prefetch=true",),
+        _cuda_only("it overlaps the copy to the GPU on a CUDA stream"),
+    ),
     Candidate("decoder_nvjpeg", TRANSFER, ("data.decoder=nvjpeg",), _nvjpeg),
     # compute
     Candidate("amp", COMPUTE, ("amp=true",), _amp),
     Candidate("channels_last", COMPUTE, ("channels_last=true",)),
     Candidate("compile", COMPUTE, ("compile=true",), _compile),
-    Candidate("compile_max_autotune", COMPUTE, ("compile_mode=max-autotune",), _cuda_only("max-autotune tunes GPU kernels"), needs=("compile",)),
-    Candidate("compile_reduce_overhead", COMPUTE, ("compile_mode=reduce-overhead",), _cuda_only("reduce-overhead uses CUDA graphs"), needs=("compile",)),
+    Candidate(
+        "compile_max_autotune",
+        COMPUTE,
+        ("compile_mode=max-autotune",),
+        _cuda_only("max-autotune tunes GPU kernels"),
+        needs=("compile",),
+    ),
+    Candidate(
+        "compile_reduce_overhead",
+        COMPUTE,
+        ("compile_mode=reduce-overhead",),
+        _cuda_only("reduce-overhead uses CUDA graphs"),
+        needs=("compile",),
+    ),
     Candidate("cudnn_benchmark", COMPUTE, ("cudnn_benchmark=true",), _cuda_only("cuDNN autotuning is a GPU feature")),
     Candidate("tf32", COMPUTE, ("tf32=true",), _tf32),
     Candidate("fused_optimizer", COMPUTE, ("optim.fused=true",)),

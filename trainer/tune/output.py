@@ -22,7 +22,22 @@ from ..errors import ConfigError
 from ..metrics import atomic_write_text
 from .search import Outcome, Step
 
-COLUMNS = ["step", "candidate", "group", "chosen_by", "tried", "decision", "why", "epoch_time_s", "compile_s", "speedup", "speedup_ci", "vs_baseline", "val_acc", "dir"]
+COLUMNS = [
+    "step",
+    "candidate",
+    "group",
+    "chosen_by",
+    "tried",
+    "decision",
+    "why",
+    "epoch_time_s",
+    "compile_s",
+    "speedup",
+    "speedup_ci",
+    "vs_baseline",
+    "val_acc",
+    "dir",
+]
 
 
 def _row(step: Step) -> dict:
@@ -68,7 +83,9 @@ def _yaml_str(text: str) -> str:
     return json.dumps(text)  # a JSON string is a YAML string, quoted where it must be
 
 
-def write_report(run_dir: Path, user: List[str], outcome: Outcome, machine: str, tune_cfg: Any, wall_s: float) -> List[Path]:
+def write_report(
+    run_dir: Path, user: List[str], outcome: Outcome, machine: str, tune_cfg: Any, wall_s: float
+) -> List[Path]:
     rows = [_row(s) for s in outcome.steps]
     md = [
         "# Tune report",
@@ -118,8 +135,10 @@ def _png(path: Path, outcome: Outcome) -> None:
     fig, ax = plt.subplots(figsize=(10, 0.38 * len(steps) + 1.6))
     labels = [f"{s.n} {s.candidate}" for s in steps]
     values = [s.speedup for s in steps]
-    errors = [[max(0.0, s.speedup - s.speedup_ci[0]) if s.speedup_ci else 0.0 for s in steps],
-              [max(0.0, s.speedup_ci[1] - s.speedup) if s.speedup_ci else 0.0 for s in steps]]
+    errors = [
+        [max(0.0, s.speedup - s.speedup_ci[0]) if s.speedup_ci else 0.0 for s in steps],
+        [max(0.0, s.speedup_ci[1] - s.speedup) if s.speedup_ci else 0.0 for s in steps],
+    ]
     ax.barh(range(len(steps)), values, color=[colors.get(s.decision, "#d9534f") for s in steps], xerr=errors, capsize=3)
     ax.axvline(1.0, color="#333333", linewidth=1)
     for y, s in enumerate(steps):
@@ -135,7 +154,9 @@ def _png(path: Path, outcome: Outcome) -> None:
 
 
 def machine_name(hardware: Any) -> str:
-    return f"{hardware.name} ({hardware.accelerator}, {hardware.cpu_cores} cores usable), {platform.node() or 'this host'}"
+    return (
+        f"{hardware.name} ({hardware.accelerator}, {hardware.cpu_cores} cores usable), {platform.node() or 'this host'}"
+    )
 
 
 def load_tuned(path: str) -> List[str]:
@@ -146,11 +167,15 @@ def load_tuned(path: str) -> List[str]:
     try:
         data = yaml.safe_load(Path(expanded).read_text())
     except OSError as e:
-        raise ConfigError(f"'+tuned={path}': cannot read it ({e.strerror}). Give the best.yaml a tune wrote (python -m trainer.tune ... prints its path).") from None
+        raise ConfigError(
+            f"'+tuned={path}': cannot read it ({e.strerror}). Give the best.yaml a tune wrote (python -m trainer.tune ... prints its path)."
+        ) from None
     except UnicodeDecodeError:
         raise ConfigError(f"'+tuned={path}' is not a text file. Give the best.yaml a tune wrote.") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"'+tuned={path}' is not valid YAML ({' '.join(str(e).split())[:200]}). Give the best.yaml a tune wrote.") from None
+        raise ConfigError(
+            f"'+tuned={path}' is not valid YAML ({' '.join(str(e).split())[:200]}). Give the best.yaml a tune wrote."
+        ) from None
     overrides = data.get("overrides") if isinstance(data, dict) else None
     if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
         raise ConfigError(

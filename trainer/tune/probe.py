@@ -79,7 +79,14 @@ def _from_metrics(kind: str, config: List[str], run_dir: Path, wall_s: float, st
 
     path = run_dir / "metrics.json"
     if not path.exists():
-        return Result(kind, config, str(run_dir), "failed", error=f"the run wrote no metrics.json ({_last_lines(stderr) or 'no output'})", wall_s=wall_s)
+        return Result(
+            kind,
+            config,
+            str(run_dir),
+            "failed",
+            error=f"the run wrote no metrics.json ({_last_lines(stderr) or 'no output'})",
+            wall_s=wall_s,
+        )
     m = metrics_io.read(str(path))
     epochs = [e for e in m.get("epochs", []) if e.get("time_s") and e.get("samples")]
     steady = [[e["time_s"], e["samples"], fixed_cost(e)] for e in epochs if not e.get("warmup")]
@@ -108,11 +115,15 @@ def check_header(line: str, header: Dict[str, Any], run_dir: Path) -> Optional[s
     except ValueError:
         found = {}
     if found.get("overrides") != header["overrides"]:
-        return (f"{run_dir} holds a tune of other overrides ({' '.join(found.get('overrides') or []) or 'none'}); "
-                "a tune resumes only with the same command line. Give the same overrides, or another hydra.run.dir.")
+        return (
+            f"{run_dir} holds a tune of other overrides ({' '.join(found.get('overrides') or []) or 'none'}); "
+            "a tune resumes only with the same command line. Give the same overrides, or another hydra.run.dir."
+        )
     if header["settings"] is not None and found.get("settings") != header["settings"]:
-        return (f"{run_dir} holds a tune with other probe settings ({found.get('settings')}, now {header['settings']}); its "
-                "measurements would not compare. Resume with the same tune.* values, or give another hydra.run.dir.")
+        return (
+            f"{run_dir} holds a tune with other probe settings ({found.get('settings')}, now {header['settings']}); its "
+            "measurements would not compare. Resume with the same tune.* values, or give another hydra.run.dir."
+        )
     return None
 
 
@@ -143,8 +154,10 @@ class Journal:
                     if i == len(lines):  # the tune was killed while appending this line: that probe runs again
                         log.warning("%s: its last line was cut short (a killed tune); that probe runs again", self.path)
                         continue
-                    raise ConfigError(f"{self.path} line {i} is not a journal record; the tune cannot resume from it. "
-                                      "Give another hydra.run.dir to start a new tune.") from None
+                    raise ConfigError(
+                        f"{self.path} line {i} is not a journal record; the tune cannot resume from it. "
+                        "Give another hydra.run.dir to start a new tune."
+                    ) from None
             # rewrite without the cut line, so the next record starts on a line of its own
             with open(self.path, "w") as f:
                 f.write("\n".join([lines[0], *(json.dumps(r) for r in self.records)]) + "\n")
@@ -220,13 +233,28 @@ class Prober:
             self.spent_s += replayed.wall_s
             return replayed
         run_dir = self._next_dir(kind, name)
-        cmd = [sys.executable, "-m", "trainer.cli", *self.user, *config, *run_settings(kind, self.cfg), f"hydra.run.dir={run_dir}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "trainer.cli",
+            *self.user,
+            *config,
+            *run_settings(kind, self.cfg),
+            f"hydra.run.dir={run_dir}",
+        ]
         env = dict(os.environ, TRAINER_QUIET_CONSOLE="1")
         start = time.perf_counter()
         # its own session: a timed-out probe is stopped with every process it started (loader workers,
         # ranks); and it dies with the tuner, so a killed tune leaves no run behind to slow the next one
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         # a probe is a few short epochs: one that runs far past the budget is stuck; a verification
         # trains full epochs and is not bounded by the probes' budget
         limit = max(300.0, 60.0 * self.cfg.budget_min) if kind == "probe" else None
@@ -251,7 +279,7 @@ class Prober:
 
 
 def _last_lines(text: Optional[str]) -> str:
-    lines = [l.strip() for l in (text or "").strip().splitlines() if l.strip()]
+    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
     return " ".join(lines[-3:])[-400:]
 
 

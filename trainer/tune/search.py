@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -135,7 +134,11 @@ class Search:
         settings = self._settings(config)
         if self._holds(cand, settings):
             return "already set in the configuration"
-        missing = [n for n in cand.needs if n not in kept and not (n in self.by_name and self._holds(self.by_name[n], settings))]
+        missing = [
+            n
+            for n in cand.needs
+            if n not in kept and not (n in self.by_name and self._holds(self.by_name[n], settings))
+        ]
         if missing:
             return f"needs {', '.join(missing)} kept first"
         return cand.skip(self.ctx, settings)
@@ -157,14 +160,34 @@ class Search:
         # branch reads and changes; split, those five values would be passed back and forth each turn
         base_verify = self.probe("verify", "baseline", [])
         if not base_verify.ok:
-            raise RuntimeError(f"the configuration as given does not train: {base_verify.error} (see {base_verify.dir})")
+            raise RuntimeError(
+                f"the configuration as given does not train: {base_verify.error} (see {base_verify.dir})"
+            )
         self.full_samples = float(base_verify.epoch_samples or 1.0)
-        log.info("baseline: val_acc %s after %d epochs of %d samples", _acc(base_verify.val_acc), self.cfg.verify_epochs, self.full_samples)
+        log.info(
+            "baseline: val_acc %s after %d epochs of %d samples",
+            _acc(base_verify.val_acc),
+            self.cfg.verify_epochs,
+            self.full_samples,
+        )
 
         base = self.probe("probe", "baseline", [])
         if not base.ok:
             raise RuntimeError(f"the baseline probe failed: {base.error} (see {base.dir})")
-        self._add(Step(0, "baseline", "", "", [], "baseline", "the configuration as given", self._epoch_s([base]), base.compile_s, dir=base.dir))
+        self._add(
+            Step(
+                0,
+                "baseline",
+                "",
+                "",
+                [],
+                "baseline",
+                "the configuration as given",
+                self._epoch_s([base]),
+                base.compile_s,
+                dir=base.dir,
+            )
+        )
         log.info("probe 0 baseline: %.3f s/epoch; %s", self._epoch_s([base]), base.verdict or "no verdict")
 
         config: List[str] = []
@@ -190,7 +213,20 @@ class Search:
             trial = merge(config, cand.overrides)
             n = len(self.steps)
             result = self.probe("probe", cand.name, trial)
-            step = self._add(Step(n, cand.name, cand.group, verdict, trial, "", "", self._epoch_s([result]), result.compile_s, dir=result.dir))
+            step = self._add(
+                Step(
+                    n,
+                    cand.name,
+                    cand.group,
+                    verdict,
+                    trial,
+                    "",
+                    "",
+                    self._epoch_s([result]),
+                    result.compile_s,
+                    dir=result.dir,
+                )
+            )
             if not result.ok:
                 step.decision, step.why = "failed", f"the probe failed: {result.error}"
                 log.info("probe %d %s: failed (%s)", n, " ".join(cand.overrides), result.error)
@@ -200,7 +236,9 @@ class Search:
             step.vs_baseline = self._compare([base], [result])[0]
             if ci is None or ci[0] <= 1.0:
                 step.decision = "dropped"
-                step.why = "no measurable speed-up: " + (f"the interval {ci[0]:.2f}-{ci[1]:.2f} reaches 1.00" if ci else "too few epochs to judge")
+                step.why = "no measurable speed-up: " + (
+                    f"the interval {ci[0]:.2f}-{ci[1]:.2f} reaches 1.00" if ci else "too few epochs to judge"
+                )
                 dropped.append(cand.name)
             else:
                 again = self.probe("probe", "incumbent-again", config)  # right after: drift cannot fake a speed-up
@@ -216,20 +254,37 @@ class Search:
                     path.append(list(config))
                 else:
                     step.decision = "dropped"
-                    step.why = ("not confirmed: measuring the incumbent again failed" if not again.ok else
-                                "not confirmed when the incumbent was measured again" + (f" (interval {ci[0]:.2f}-{ci[1]:.2f})" if ci else ""))
+                    step.why = (
+                        "not confirmed: measuring the incumbent again failed"
+                        if not again.ok
+                        else "not confirmed when the incumbent was measured again"
+                        + (f" (interval {ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+                    )
                     dropped.append(cand.name)
             log.info(
                 "probe %d [%s] %s: %.3f s/epoch, %.2fx%s -> %s [%.1f of %g min]",
-                n, cand.group, " ".join(cand.overrides), step.epoch_time_s or 0.0, step.speedup or 0.0, _fmt_ci(step.speedup_ci), step.decision,
-                self.spent_s() / 60, self.cfg.budget_min,
+                n,
+                cand.group,
+                " ".join(cand.overrides),
+                step.epoch_time_s or 0.0,
+                step.speedup or 0.0,
+                _fmt_ci(step.speedup_ci),
+                step.decision,
+                self.spent_s() / 60,
+                self.cfg.budget_min,
             )
 
         # candidates never tried: say why (the reason on the final configuration)
         for cand in self.candidates:
             if cand.name not in tried:
-                why = self._eligible(cand, config, kept) or ("the budget ran out first" if budget_hit else "not reached")
-                self._add(Step(len(self.steps), cand.name, cand.group, "", list(merge(config, cand.overrides)), "skipped", why))
+                why = self._eligible(cand, config, kept) or (
+                    "the budget ran out first" if budget_hit else "not reached"
+                )
+                self._add(
+                    Step(
+                        len(self.steps), cand.name, cand.group, "", list(merge(config, cand.overrides)), "skipped", why
+                    )
+                )
 
         return self._guard(base, base_verify, path, budget_hit)
 
@@ -247,13 +302,31 @@ class Search:
             winner_probe = [first] + ([winner_again] if winner_again.ok else [])
             speed, ci = self._compare(bases, winner_probe)
             confirmed = ci is not None and ci[0] > 1.0
-            self._add(Step(len(self.steps), "final", "", "", winner, "final" if confirmed else "not confirmed",
-                           "the winner and the baseline measured again back to back; speed-up over both measurements of each"
-                           + ("" if confirmed else ": the interval reaches 1.00, so the configuration as given stays"),
-                           self._epoch_s(winner_probe), first.compile_s, speed, ci, speed, winner_verify.val_acc, winner_again.dir))
+            self._add(
+                Step(
+                    len(self.steps),
+                    "final",
+                    "",
+                    "",
+                    winner,
+                    "final" if confirmed else "not confirmed",
+                    "the winner and the baseline measured again back to back; speed-up over both measurements of each"
+                    + ("" if confirmed else ": the interval reaches 1.00, so the configuration as given stays"),
+                    self._epoch_s(winner_probe),
+                    first.compile_s,
+                    speed,
+                    ci,
+                    speed,
+                    winner_verify.val_acc,
+                    winner_again.dir,
+                )
+            )
             if not confirmed:
-                log.info("the winner measured again with the baseline: %.2fx%s: not a measurable speed-up, keeping the configuration as given",
-                         speed or 0.0, _fmt_ci(ci))
+                log.info(
+                    "the winner measured again with the baseline: %.2fx%s: not a measurable speed-up, keeping the configuration as given",
+                    speed or 0.0,
+                    _fmt_ci(ci),
+                )
                 unconfirmed = (speed, ci)
                 winner, winner_verify, winner_probe, speed, ci = [], base_verify, [], None, None
         outcome = Outcome(
@@ -283,27 +356,76 @@ class Search:
             n = len(self.steps)
             tolerance = self.cfg.acc_tolerance
             if not check.ok:
-                self._add(Step(n, "accuracy check", "", "", config, "rejected", f"it did not train: {check.error}", dir=check.dir))
-                log.info("accuracy check %s: it did not train (%s): checking the configuration before it", name, check.error)
+                self._add(
+                    Step(
+                        n,
+                        "accuracy check",
+                        "",
+                        "",
+                        config,
+                        "rejected",
+                        f"it did not train: {check.error}",
+                        dir=check.dir,
+                    )
+                )
+                log.info(
+                    "accuracy check %s: it did not train (%s): checking the configuration before it", name, check.error
+                )
                 continue
             if base_verify.val_acc is None or check.val_acc is None:
-                self._add(Step(n, "accuracy check", "", "", config, "verified",
-                               "trained, but accuracy NOT CHECKED: this run has no validation (data.val_samples / trainer.limit_val_batches)",
-                               dir=check.dir))
+                self._add(
+                    Step(
+                        n,
+                        "accuracy check",
+                        "",
+                        "",
+                        config,
+                        "verified",
+                        "trained, but accuracy NOT CHECKED: this run has no validation (data.val_samples / trainer.limit_val_batches)",
+                        dir=check.dir,
+                    )
+                )
                 winner, winner_verify = config, check
-                log.warning("accuracy check %s: trained, but this run has no validation: its accuracy is not checked", name)
+                log.warning(
+                    "accuracy check %s: trained, but this run has no validation: its accuracy is not checked", name
+                )
                 break
             if check.val_acc >= base_verify.val_acc - tolerance:
-                self._add(Step(n, "accuracy check", "", "", config, "verified",
-                               f"val_acc {check.val_acc:.3f} vs baseline {base_verify.val_acc:.3f} (tolerance {tolerance:g})",
-                               val_acc=check.val_acc, dir=check.dir))
+                self._add(
+                    Step(
+                        n,
+                        "accuracy check",
+                        "",
+                        "",
+                        config,
+                        "verified",
+                        f"val_acc {check.val_acc:.3f} vs baseline {base_verify.val_acc:.3f} (tolerance {tolerance:g})",
+                        val_acc=check.val_acc,
+                        dir=check.dir,
+                    )
+                )
                 winner, winner_verify = config, check
                 log.info("accuracy check %s: val_acc %.3f vs %.3f: kept", name, check.val_acc, base_verify.val_acc)
                 break
-            self._add(Step(n, "accuracy check", "", "", config, "rejected",
-                           f"val_acc {check.val_acc:.3f} is more than {tolerance:g} below the baseline's {base_verify.val_acc:.3f}",
-                           val_acc=check.val_acc, dir=check.dir))
-            log.info("accuracy check %s: val_acc %.3f vs %.3f: REJECTED, checking the configuration before it", name, check.val_acc, base_verify.val_acc)
+            self._add(
+                Step(
+                    n,
+                    "accuracy check",
+                    "",
+                    "",
+                    config,
+                    "rejected",
+                    f"val_acc {check.val_acc:.3f} is more than {tolerance:g} below the baseline's {base_verify.val_acc:.3f}",
+                    val_acc=check.val_acc,
+                    dir=check.dir,
+                )
+            )
+            log.info(
+                "accuracy check %s: val_acc %.3f vs %.3f: REJECTED, checking the configuration before it",
+                name,
+                check.val_acc,
+                base_verify.val_acc,
+            )
         return winner, winner_verify
 
 
@@ -318,9 +440,12 @@ def _acc(value: Optional[float]) -> str:
 def verdict_text(o: Outcome, cfg: Any) -> str:
     if not o.winner and o.unconfirmed:
         speed, ci = o.unconfirmed
-        return (f"keep the configuration as given: the best configuration found measured {speed or 0:.2f}x{_fmt_ci(ci)} when "
-                "measured again back to back with it, not a measurable speed-up on this machine"
-                + (" (the budget ran out before every candidate was tried)" if o.budget_hit else "") + ".")
+        return (
+            f"keep the configuration as given: the best configuration found measured {speed or 0:.2f}x{_fmt_ci(ci)} when "
+            "measured again back to back with it, not a measurable speed-up on this machine"
+            + (" (the budget ran out before every candidate was tried)" if o.budget_hit else "")
+            + "."
+        )
     if not o.winner:
         return (
             "keep the configuration as given: no candidate gave a measurable speed-up that kept the accuracy"
