@@ -40,27 +40,11 @@ def find_batch_size(
     device = torch.device("cuda" if accelerator == "cuda" else "cpu")
     cap = min(bf.max_batch_size, len(dataset))
     cap_reason = "dataset size" if len(dataset) <= bf.max_batch_size else "cap (batch_finder.max_batch_size)"
-    if accelerator == "cuda":
-        budget = torch.cuda.get_device_properties(device).total_memory / 2**20 * (1 - bf.headroom)
-    else:
-        budget = bf.memory_budget_mb or memory.mem_available_mb() / 2
+    budget = _memory_budget_mb(bf, accelerator, device)
     saved = copy.deepcopy(module.state_dict())
     module.to(device).train()
     optimizer = build_optimizer(module, cfg.optim)
     autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp_dtype or "")
-
-    def step(size: int) -> float:
-        x, y = datamodule.example_batch(size, device)
-        probe = memory.PeakMemory(accelerator)
-        probe.start()
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            loss = F.cross_entropy(module(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if accelerator == "cuda":
-            torch.cuda.synchronize()
-        return probe.peak_mb()
 
     best, size, reason, last_peak = 0, max(1, bf.start), "", 0.0
     try:
@@ -75,7 +59,9 @@ def find_batch_size(
                 )
                 break
             try:
-                peak = step(size)
+                peak = _step_peak_mb(
+                    module, optimizer, datamodule.example_batch(size, device), accelerator, autocast_dtype
+                )
             except torch.OutOfMemoryError:
                 reason = f"memory: batch {size} ran out of device memory"
                 break
@@ -86,7 +72,7 @@ def find_batch_size(
             size *= 2
     finally:
         optimizer.zero_grad(set_to_none=True)
-        optimizer = None  # frees its state (the step closure holds the name, not the object)
+        del optimizer
         module.load_state_dict(saved)
         if accelerator == "cuda":
             torch.cuda.empty_cache()
@@ -95,3 +81,25 @@ def find_batch_size(
         reason += "; even the smallest batch did not fit the budget, using 1"
     log.info("data.batch_size=auto: chose %d (%s; peak %.0f MB at %d)", best, reason, last_peak, best)
     return best, reason
+
+
+def _memory_budget_mb(bf, accelerator: str, device) -> float:
+    """CUDA: the device's memory less the headroom; CPU: batch_finder.memory_budget_mb, else half of MemAvailable."""
+    if accelerator == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / 2**20 * (1 - bf.headroom)
+    return bf.memory_budget_mb or memory.mem_available_mb() / 2
+
+
+def _step_peak_mb(module, optimizer, batch, accelerator: str, autocast_dtype) -> float:
+    """One real training step (forward, backward, optimizer step) on ``batch``; its peak memory in MB."""
+    x, y = batch
+    probe = memory.PeakMemory(accelerator)
+    probe.start()
+    with torch.autocast(x.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        loss = F.cross_entropy(module(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if accelerator == "cuda":
+        torch.cuda.synchronize()
+    return probe.peak_mb()

@@ -332,7 +332,7 @@ def pack(
     return meta
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m trainer.pack", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "src", help="an image folder: SRC/<class>/<image>, or SRC/train/<class>/... and SRC/val/<class>/..."
@@ -366,7 +366,11 @@ def main(argv=None) -> int:
         default=42,
         help="parquet / webdataset: the split and the shuffled order (42: data=imagefolder's default seed)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _problem(args) -> Optional[str]:
+    """What is wrong with the arguments, in one sentence (None: nothing)."""
     problem = None
     if args.size is not None and args.format != "npy":
         problem = (
@@ -379,6 +383,12 @@ def main(argv=None) -> int:
         problem = "--shard-samples and --group-rows must be positive numbers of samples."
     elif not 0.0 <= args.val_split < 1.0:
         problem = f"--val-split must be a fraction in [0, 1), not {args.val_split}."
+    return problem
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    problem = _problem(args)
     if problem:
         print(f"\nerror: {problem}\n", file=sys.stderr)
         return 2

@@ -108,22 +108,27 @@ def resolve(cfg, hw: Hardware) -> Plan:
         raise ConfigError(
             "'sync_batchnorm=true' needs CUDA GPUs (torch's SyncBatchNorm does not run on CPU). Allowed here: sync_batchnorm=false."
         )
-    if cfg.sync_batchnorm and cfg.strategy == "auto":
-        warnings.append("sync_batchnorm=true only matters with more than one process (strategy=ddp/fsdp/fsdp2).")
     if cfg.data.batch_size == "auto" and cfg.strategy != "auto":
         raise ConfigError(
             f"'data.batch_size=auto' is single-device only (each rank of strategy={cfg.strategy} would search on its own). "
             "Find the batch once with strategy=auto and pass the number it prints, e.g. data.batch_size=256."
         )
-    if cfg.compile and cfg.compile_mode in ("reduce-overhead",) and accelerator == "cpu":
-        warnings.append("compile_mode=reduce-overhead uses CUDA graphs; on CPU it behaves like the default mode.")
-    if cfg.tf32 and accelerator == "cpu":
-        warnings.append(
-            "tf32=true only changes CUDA matmuls and convolutions (Ampere or newer); on CPU it has no effect."
-        )
-    if cfg.cudnn_benchmark and accelerator == "cpu":
-        warnings.append("cudnn_benchmark=true only affects cuDNN on CUDA; on CPU it has no effect.")
+    warnings += _no_effect_here(cfg, accelerator)
     return Plan(accelerator, devices, cfg.num_nodes, precision, amp_dtype, cfg.strategy, warnings)
+
+
+def _no_effect_here(cfg, accelerator: str) -> List[str]:
+    """Flags that are on but change nothing on this hardware or with this strategy: said, never refused."""
+    said = []
+    if cfg.sync_batchnorm and cfg.strategy == "auto":
+        said.append("sync_batchnorm=true only matters with more than one process (strategy=ddp/fsdp/fsdp2).")
+    if cfg.compile and cfg.compile_mode in ("reduce-overhead",) and accelerator == "cpu":
+        said.append("compile_mode=reduce-overhead uses CUDA graphs; on CPU it behaves like the default mode.")
+    if cfg.tf32 and accelerator == "cpu":
+        said.append("tf32=true only changes CUDA matmuls and convolutions (Ampere or newer); on CPU it has no effect.")
+    if cfg.cudnn_benchmark and accelerator == "cpu":
+        said.append("cudnn_benchmark=true only affects cuDNN on CUDA; on CPU it has no effect.")
+    return said
 
 
 def _precision(cfg, hw: Hardware, accelerator: str, warnings: List[str]) -> tuple:

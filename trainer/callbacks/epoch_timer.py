@@ -195,6 +195,10 @@ class EpochTimer(pl.Callback):
         self._fresh = False
         self._t0 = None
         self.epochs.append(epoch)
+        self._publish(trainer, epoch, elapsed, wait, transfer, tflops)
+
+    def _publish(self, trainer, epoch: Dict[str, Any], elapsed: float, wait: float, transfer: float, tflops) -> None:
+        """Rank 0: the epoch's scalars to the logger (TensorBoard), its line to the log, the journal written."""
         if trainer.logger is not None and trainer.is_global_zero:
             scalars = {
                 "perf/epoch_time_s": elapsed,

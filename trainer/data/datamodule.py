@@ -79,22 +79,7 @@ class ImageDataModule(pl.LightningDataModule):
         anything is built, and the model's output layer can follow the data's class count.
         """
         c = self.cfg
-        if c.get("device_prefetch") and self.accelerator != "cuda":
-            log.warning(
-                "data.device_prefetch=true needs a CUDA GPU (it overlaps host-to-device copies with compute); on %s it does nothing",
-                self.accelerator,
-            )
-        if c.get("device_resident"):
-            if c.name != "synthetic":
-                raise ConfigError(
-                    f"data.device_resident=true keeps synthetic images on the device; data={c.name} reads real files. "
-                    "Use it with data=synthetic, or use data.device_prefetch / data.gpu_normalize / data.decoder=nvjpeg for real images."
-                )
-            if self.num_workers or c.pin_memory:
-                log.info(
-                    "data.device_resident: batches are gathered on the device, so loader workers and pinned memory are not used"
-                )
-                self.num_workers = 0
+        self._check_device_flags()
         if c.name == "synthetic":
             from .synthetic import SyntheticImages
 
@@ -135,6 +120,26 @@ class ImageDataModule(pl.LightningDataModule):
             self.val_set = instantiate(c.val_dataset, _convert_="all") if c.val_dataset else None
             return c.num_classes
         return self._build_image_folders()
+
+    def _check_device_flags(self) -> None:
+        """data.device_prefetch and data.device_resident where they cannot act: said, or refused."""
+        c = self.cfg
+        if c.get("device_prefetch") and self.accelerator != "cuda":
+            log.warning(
+                "data.device_prefetch=true needs a CUDA GPU (it overlaps host-to-device copies with compute); on %s it does nothing",
+                self.accelerator,
+            )
+        if c.get("device_resident"):
+            if c.name != "synthetic":
+                raise ConfigError(
+                    f"data.device_resident=true keeps synthetic images on the device; data={c.name} reads real files. "
+                    "Use it with data=synthetic, or use data.device_prefetch / data.gpu_normalize / data.decoder=nvjpeg for real images."
+                )
+            if self.num_workers or c.pin_memory:
+                log.info(
+                    "data.device_resident: batches are gathered on the device, so loader workers and pinned memory are not used"
+                )
+                self.num_workers = 0
 
     def _build_image_folders(self) -> int:
         """data=imagefolder / builtin: class subfolders of JPEGs (the built-in set is generated once)."""

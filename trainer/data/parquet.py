@@ -20,7 +20,7 @@ import os
 from typing import List, Optional, Tuple
 
 from ..errors import ConfigError
-from .shards import BlockImages, block_capacity, find_split_files, split_blocks
+from .shards import BlockImages, block_capacity, find_split_files, require_root, split_blocks
 
 IMAGE_COLUMNS = ("image", "img", "jpg", "png")
 LABEL_COLUMNS = ("label", "labels", "cls", "class")
@@ -115,6 +115,17 @@ def _index(fs, files: List[str], root: str):
     return blocks, sizes, columns, names
 
 
+def _label_classes(fs, paths, label_column: str) -> list:
+    """No class names stored: the labels are the classes, 0..max (only the label column is read)."""
+    pq = _pyarrow()
+    top = -1
+    for path in paths:
+        with fs.open(path, "rb") as f:
+            column = pq.read_table(f, columns=[label_column]).column(0)
+        top = max(top, max((v for v in column.to_pylist() if v is not None), default=-1))
+    return [str(i) for i in range(top + 1)]
+
+
 def build_parquet(
     root: str,
     image_size: int,
@@ -131,11 +142,7 @@ def build_parquet(
     from .folder import transforms_for
     from .storage import open_root
 
-    if not root:
-        raise ConfigError(
-            "'data.root' is not set. data=parquet needs data.root=DIR_OR_URL holding "
-            "Parquet files (python -m trainer.pack SRC DST --format parquet makes them)."
-        )
+    require_root(root, "parquet", "Parquet files")
     fs, base = open_root(root, storage_options)
     splits = find_split_files(fs, base, ".parquet")
     if not splits["train"]:
@@ -147,14 +154,8 @@ def build_parquet(
         raise ConfigError(f"'data.root' ({root}): its Parquet files hold no rows.")
     decode = Loader(decoder).decode
     reader = RowGroups(fs, splits["train"], blocks, *columns)
-    if names is None:  # no class names stored: the labels are the classes (the label column only is read)
-        pq = _pyarrow()
-        top = -1
-        for path in splits["train"]:
-            with fs.open(path, "rb") as f:
-                column = pq.read_table(f, columns=[columns[1]]).column(0)
-            top = max(top, max((v for v in column.to_pylist() if v is not None), default=-1))
-        names = [str(i) for i in range(top + 1)]
+    if names is None:
+        names = _label_classes(fs, splits["train"], columns[1])
 
     def dataset(reader, sizes, train):
         return BlockImages(

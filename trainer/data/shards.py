@@ -118,6 +118,15 @@ class BlockImages(Dataset):
         return (self.transform(image) if self.transform is not None else image), int(label)
 
 
+def require_root(root: Optional[str], name: str, holding: str) -> None:
+    """data=parquet / data=webdataset need data.root; say what it must hold and how to make it."""
+    if not root:
+        raise ConfigError(
+            f"'data.root' is not set. data={name} needs data.root=DIR_OR_URL holding "
+            f"{holding} (python -m trainer.pack SRC DST --format {name} makes them)."
+        )
+
+
 def block_capacity(sizes: Sequence[int], window: int) -> int:
     """Blocks a process holds at once: as many as one shuffle window can touch."""
     covered, count = 0, 0

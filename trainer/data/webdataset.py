@@ -26,7 +26,7 @@ import tarfile
 from typing import List, Optional, Tuple
 
 from ..errors import ConfigError
-from .shards import BlockImages, block_capacity, find_split_files, split_blocks
+from .shards import BlockImages, block_capacity, find_split_files, require_root, split_blocks
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,21 @@ def _descriptor(fs, path: str, root: str):
         ) from None
 
 
+def _counted_shards(fs, base: str, root: str) -> dict:
+    """No train.json index: split -> (shard urls, samples per shard), each shard read once to count."""
+    splits = {}
+    found = find_split_files(fs, base, ".tar")
+    if not found["train"]:
+        raise ConfigError(
+            f"'data.root' ({root}) holds no .tar shards and no train.json index. Make them with: python -m trainer.pack SRC DST --format webdataset"
+        )
+    log.info("data=webdataset: no train.json index in %s; reading every shard once to count its samples", root)
+    for split, urls in found.items():
+        if urls:
+            splits[split] = (urls, [len(TarShards(fs, urls)(b)) for b in range(len(urls))])
+    return splits
+
+
 def build_webdataset(
     root: str,
     image_size: int,
@@ -115,11 +130,7 @@ def build_webdataset(
     from .folder import transforms_for
     from .storage import open_root
 
-    if not root:
-        raise ConfigError(
-            "'data.root' is not set. data=webdataset needs data.root=DIR_OR_URL holding "
-            "tar shards (python -m trainer.pack SRC DST --format webdataset makes them)."
-        )
+    require_root(root, "webdataset", "tar shards")
     fs, base = open_root(root, storage_options)
     splits, classes = {}, None
     for split in ("train", "val"):
@@ -128,15 +139,7 @@ def build_webdataset(
             splits[split] = (urls, sizes)
             classes = classes or names
     if "train" not in splits:  # no index: count the samples by reading each shard once
-        found = find_split_files(fs, base, ".tar")
-        if not found["train"]:
-            raise ConfigError(
-                f"'data.root' ({root}) holds no .tar shards and no train.json index. Make them with: python -m trainer.pack SRC DST --format webdataset"
-            )
-        log.info("data=webdataset: no train.json index in %s; reading every shard once to count its samples", root)
-        for split, urls in found.items():
-            if urls:
-                splits[split] = (urls, [len(TarShards(fs, urls)(b)) for b in range(len(urls))])
+        splits.update(_counted_shards(fs, base, root))
     decode = Loader(decoder).decode
     if not sum(splits["train"][1]):
         raise ConfigError(f"'data.root' ({root}): its training shards hold no samples.")

@@ -121,13 +121,25 @@ def own_candidates(tune) -> list:
     return extras
 
 
-def tune_task(cfg) -> None:
-    from hydra.core.hydra_config import HydraConfig
+def base_settings(cfg) -> dict:
+    """The starting configuration's flags and loader settings: what the candidates' conditions read."""
     from omegaconf import OmegaConf
 
+    from ..config import FLAG_KEYS
+
+    settings = {k: OmegaConf.select(cfg, k) for k in FLAG_KEYS}
+    for key in ("pin_memory", "prefetch_factor", "persistent_workers"):
+        settings[f"data.{key}"] = cfg.data[key]
+    return settings
+
+
+def tune_task(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
     from .. import hardware
+    from ..cli import fail
     from ..compose import finish
-    from ..config import FLAG_KEYS, validate
+    from ..config import validate
     from .candidates import CATALOGUE, Context
     from .output import machine_name, write_best, write_report
     from .probe import JOURNAL, Journal, Prober
@@ -143,17 +155,7 @@ def tune_task(cfg) -> None:
         extras = own_candidates(tune)
         hw = hardware.detect(cfg.accelerator)
         ctx = Context.of(hw, cfg)
-        candidates = list(CATALOGUE) + extras
-        if tune.only:
-            candidates = [c for c in candidates if c.name in set(tune.only)]
-        base_settings = {k: OmegaConf.select(cfg, k) for k in FLAG_KEYS}
-        base_settings.update(
-            {
-                "data.pin_memory": cfg.data.pin_memory,
-                "data.prefetch_factor": cfg.data.prefetch_factor,
-                "data.persistent_workers": cfg.data.persistent_workers,
-            }
-        )
+        candidates = [c for c in list(CATALOGUE) + extras if not tune.only or c.name in set(tune.only)]
         journal = Journal(run_dir, user, {k: tune[k] for k in ("probe_batches", "probe_epochs", "verify_epochs")})
         prober = Prober(run_dir, user, tune, journal)
         machine = machine_name(hw)
@@ -167,7 +169,7 @@ def tune_task(cfg) -> None:
         )
         if journal.records:
             log.info("resuming: %d finished probes in the journal are not run again", len(journal.records))
-        search = Search(prober.run, candidates, ctx, base_settings, tune, lambda: prober.spent_s)
+        search = Search(prober.run, candidates, ctx, base_settings(cfg), tune, lambda: prober.spent_s)
         outcome = search.run()
         best = write_best(run_dir, user, outcome, machine)
         paths = write_report(run_dir, user, outcome, machine, tune, prober.spent_s)
@@ -177,19 +179,13 @@ def tune_task(cfg) -> None:
             log.info("  %s", line)
         log.info("report: %s; took %.1f min", ", ".join(map(str, paths)), (time.time() - started) / 60)
     except UserFacingError as e:
-        from ..cli import fail
-
         fail(str(e), e.exit_code)
     except RuntimeError as e:
-        from ..cli import fail
-
         fail(
             f"{e}. Fix the configuration until python train.py with the same overrides trains; the tuner starts from it.",
             1,
         )
     except KeyboardInterrupt:
-        from ..cli import fail
-
         fail(
             f"interrupted. Finished probes are in {run_dir / 'tune_journal.jsonl'}: the same command with hydra.run.dir={run_dir} resumes.",
             130,

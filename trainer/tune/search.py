@@ -348,85 +348,45 @@ class Search:
 
     def _accuracy_check(self, base_verify: Result, path: List[List[str]]) -> tuple:
         """The fastest kept configuration whose val_acc is within tolerance of the baseline's: (overrides, its verify run)."""
-        winner: List[str] = []
-        winner_verify = base_verify
+        tolerance = self.cfg.acc_tolerance
         for config in reversed(path[1:]):
             name = " ".join(config)
             check = self.probe("verify", "candidate", config)
-            n = len(self.steps)
-            tolerance = self.cfg.acc_tolerance
             if not check.ok:
-                self._add(
-                    Step(
-                        n,
-                        "accuracy check",
-                        "",
-                        "",
-                        config,
-                        "rejected",
-                        f"it did not train: {check.error}",
-                        dir=check.dir,
-                    )
-                )
+                self._add_check(config, "rejected", f"it did not train: {check.error}", check)
                 log.info(
                     "accuracy check %s: it did not train (%s): checking the configuration before it", name, check.error
                 )
                 continue
             if base_verify.val_acc is None or check.val_acc is None:
-                self._add(
-                    Step(
-                        n,
-                        "accuracy check",
-                        "",
-                        "",
-                        config,
-                        "verified",
-                        "trained, but accuracy NOT CHECKED: this run has no validation (data.val_samples / trainer.limit_val_batches)",
-                        dir=check.dir,
-                    )
-                )
-                winner, winner_verify = config, check
+                why = "trained, but accuracy NOT CHECKED: this run has no validation (data.val_samples / trainer.limit_val_batches)"
+                self._add_check(config, "verified", why, check)
                 log.warning(
                     "accuracy check %s: trained, but this run has no validation: its accuracy is not checked", name
                 )
-                break
+                return config, check
             if check.val_acc >= base_verify.val_acc - tolerance:
-                self._add(
-                    Step(
-                        n,
-                        "accuracy check",
-                        "",
-                        "",
-                        config,
-                        "verified",
-                        f"val_acc {check.val_acc:.3f} vs baseline {base_verify.val_acc:.3f} (tolerance {tolerance:g})",
-                        val_acc=check.val_acc,
-                        dir=check.dir,
-                    )
-                )
-                winner, winner_verify = config, check
+                why = f"val_acc {check.val_acc:.3f} vs baseline {base_verify.val_acc:.3f} (tolerance {tolerance:g})"
+                self._add_check(config, "verified", why, check, check.val_acc)
                 log.info("accuracy check %s: val_acc %.3f vs %.3f: kept", name, check.val_acc, base_verify.val_acc)
-                break
-            self._add(
-                Step(
-                    n,
-                    "accuracy check",
-                    "",
-                    "",
-                    config,
-                    "rejected",
-                    f"val_acc {check.val_acc:.3f} is more than {tolerance:g} below the baseline's {base_verify.val_acc:.3f}",
-                    val_acc=check.val_acc,
-                    dir=check.dir,
-                )
+                return config, check
+            why = (
+                f"val_acc {check.val_acc:.3f} is more than {tolerance:g} below the baseline's {base_verify.val_acc:.3f}"
             )
+            self._add_check(config, "rejected", why, check, check.val_acc)
             log.info(
                 "accuracy check %s: val_acc %.3f vs %.3f: REJECTED, checking the configuration before it",
                 name,
                 check.val_acc,
                 base_verify.val_acc,
             )
-        return winner, winner_verify
+        return [], base_verify
+
+    def _add_check(self, config: List[str], decision: str, why: str, check: Result, val_acc=None) -> None:
+        """One accuracy-check row of the tune report."""
+        self._add(
+            Step(len(self.steps), "accuracy check", "", "", config, decision, why, val_acc=val_acc, dir=check.dir)
+        )
 
 
 def _key(config: List[str]) -> str:
