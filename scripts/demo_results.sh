@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The README's demo sweep, measured on this machine as it is and with its CPU limited to AVX2 (what
 # an AVX2-only laptop or cloud VM runs: oneDNN and ATen kernels capped at AVX2, and the trainer told
-# the CPU has no AVX512-BF16/AMX), into scripts/results/demo/{native,avx2}/.
+# the CPU has no AVX512-BF16/AMX), into scripts/results/demo/{native,avx2}/. Do not use this
+# limitation for runs that compile: torch.compile'd models trained under ONEDNN_MAX_CPU_ISA below
+# the CPU's own ISA were seen to get a NaN loss at the first step or abort with a double free (the
+# demo does not compile).
 #   scripts/demo_results.sh        # about 1.5 minutes on 2 cores
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -73,6 +73,21 @@ def test_help_lists_every_flag_from_its_schema_field(monkeypatch):
     assert "  channels_last=false  said once" in flags_help()
 
 
+def test_the_flags_keep_the_order_the_report_shows_them_in():
+    """metrics.json's flags and the A/B report's columns: the switches, then optim, data and runtime keys."""
+    from trainer import config
+
+    assert config.FLAG_KEYS == (
+        "amp", "amp_dtype", "compile", "compile_mode", "channels_last", "accumulate", "strategy", "devices",
+        "num_nodes", "profile", "tf32", "cudnn_benchmark", "activation_checkpointing", "sync_batchnorm",
+        "lr_scaling", "cuda_alloc_conf", "optim.fused", "optim.zero_grad_to_none", "data.batch_size",
+        "data.num_workers", "data.auto_workers", "data.gpu_normalize", "data.device_prefetch",
+        "data.device_resident", "data.decoder", "data.cache_in_memory", "data.cache", "runtime.allocator",
+    )  # fmt: skip
+    assert set(config.OPTIMIZATION_FLAGS) | set(config.RUN_SETTINGS) == set(config.FLAG_KEYS)
+    assert not set(config.OPTIMIZATION_FLAGS) & set(config.RUN_SETTINGS)
+
+
 def _functions(tree: ast.AST):
     """Every function and method with its qualified name (Class.method, outer.inner)."""
 
@@ -101,23 +116,39 @@ def long_functions_without_a_reason(root: Path = TRAINER) -> list:
     return found
 
 
+def _compiles(node: ast.AST, names_of_torch_compile: set) -> bool:
+    """``x.compile(...)`` (not ``re.compile``), ``compile(...)`` imported from torch, ``torch._dynamo.optimize(...)``,
+    or ``@torch.compile`` as a bare decorator."""
+    if isinstance(node, ast.Call):
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "compile":
+            return not (isinstance(func.value, ast.Name) and func.value.id == "re")
+        if isinstance(func, ast.Name) and func.id in names_of_torch_compile:
+            return True
+        return isinstance(func, ast.Attribute) and func.attr == "optimize" and "_dynamo" in ast.unparse(func.value)
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return any(isinstance(d, ast.Attribute) and d.attr == "compile" for d in node.decorator_list)
+    return False
+
+
 def compile_calls_outside_the_one_place(root: Path = TRAINER) -> list:
-    """``torch.compile(...)`` or ``x.compile(...)`` (not ``re.compile``) outside model_transforms.apply_compile."""
+    """Every place in ``root`` that compiles, outside ``model_transforms.apply_compile`` (``_compiles``)."""
     found = []
     for path in sorted(root.rglob("*.py")):
         tree = ast.parse(path.read_text())
         allowed = set()
         for name, node in _functions(tree):
-            if (path.name, name) == COMPILE_SITE:
+            if (str(path.relative_to(root)), name) == COMPILE_SITE:
                 allowed |= {id(n) for n in ast.walk(node)}
+        from_torch = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module == "torch"
+            for alias in node.names
+            if alias.name == "compile"
+        }
         for node in ast.walk(tree):
-            if not (
-                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "compile"
-            ):
-                continue
-            if isinstance(node.func.value, ast.Name) and node.func.value.id == "re":
-                continue
-            if id(node) not in allowed:
+            if _compiles(node, from_torch) and id(node) not in allowed:
                 found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
     return found
 
@@ -140,6 +171,19 @@ def test_the_shape_checks_find_what_they_look_for(tmp_path):
     (pkg / "compiles.py").write_text(
         "import re\nimport torch\n\n\ndef f(net):\n    re.compile('x')\n    net.compile()\n    return torch.compile(net)\n"
     )
+    (pkg / "other.py").write_text(
+        "import torch\nfrom torch import compile as c\n\n\n@torch.compile\ndef g(x):\n    return c(x)\n\n\n"
+        "def h(m):\n    return torch._dynamo.optimize('inductor')(m)\n"
+    )
     (pkg / "model_transforms.py").write_text("def apply_compile(net):\n    net.compile()\n")
+    (pkg / "sub").mkdir()
+    (pkg / "sub" / "model_transforms.py").write_text("def apply_compile(net):\n    net.compile()\n")
     assert long_functions_without_a_reason(pkg) == [f"trainer/long.py:1 too_long ({MAX_LINES + 1} lines)"]
-    assert compile_calls_outside_the_one_place(pkg) == ["trainer/compiles.py:7", "trainer/compiles.py:8"]
+    assert compile_calls_outside_the_one_place(pkg) == [
+        "trainer/compiles.py:7",
+        "trainer/compiles.py:8",
+        "trainer/other.py:6",
+        "trainer/other.py:7",
+        "trainer/other.py:11",
+        "trainer/sub/model_transforms.py:2",
+    ]

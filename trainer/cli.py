@@ -335,6 +335,8 @@ def _prepare_job_dir(cfg, job: JobContext, resume: bool) -> None:
 
 def _launch_job(cfg, job: JobContext) -> None:
     """Start the job's ranks (or the job under another allocator); rank 0 of them writes metrics.json."""
+    from omegaconf import OmegaConf
+
     from . import hardware, switchboard
     from .config import validate
     from .launch import launch
@@ -342,6 +344,10 @@ def _launch_job(cfg, job: JobContext) -> None:
     # check the config once here, not once per rank
     validate(cfg)
     switchboard.resolve(cfg, hardware.detect(cfg.accelerator))
+    if job.config_path:
+        # the job's config (scale applied) before its ranks start: they may fail before they reach
+        # run(), whose rank 0 saves it again with the values it settles
+        OmegaConf.save(cfg, job.config_path, resolve=True)
     # the child processes run this job in this job's dir
     code = launch(cfg, job.out_dir, job.overrides, quiet=job.multirun)
     if code != 0:

@@ -5,7 +5,8 @@ tests and scripts through ``hydra.compose``). ``finish`` then does what Hydra's 
 it applies the ``scale=`` preset over the recipe (the command line applied again on top, so it
 still wins) and rebuilds the model node when ``model._target_`` was pointed at another class.
 ``compose_for_run`` is both steps for callers without ``@hydra.main``. After ``finish`` the config
-is only changed by the run itself, for the values it settles (``trainer.run.Parts``).
+changes only where a run resumes (``ckpt_path``: a requeued Slurm job, a stopped sweep's job) and
+for the values a run settles itself (``trainer.run.Parts``).
 """
 
 from __future__ import annotations
@@ -31,16 +32,18 @@ def prepare_hydra() -> None:
 
 def flags_help() -> str:
     """``train.py --help``'s list of flags: each key's default, allowed values and help, from the schema."""
-    from .config import CHOICES, FLAG_KEYS, SCHEMA_FIELDS, help_text
+    from .config import CHOICES, OPTIMIZATION_FLAGS, RUN_SETTINGS, SCHEMA_FIELDS, help_text
 
     def shown(value: Any) -> str:
         return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
     lines = []
-    for key in FLAG_KEYS:
-        default = SCHEMA_FIELDS[key].default
-        allowed = f" [{' | '.join(shown(c) for c in CHOICES[key])}]" if key in CHOICES else ""
-        lines.append(f"  {key}={shown(default)}{allowed}  {help_text(key)}".rstrip())
+    for title, keys in (("optimizations (the switchboard)", OPTIMIZATION_FLAGS), ("run settings", RUN_SETTINGS)):
+        lines.append(f"{title}:")
+        for key in keys:
+            default = SCHEMA_FIELDS[key].default
+            allowed = f" [{' | '.join(shown(c) for c in CHOICES[key])}]" if key in CHOICES else ""
+            lines.append(f"  {key}={shown(default)}{allowed}  {help_text(key)}".rstrip())
     return "\n".join(lines)
 
 

@@ -388,7 +388,10 @@ def _failure(parts: Parts, e: BaseException) -> tuple:
 def record(parts: Parts, status: str, error: Optional[str]) -> Dict[str, Any]:
     """The job's metrics.json (rank 0), with the doctor's diagnosis when it trained; returned too."""
     previous = parts.previous
-    _save_config(parts)  # a run that failed before it settled: the config it was given, scale applied
+    try:
+        _save_config(parts)  # a run that failed before it settled: the config it was given, and what it settled
+    except Exception as e:  # metrics.json matters more than the config beside it: it is still written
+        log.warning("could not save %s: %s", parts.config_path, metrics_mod.one_line(e))
     if _already_finished(previous, parts.timer, status):
         # resumed from the end of a finished run with nothing left to train: keep its result
         log.info(

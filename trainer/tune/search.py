@@ -347,7 +347,9 @@ class Search:
         return outcome
 
     def _accuracy_check(self, base_verify: Result, path: List[List[str]]) -> tuple:
-        """The fastest kept configuration whose val_acc is within tolerance of the baseline's: (overrides, its verify run)."""
+        """Walk back from the last kept configuration (the fastest) to the first whose val_acc is within tolerance
+        of the baseline's, or that has no validation to check; return (its overrides, its verify run), or ([], the
+        baseline's) when none passes."""
         tolerance = self.cfg.acc_tolerance
         for config in reversed(path[1:]):
             name = " ".join(config)
