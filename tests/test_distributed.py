@@ -246,3 +246,27 @@ def test_a_failing_rank_gives_the_same_paragraph_and_exit_code_as_one_process(tm
         read_metrics(tmp_path / "two")["status"] == "failed"
         and "ProbeNet asked to fail" in read_metrics(tmp_path / "two")["error"]
     )
+
+
+def test_a_rank_stopped_because_another_failed_records_the_failed_ranks_answer(tmp_path, compose):
+    """torchrun stops the other ranks with SIGTERM once one fails: rank 0's record must say why the job failed."""
+    from trainer import metrics
+    from trainer.cli import _record_failure
+    from trainer.torchrun import _write_first_failure, answer_of, first_failure
+
+    cfg = compose()
+    stopped = metrics.build(
+        status="failed", error="stopped by SIGTERM before training started (nothing to save)", recipe=None,
+        flags={}, device=None, epochs=[{"epoch": 0, "time_s": 1.0}], summary={}, peak_memory=None,
+        train_loss=None, val_acc=None,
+    )  # fmt: skip
+    metrics.write(str(tmp_path / "metrics.json"), stopped)
+    rank_stderr = "some log line\nerror: ProbeNet asked to fail\n(model init).\n"
+    _write_first_failure(tmp_path / "ranks", 1, answer_of(rank_stderr))  # as trainer.torchrun does
+    answer = first_failure(str(tmp_path / "ranks"))
+    assert answer == "ProbeNet asked to fail (model init). (rank 1)"
+    _record_failure(str(tmp_path), cfg, [], "its processes exited with status 2", rank_error=answer)
+    m = metrics.read(str(tmp_path / "metrics.json"))
+    assert m["status"] == "failed" and m["error"] == answer and m["epochs"] == stopped["epochs"]
+    _record_failure(str(tmp_path / "fresh"), cfg, [], "its processes exited with status 2", rank_error=answer)
+    assert metrics.read(str(tmp_path / "fresh" / "metrics.json"))["error"] == answer

@@ -190,17 +190,26 @@ def fail(message: str, code: int = ConfigError.exit_code) -> None:
     sys.exit(code)
 
 
-def _record_failure(out_dir: str, cfg, overrides: List[str], error: str) -> None:
-    """A job that failed before (or outside) ``run`` still leaves a metrics.json, so its report row survives."""
-    from . import metrics
+def _record_failure(out_dir: str, cfg, overrides: List[str], error: str, rank_error: Optional[str] = None) -> None:
+    """A job that failed before (or outside) ``run`` still leaves a metrics.json, so its report row survives.
+
+    ``rank_error``: a launched job's first failed rank's answer. When another rank failed first,
+    torchrun stops the rest with SIGTERM, so rank 0's own record may say "stopped by SIGTERM": the
+    failed rank's answer is the reason, and replaces that record's error (its epochs are kept).
+    """
+    from . import metrics, stopping
     from .run import flags_of
 
     path = os.path.join(out_dir, "metrics.json")
-    if os.path.exists(path) and metrics.read(path).get("status") == "failed":
-        return  # run() (or rank 0) already recorded this failure
+    if os.path.exists(path):
+        existing = metrics.read(path)
+        if existing.get("status") == "failed":
+            if rank_error and existing.get("error") != rank_error and not stopping.requested():
+                metrics.write(path, dict(existing, error=rank_error))
+            return  # run() (or rank 0) already recorded this failure
     record = metrics.build(
         status="failed",
-        error=error,
+        error=rank_error or error,
         recipe=cfg.get("recipe"),
         flags=flags_of(cfg),
         device=None,
@@ -351,8 +360,14 @@ def _launch_job(cfg, job: JobContext) -> None:
     # the child processes run this job in this job's dir
     code = launch(cfg, job.out_dir, job.overrides, quiet=job.multirun)
     if code != 0:
+        from .torchrun import first_failure
+
         _record_failure(
-            job.out_dir, cfg, job.overrides, f"its processes exited with status {code}; see the logs in {job.out_dir}"
+            job.out_dir,
+            cfg,
+            job.overrides,
+            f"its processes exited with status {code}; see the logs in {job.out_dir}",
+            rank_error=first_failure(os.path.join(job.out_dir, "ranks")),
         )
         if not job.multirun:
             sys.exit(code)

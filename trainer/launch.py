@@ -180,7 +180,12 @@ def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False) -> int:
     ]
     job = [str(ROOT / "train.py"), *kept, f"hydra.run.dir={out_dir}"]
     if launches_ranks(cfg):
+        from .torchrun import FIRST_FAILURE
+
         nproc = processes_per_node(cfg)
+        stale = os.path.join(out_dir, "ranks", FIRST_FAILURE)  # an earlier launch's (this one resumes it)
+        if os.path.exists(stale):
+            os.remove(stale)
         # trainer.torchrun: torchrun, with a failed rank's own message instead of the launcher's traceback
         cmd = [
             sys.executable,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import List, Optional
 
 TAIL_LINES = 40
+FIRST_FAILURE = "first_failure.json"  # in LOG_DIR: the failed rank's answer, for the job's metrics.json
 
 
 def _quiet_elastic_logs() -> None:
@@ -59,6 +60,7 @@ def main(argv: List[str]) -> int:
         text = path.read_text(errors="replace") if path else ""
         how = _how_it_ended(failure.exitcode)
         answer = answer_of(text) if text.strip() else f"rank {rank} {how} and printed nothing to stderr"
+        _write_first_failure(log_dir, rank, answer)
         print(
             f"\n{answer}\n\n(rank {rank} {how}, which stopped the job; every rank's stderr is under {log_dir})\n",
             file=sys.stderr,
@@ -73,6 +75,27 @@ def main(argv: List[str]) -> int:
         )
         return 128 + int(e.sigval)
     return 0
+
+
+def _write_first_failure(log_dir: Path, rank: int, answer: str) -> None:
+    """The reason the job failed, for the launching process to record: the other ranks were stopped by
+    torchrun's SIGTERM, and the rank that writes metrics.json may be one of those."""
+    import json
+
+    paragraph = " ".join(line.strip() for line in answer.splitlines() if line.strip())
+    paragraph = paragraph[len("error: ") :] if paragraph.startswith("error: ") else paragraph
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / FIRST_FAILURE).write_text(json.dumps({"rank": rank, "error": f"{paragraph[:1000]} (rank {rank})"}))
+
+
+def first_failure(log_dir: str) -> Optional[str]:
+    """What ``_write_first_failure`` recorded for the last launch into ``log_dir``, if anything."""
+    import json
+
+    try:
+        return json.loads((Path(log_dir) / FIRST_FAILURE).read_text())["error"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _how_it_ended(exitcode: int) -> str:
