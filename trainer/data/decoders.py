@@ -20,6 +20,10 @@ import logging
 log = logging.getLogger(__name__)
 
 
+# what PIL, torchvision and simplejpeg raise for a corrupt or truncated image file
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError)
+
+
 def resolve_decoder(name: str, accelerator: str) -> str:
     """The decoder that will really run here, with a message when it is not the one asked for."""
     if name == "turbo" and importlib.util.find_spec("simplejpeg") is None:

@@ -12,6 +12,7 @@ import os
 from typing import Tuple
 
 from ..errors import ConfigError
+from .decoders import DECODE_ERRORS
 
 
 def transforms_for(image_size: int, train: bool, augment: bool, keep_uint8: bool = False):
@@ -52,12 +53,7 @@ def _safe_image_folder_class():
         def __getitem__(self, index):
             try:
                 return super().__getitem__(index)
-            except (
-                OSError,
-                ValueError,
-                SyntaxError,
-                RuntimeError,
-            ) as e:  # what PIL / torchvision / simplejpeg raise for corrupt files
+            except DECODE_ERRORS as e:
                 path = self.samples[index][0]
                 if self.on_bad_sample == "stop":
                     from ..errors import TrainingStopped

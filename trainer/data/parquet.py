@@ -20,7 +20,7 @@ import os
 from typing import List, Optional, Tuple
 
 from ..errors import ConfigError
-from .shards import BlockImages, block_capacity, find_split_files, require_root, split_blocks
+from .shards import BlockImages, find_split_files, require_root, split_blocks
 
 IMAGE_COLUMNS = ("image", "img", "jpg", "png")
 LABEL_COLUMNS = ("label", "labels", "cls", "class")
@@ -158,16 +158,8 @@ def build_parquet(
         names = _label_classes(fs, splits["train"], columns[1])
 
     def dataset(reader, sizes, train):
-        return BlockImages(
-            sizes,
-            reader,
-            names,
-            transforms_for(image_size, train, augment, keep_uint8),
-            decode,
-            on_bad_sample,
-            block_capacity(sizes, window),
-            reader.where,
-        )
+        transform = transforms_for(image_size, train, augment, keep_uint8)
+        return BlockImages.from_reader(reader, sizes, names, transform, decode, on_bad_sample, window)
 
     if splits["val"]:
         v_blocks, v_sizes, v_columns, _ = _index(fs, splits["val"], root)

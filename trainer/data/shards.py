@@ -36,6 +36,7 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler
 
 from ..errors import ConfigError
+from .decoders import DECODE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,23 @@ class BlockImages(Dataset):
         self.keep_blocks = max(2, keep_blocks)
         self.where = where  # block index -> "file, row group 3" for messages
         self._blocks: OrderedDict = OrderedDict()  # per process: never pickled into workers
+
+    @classmethod
+    def from_reader(
+        cls,
+        reader,
+        sizes: Sequence[int],
+        classes: List[str],
+        transform,
+        decode: Callable,
+        on_bad_sample: str,
+        window: int,
+    ):
+        """Over a block reader (Parquet's RowGroups, WebDataset's TarShards): it loads the blocks and names them in
+        messages; a process keeps the blocks one shuffle window spans."""
+        return cls(
+            sizes, reader, classes, transform, decode, on_bad_sample, block_capacity(sizes, window), reader.where
+        )
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -99,12 +117,7 @@ class BlockImages(Dataset):
         data, label = self._block(block)[row]
         try:
             image = self.decode(data)
-        except (
-            OSError,
-            ValueError,
-            SyntaxError,
-            RuntimeError,
-        ) as e:  # what PIL / torchvision / simplejpeg raise for corrupt bytes
+        except DECODE_ERRORS as e:
             where = f"sample {row} of {self.where(block)}"
             if self.on_bad_sample == "stop":
                 from ..errors import TrainingStopped

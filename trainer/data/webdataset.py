@@ -26,7 +26,7 @@ import tarfile
 from typing import List, Optional, Tuple
 
 from ..errors import ConfigError
-from .shards import BlockImages, block_capacity, find_split_files, require_root, split_blocks
+from .shards import BlockImages, find_split_files, require_root, split_blocks
 
 log = logging.getLogger(__name__)
 
@@ -149,17 +149,8 @@ def build_webdataset(
         classes = [str(i) for i in range(max(labels) + 1)]
 
     def dataset(urls, sizes, train):
-        reader = TarShards(fs, urls)
-        return BlockImages(
-            sizes,
-            reader,
-            classes,
-            transforms_for(image_size, train, augment, keep_uint8),
-            decode,
-            on_bad_sample,
-            block_capacity(sizes, window),
-            reader.where,
-        )
+        transform = transforms_for(image_size, train, augment, keep_uint8)
+        return BlockImages.from_reader(TarShards(fs, urls), sizes, classes, transform, decode, on_bad_sample, window)
 
     urls, sizes = splits["train"]
     if "val" in splits:
