@@ -187,8 +187,7 @@ def _data_and_model(parts: Parts) -> None:
     if num_classes != cfg.data.num_classes:
         _check_given_num_classes(parts, num_classes)
         log.info("data.num_classes set to %d: the dataset has %d classes", num_classes, num_classes)
-        parts.settled["data.num_classes"] = num_classes
-        _apply_settled(cfg, parts.settled)  # the model is built for the classes the data has
+        _settle_value(parts, "data.num_classes", num_classes)  # the model is built for the classes the data has
     module = build_module(cfg)
     if user_class is None:  # a factory function may still return a LightningModule of the user's
         check_user_module(module, cfg, overrides)
@@ -224,20 +223,19 @@ def _settle(parts: Parts) -> None:
         batch_size, parts.notes["batch_size_reason"] = find_batch_size(
             parts.module, parts.datamodule, cfg, plan.accelerator, plan.amp_dtype
         )
-        parts.settled["data.batch_size"] = batch_size
-        _apply_settled(cfg, parts.settled)
+        _settle_value(parts, "data.batch_size", batch_size)
         pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the search consumed random numbers
-    parts.settled["optim.lr"], parts.notes["lr_note"] = switchboard.scaled_lr(cfg, plan.world_size(parts.hw))
+    lr, parts.notes["lr_note"] = switchboard.scaled_lr(cfg, plan.world_size(parts.hw))
+    _settle_value(parts, "optim.lr", lr)
     log.info(parts.notes["lr_note"])
-    _apply_settled(cfg, parts.settled)
     _save_config(parts)
 
 
-def _apply_settled(cfg, settled: Dict[str, Any]) -> None:
-    """The one place the run changes its config: the values it settled itself (see Parts)."""
-    with open_dict(cfg):
-        for key, value in settled.items():
-            OmegaConf.update(cfg, key, value, merge=False)
+def _settle_value(parts: Parts, key: str, value: Any) -> None:
+    """The one place the run changes its config: a value it settled itself, kept in ``parts.settled`` too."""
+    parts.settled[key] = value
+    with open_dict(parts.cfg):
+        OmegaConf.update(parts.cfg, key, value, merge=False)
 
 
 def _save_config(parts: Parts) -> None:
