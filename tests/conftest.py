@@ -92,6 +92,25 @@ def train(tmp_path, compose):
 
 
 @pytest.fixture
+def add_callbacks(monkeypatch):
+    """``add_callbacks(cb, ..., first=False)``: every run of this test gets these callbacks too (after the
+    trainer's own, or before them with ``first=True``), through the one place callbacks are built."""
+    from trainer import run as run_mod
+
+    real = run_mod.build_callbacks
+
+    def _add(*callbacks, first: bool = False) -> None:
+        def with_callbacks(parts):
+            found = real(parts)
+            found.all = [*callbacks, *found.all] if first else [*found.all, *callbacks]
+            return found
+
+        monkeypatch.setattr(run_mod, "build_callbacks", with_callbacks)
+
+    return _add
+
+
+@pytest.fixture
 def fake_gpu(monkeypatch):
     """Make torch.cuda answer as one GPU of a given kind would, and return what ``hardware.detect``
     makes of it. bf16 is answered as torch answers it: emulated bf16 counts as supported unless

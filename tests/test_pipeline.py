@@ -188,7 +188,7 @@ class _TransferLog:
         return self.transfer(batch, device)
 
 
-def test_device_prefetcher_copies_ahead_and_trains_the_same(train, monkeypatch, tmp_path):
+def test_device_prefetcher_copies_ahead_and_trains_the_same(train, monkeypatch, tmp_path, add_callbacks):
     """The prefetching loader, run stream-less on CPU inside a real fit: same batches, same result,
     each copy made before the step that needs it."""
     import pytorch_lightning as pl
@@ -225,16 +225,7 @@ def test_device_prefetcher_copies_ahead_and_trains_the_same(train, monkeypatch, 
 
     monkeypatch.setattr(dm_mod.ImageDataModule, "_prefetch_device", prefetch_device)
     monkeypatch.setattr(dm_mod.ImageDataModule, "_loader", logged_loader)
-    from trainer import run as run_mod
-
-    real_callbacks = run_mod.build_callbacks
-
-    def with_step_watch(parts):
-        found = real_callbacks(parts)
-        found.all.append(StepWatch())
-        return found
-
-    monkeypatch.setattr(run_mod, "build_callbacks", with_step_watch)
+    add_callbacks(StepWatch())
     prefetched, _ = train(*args, "data.device_prefetch=true")
     assert prefetched["status"] == "ok"
     import threading

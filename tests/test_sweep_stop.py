@@ -26,6 +26,18 @@ SLOW = [
 ]
 
 
+def _start_train(*args: str) -> subprocess.Popen:
+    """``python train.py ARGS`` in the background, its output (stdout and stderr) read as one text."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=ROOT,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 180) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -50,14 +62,7 @@ def test_sigterm_stops_a_sweep_after_the_job_in_flight_saves_and_the_same_comman
 
     sweep_dir = tmp_path / "sweep"
     args = ["-m", f"hydra.sweep.dir={sweep_dir}", *SLOW, "model.width=4,5,6"]
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=ROOT,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = _start_train(*args)
     _wait_for(lambda: _running_epoch_written(sweep_dir / "0"), proc)  # job 0 finished epoch 0: it is in epoch 1
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
@@ -97,14 +102,7 @@ def test_a_finished_job_of_a_stopped_sweep_is_kept_as_it_ran(tmp_path):
     """Stopped after job 0 finished: re-running keeps job 0's result and the config it ran with (not retrained)."""
     sweep_dir = tmp_path / "sweep"
     args = ["-m", f"hydra.sweep.dir={sweep_dir}", *SLOW, "model.width=4,5"]
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=ROOT,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = _start_train(*args)
     _wait_for(lambda: _running_epoch_written(sweep_dir / "1"), proc)  # job 0 finished, job 1 is in its epoch 1
     proc.send_signal(signal.SIGINT)  # Ctrl-C: the same stop as SIGTERM
     out, _ = proc.communicate(timeout=120)
@@ -147,21 +145,12 @@ def test_a_second_ctrl_c_stops_at_once():
 def test_a_signal_while_a_run_sets_up_stops_it_at_once(tmp_path):
     """Nothing trained yet, nothing to save: the run stops now, says so, and records it."""
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            str(ROOT / "train.py"),
-            f"hydra.run.dir={run_dir}",
-            "data=custom",
-            "data.dataset._target_=spies.SlowInitDataset",
-            "+data.dataset.init_s=60",
-            "data.val_samples=0",
-        ],
-        cwd=ROOT,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    proc = _start_train(
+        f"hydra.run.dir={run_dir}",
+        "data=custom",
+        "data.dataset._target_=spies.SlowInitDataset",
+        "+data.dataset.init_s=60",
+        "data.val_samples=0",
     )
     _wait_for(
         lambda: "device: " in ((run_dir / "train.log").read_text() if (run_dir / "train.log").exists() else ""), proc

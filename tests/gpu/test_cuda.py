@@ -350,7 +350,7 @@ def test_fsdp1_keeps_channels_last_weights(compose, tmp_path):
     assert seen and all(s["weight_channels_last"] and s["input_channels_last"] for s in seen)
 
 
-def test_nvjpeg_decode_overlaps_the_step_with_device_prefetch(train, compose, tmp_path, monkeypatch):
+def test_nvjpeg_decode_overlaps_the_step_with_device_prefetch(train, compose, tmp_path, monkeypatch, add_callbacks):
     """The batched decode (which ends in a wait for its own stream) runs in the prefetch thread: a step
     slower than the decode never waits for a batch, so neither data wait nor transfer is charged."""
     import threading
@@ -358,7 +358,6 @@ def test_nvjpeg_decode_overlaps_the_step_with_device_prefetch(train, compose, tm
 
     import pytorch_lightning as pl
 
-    from trainer import run as run_mod
     from trainer.data.device_decode import DeviceDecoder
 
     threads = []
@@ -373,14 +372,7 @@ def test_nvjpeg_decode_overlaps_the_step_with_device_prefetch(train, compose, tm
         def on_train_batch_end(self, *a):
             time.sleep(0.05)  # a step the decode of 8 small JPEGs easily keeps up with
 
-    real_callbacks = run_mod.build_callbacks
-
-    def with_slow_step(parts):
-        found = real_callbacks(parts)
-        found.all.append(SlowStep())
-        return found
-
-    monkeypatch.setattr(run_mod, "build_callbacks", with_slow_step)
+    add_callbacks(SlowStep())
     root = _jpeg_folder(tmp_path / "imgs", per_class=24)
     m, _ = train(
         *GPU,

@@ -70,18 +70,11 @@ def _cases():
 
 
 @pytest.mark.parametrize("recipe, row, data", list(_cases()))
-def test_no_host_sync_inside_the_step_loop(compose, tmp_path, monkeypatch, recipe, row, data):
+def test_no_host_sync_inside_the_step_loop(compose, tmp_path, recipe, row, data, add_callbacks):
     from trainer import run as run_mod
 
     watch = SyncDebugSteps()
-    real = run_mod.build_callbacks
-
-    def watched_first(parts):
-        found = real(parts)
-        found.all.insert(0, watch)
-        return found
-
-    monkeypatch.setattr(run_mod, "build_callbacks", watched_first)
+    add_callbacks(watch, first=True)
     args = [f"+recipe={recipe}", f"+bench={row}", *SMALL, *data]
     try:
         m = run_mod.run(compose(*args), str(tmp_path / "run"), args)
