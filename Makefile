@@ -11,6 +11,14 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
 	touch $@
 
+# The tests' MLflow tracking server, in its own venv: the server needs pyarrow<26, the product pins a
+# newer one (the product itself talks to MLflow through mlflow-skinny, in .venv).
+SERVER_VENV ?= .venv-mlflow-server
+$(SERVER_VENV)/.installed: constraints-mlflow-server.txt
+	python3 -m venv $(SERVER_VENV)
+	$(SERVER_VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints-mlflow-server.txt mlflow
+	touch $@
+
 # A CPU-sized A/B sweep on the built-in real JPEGs: the JPEG decoder x channels_last, 4 jobs of 6
 # epochs of the small CNN, about 40 s on 2 cores of any CPU kind (no flag that a CPU may only
 # emulate), every row learning to about 0.99 val_acc (chance is 0.1). See the README for why.
@@ -21,7 +29,7 @@ demo: setup
 # runs it starts see a one-core machine, so neither competes with the other's timings), then the
 # tests that need every core (several ranks, a Slurm cluster, a machine-wide measurement) alone.
 # Both parts run; the exit status says whether either failed.
-test: setup
+test: setup $(SERVER_VENV)/.installed
 	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not whole_machine" --durations=10; a=$$?; \
 	$(PY) -m pytest -q -m whole_machine --durations=5; b=$$?; \
 	exit $$(( a != 0 || b != 0 ))

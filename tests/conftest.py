@@ -230,3 +230,17 @@ def small_images(tmp_path_factory):
     from trainer.data.builtin import ensure_builtin
 
     return ensure_builtin(str(tmp_path_factory.getbasetemp() / "small-images"), 20, 40)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server on 127.0.0.1 (SQLite, local artifacts) for the session; stopped by PID."""
+    pytest.importorskip("mlflow", reason="the tracker tests need mlflow-skinny (pip install -e '.[test]')")
+    from mlflow_server import MlflowServer, executable
+
+    mlflow = executable()
+    if mlflow is None:
+        pytest.skip("no MLflow server here: make test builds .venv-mlflow-server (or set TRAINER_TEST_MLFLOW_SERVER)")
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow"), mlflow)
+    yield server
+    server.stop()

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 from .errors import ConfigError
 
 # Config groups: selecting one of these is not a value override.
-GROUPS = ("data", "model", "scale", "recipe", "bench")
+GROUPS = ("data", "model", "scale", "recipe", "bench", "logger")
 
 OPTIMIZATION = "optimization"  # a switch that changes how fast the same training runs (SPEC's switchboard)
 SETTING = "setting"  # a run setting the A/B report compares too (devices, batch size, workers, profile)
@@ -379,6 +379,8 @@ class TrainSchema:
     )
     data: DataConfig = field(default_factory=DataConfig)
     model: Dict[str, Any] = field(default_factory=dict)
+    # experiment trackers: name -> a Lightning logger config (configs/logger/; trainer/trackers.py)
+    logger: Dict[str, Any] = field(default_factory=dict)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     sched: SchedConfig = field(default_factory=SchedConfig)
@@ -475,6 +477,7 @@ OPEN_PREFIXES = (
     "data.val_dataset.",
     "data.storage_options.",
     "tune.extra.",
+    "logger.",
 )
 SECTIONS = sorted({k.split(".")[0] for k in SCHEMA_KEYS if "." in k} | {"model", "scales"})
 TOP_LEVEL_FLAGS = [k for k in SCHEMA_KEYS if "." not in k and k not in SECTIONS and k not in GROUPS]

@@ -42,11 +42,15 @@ def set_sweep(on: bool, swept_keys: Optional[Iterable[str]] = None) -> None:
 
 
 def swept_keys(overrides: Iterable[str]) -> List[str]:
-    """The keys a sweep varies: Hydra's sweep syntax (``a,b``, ``range(...)``, ``choice(...)``, ``glob(...)``)."""
+    """The keys a sweep varies: Hydra's sweep syntax (``a,b``, ``range(...)``, ``choice(...)``, ``glob(...)``);
+    a list value (``logger=[csv,mlflow]``) is one value, not a sweep."""
     keys = []
     for ov in overrides:
         key, sep, value = ov.partition("=")
-        if sep and ("," in value or re.match(r"^(range|choice|glob|interval)\(", value.strip())):
+        value = value.strip()
+        if not sep or (value.startswith("[") and value.endswith("]") and "],[" not in value.replace(" ", "")):
+            continue
+        if "," in value or re.match(r"^(range|choice|glob|interval)\(", value):
             keys.append(key.lstrip("+~"))
     return keys
 

@@ -9,3 +9,4 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = ROOT / "configs"
 RECIPE_DIR = ROOT / "recipes"
+SWEEP_PLAN = "sweep.json"  # in a sweep dir: the sweep's command and jobs (trainer.sweep)

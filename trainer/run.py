@@ -18,7 +18,7 @@ from omegaconf import OmegaConf, open_dict
 
 from . import config as config_mod
 from . import metrics as metrics_mod
-from . import stopping
+from . import stopping, trackers
 from .errors import ConfigError, UserFacingError
 from .flops import mfu, training_flops_per_sample
 from .flops import peak_flops as peak_flops_of
@@ -64,6 +64,7 @@ class Parts:
     trainer: Any = None
     notes: Dict[str, Any] = field(default_factory=dict)  # extra metrics.json fields (lr_note, resumed_from, ...)
     config_saved: bool = False
+    loggers: List[Any] = field(default_factory=list)  # the job's experiment trackers (trainer/trackers.py)
 
     @property
     def metrics_path(self) -> str:
@@ -121,6 +122,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
     finally:
         stopping.stop_during_setup(False)  # the result below is written whatever arrives now
         final = record(parts, status, error)
+        trackers.finish(parts.loggers, parts.out_dir, final)  # after metrics.json: a tracker never costs it
     return final
 
 
@@ -130,6 +132,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
 def build(parts: Parts) -> None:
     """Everything the job needs, in the order it needs it: plan, data, model, settled values, Trainer."""
     _plan(parts)
+    _trackers(parts)
     _data_and_model(parts)
     _settle(parts)
     _trainer(parts)
@@ -166,6 +169,12 @@ def _plan(parts: Parts) -> None:
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     switchboard.apply_global_settings(cfg)
     model_transforms.warm_up_compiler(cfg, parts.plan.accelerator)
+
+
+def _trackers(parts: Parts) -> None:
+    """The experiment trackers, opened before the data is built: a missing package or a server that
+    does not answer stops the job here, in one paragraph."""
+    parts.loggers = trackers.build(parts.cfg, parts.out_dir, parts.overrides, resuming=parts.ckpt_path is not None)
 
 
 def _data_and_model(parts: Parts) -> None:
@@ -250,7 +259,6 @@ def _save_config(parts: Parts) -> None:
 def _trainer(parts: Parts) -> None:
     """The strategy object (it needs the model), the callbacks, and Lightning's Trainer."""
     import pytorch_lightning as pl
-    from pytorch_lightning.loggers import TensorBoardLogger
 
     from . import switchboard
     from .checkpointing import AtomicCheckpointIO
@@ -258,6 +266,7 @@ def _trainer(parts: Parts) -> None:
     cfg, plan = parts.cfg, parts.plan
     parts.timer.flops_per_sample = training_flops_per_sample(cfg)
     parts.peak_flops, parts.notes["peak_flops_source"] = peak_flops_of(plan.accelerator, plan.precision, bool(cfg.tf32))
+    parts.timer.peak_flops = parts.peak_flops  # each epoch's MFU in the trackers
     parts.strategy = switchboard.build_strategy(cfg, plan, parts.hw, parts.module)
     parts.callbacks = build_callbacks(parts)
     # sharded strategies save with their own checkpoint IO
@@ -269,10 +278,11 @@ def _trainer(parts: Parts) -> None:
         plugins=plugins,
         profiler=parts.timer.clock,  # times the loader fetch and the batch transfer (see StepClock)
         callbacks=parts.callbacks.all,
-        logger=TensorBoardLogger(save_dir=parts.out_dir, name="", version="", default_hp_metric=False),
+        logger=parts.loggers,
         default_root_dir=parts.out_dir,
         enable_checkpointing=cfg.checkpoint.enabled,
     )
+    trackers.log_params(parts.loggers, trackers.params_of(cfg, parts.requested))
 
 
 def _show_progress_bar(cfg) -> bool:
@@ -406,7 +416,25 @@ def record(parts: Parts, status: str, error: Optional[str]) -> Dict[str, Any]:
             log.warning("doctor: %s", note)
     if trainer is None or trainer.is_global_zero:
         metrics_mod.write(parts.metrics_path, final)
+        _profile_page(parts, final)
     return final
+
+
+def _profile_page(parts: Parts, final: Dict[str, Any]) -> None:
+    """profile=true: the offline summary page, now that the doctor has spoken (rank 0)."""
+    from . import profile_summary
+
+    if not parts.cfg.profile:
+        return
+    verdict = (final.get("diagnosis") or {}).get("verdict")
+    title = " ".join(parts.overrides) or (parts.cfg.get("recipe") or "train")
+    try:
+        path = profile_summary.write_page(os.path.join(parts.out_dir, "profiler"), verdict, title)
+    except Exception as e:  # the traces and metrics.json are the product; the page is a view of them
+        log.warning("could not write the profile summary page: %s", metrics_mod.one_line(e))
+        return
+    if path:
+        log.info("profile summary (no network needed): %s", path)
 
 
 def record_of(parts: Parts, status: str, error: Optional[str], train_loss: bool = True) -> Dict[str, Any]:

@@ -28,11 +28,12 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from .paths import SWEEP_PLAN
 from .rank import is_launched_rank
 
 log = logging.getLogger(__name__)
 
-PLAN = "sweep.json"
+PLAN = SWEEP_PLAN
 
 # this process's sweep: its dir, and whether it finishes a stopped one (set by on_multirun_start)
 _state: Dict[str, Any] = {
@@ -374,6 +375,7 @@ class SweepCallback(_HydraCallback):
             if not resumable(sweep_dir, task_overrides):  # a stopped sweep of the same command is finished instead
                 _refuse_taken(lambda outputs: outputs.refuse_used_sweep_dir(sweep_dir, config.get("ckpt_path")))
             start(sweep_dir, task_overrides)
+            _open_trackers(config, sweep_dir)
             expect_slow_jobs(config, (_read(sweep_dir) or {}).get("jobs"))
         launcher = str(config.hydra.launcher.get("_target_", ""))
         if "BasicLauncher" in launcher and not is_launched_rank():
@@ -395,6 +397,23 @@ class SweepCallback(_HydraCallback):
         sweep_dir = config.hydra.sweep.dir
         done(sweep_dir)
         write_report([sweep_dir], sweep_dir)
+        if not is_launched_rank():
+            from . import trackers
+
+            trackers.sweep_end(sweep_dir)  # the same report, attached to the sweep's parent run / group
+
+
+def _open_trackers(config, sweep_dir: str) -> None:
+    """The sweep's parent run (MLflow) and group (W&B), before any job; a server that does not answer
+    ends the sweep here, in one paragraph."""
+    from . import trackers
+    from .errors import ConfigError
+
+    try:
+        trackers.sweep_start(config, sweep_dir)
+    except ConfigError as e:
+        print(f"\nerror: {e}\n", file=sys.stderr)
+        sys.exit(e.exit_code)
 
 
 def _select(config, key: str):

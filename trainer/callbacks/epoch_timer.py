@@ -30,6 +30,8 @@ from typing import Any, Callable, Dict, List, Optional
 import pytorch_lightning as pl
 import torch
 
+from .. import trackers
+from ..flops import mfu
 from .step_clock import StepClock
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,7 @@ class EpochTimer(pl.Callback):
         self.epochs: List[Dict[str, Any]] = []  # this process's epochs
         self.first_step_s: float | None = None
         self.flops_per_sample: float | None = None  # set by run(): model FLOPs per training sample
+        self.peak_flops: float | None = None  # set by run(): the device's peak FLOP/s (MFU per epoch), if known
         # samples the last validation saw, all ranks (the report judges accuracy differences by it)
         self.val_samples: int | None = None
         self._val_count = 0
@@ -198,17 +201,20 @@ class EpochTimer(pl.Callback):
         self._publish(trainer, epoch, elapsed, wait, transfer, tflops)
 
     def _publish(self, trainer, epoch: Dict[str, Any], elapsed: float, wait: float, transfer: float, tflops) -> None:
-        """Rank 0: the epoch's scalars to the logger (TensorBoard), its line to the log, the journal written."""
-        if trainer.logger is not None and trainer.is_global_zero:
-            scalars = {
-                "perf/epoch_time_s": elapsed,
-                "perf/samples_per_s": epoch["samples_per_s"],
-                "perf/data_wait_fraction": wait / elapsed if elapsed else 0.0,
-                "perf/transfer_fraction": transfer / elapsed if elapsed else 0.0,
-            }
-            if tflops is not None:
-                scalars["perf/tflops"] = tflops
-            trainer.logger.log_metrics(scalars, step=trainer.current_epoch)
+        """Rank 0: the epoch's scalars to every logger (trackers), its line to the log, the journal written."""
+        scalars = {
+            "perf/epoch_time_s": elapsed,
+            "perf/samples_per_s": epoch["samples_per_s"],
+            "perf/data_wait_fraction": wait / elapsed if elapsed else 0.0,
+            "perf/transfer_fraction": transfer / elapsed if elapsed else 0.0,
+        }
+        if tflops is not None:
+            scalars["perf/tflops"] = tflops
+            utilization = mfu(tflops, self.peak_flops, trainer.world_size)
+            if utilization is not None:
+                scalars["perf/mfu"] = utilization
+        trackers.log_metrics(trainer, scalars, step=trainer.current_epoch)
+        trackers.flush(trainer)  # with the journal below: a kill loses at most the epoch in flight
         if trainer.is_global_zero:
             log.info(
                 "epoch %d: %.3f s train, %.1f samples/s, data wait %.0f%%, transfer %.0f%%, val %.2f s%s%s",

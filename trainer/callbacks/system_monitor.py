@@ -28,7 +28,7 @@ from typing import Collection, Dict, List, Optional
 
 import pytorch_lightning as pl
 
-from .. import sysstats
+from .. import sysstats, trackers
 from ..memory import rss_mb
 
 log = logging.getLogger(__name__)
@@ -107,9 +107,9 @@ class SystemMonitor(pl.Callback):
             reading.update(self._gpu.read())
         self.samples.append(reading)
         self._last_t, self._last_proc_cpu, self._last_disk = time.monotonic(), proc_cpu, disk
-        if trainer is not None and trainer.logger is not None and trainer.is_global_zero:
+        if trainer is not None:
             logged = {(k if "/" in k else f"system/{k}"): v for k, v in reading.items() if k not in _BOOKKEEPING}
-            trainer.logger.log_metrics(logged, step=trainer.global_step)
+            trackers.log_metrics(trainer, logged, step=trainer.global_step)
         return reading
 
     def averages(self, epochs: Optional[Collection[int]] = None) -> Dict[str, float]:

@@ -1,0 +1,211 @@
+"""Experiment trackers (the ``logger`` group): what a team reads in MLflow, W&B and CSV, read back from
+the real thing: a live MLflow server on 127.0.0.1, W&B's offline run files, the CSV file."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TINY, clean_env, read_metrics, run_cli
+
+pytestmark = pytest.mark.xdist_group("trackers")  # one MLflow server for these tests
+
+EPOCH_FIGURES = ("perf/epoch_time_s", "perf/samples_per_s", "perf/data_wait_fraction", "perf/transfer_fraction")
+
+
+def _state(directory: Path) -> dict:
+    return json.loads((directory / "trackers.json").read_text())
+
+
+def _steps(client, run_id: str, key: str) -> list:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+def _csv_rows(path: Path) -> list:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_a_recipe_sweep_reaches_mlflow_wandb_and_csv_with_params_histories_and_the_report(tmp_path, mlflow_server):
+    """The issue's command (resnet50 smoke, channels_last swept) with all three trackers at once."""
+    pytest.importorskip("wandb")
+    from wandb_records import history, read_run
+
+    sweep = tmp_path / "sweep"
+    r = run_cli(
+        "-m", f"hydra.sweep.dir={sweep}", "+recipe=resnet50", "scale=smoke", "trainer.max_epochs=2",
+        "logger=[mlflow,wandb,csv]", "channels_last=false,true",
+        env_extra={"MLFLOW_TRACKING_URI": mlflow_server.uri, "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    client, group = mlflow_server.client(), _state(sweep)
+    parent = group["mlflow"]["parent_run_id"]
+    runs = {
+        run.data.params["channels_last"]: run
+        for run in client.search_runs([group["mlflow"]["experiment_id"]], f"tags.mlflow.parentRunId = '{parent}'")
+    }
+    assert set(runs) == {"False", "True"}  # one nested run per job, nothing else under the sweep
+    for num, value in enumerate(("False", "True")):
+        run, job = runs[value], sweep / str(num)
+        metrics = read_metrics(job)
+        params = run.data.params
+        # the flags under metrics.json's names, and the resolved config beside them
+        for flag, flag_value in metrics["flags"].items():
+            assert params[flag] == str(flag_value)[:250], flag
+        assert params["model._target_"] == "torchvision.models.resnet50" and params["data.image_size"] == str(
+            metrics["data"]["image_size"]
+        )
+        for key in EPOCH_FIGURES:
+            assert _steps(client, run.info.run_id, key) == [0, 1], key
+        assert [m.value for m in client.get_metric_history(run.info.run_id, "perf/epoch_time_s")] == pytest.approx(
+            [e["time_s"] for e in metrics["epochs"]], abs=1e-4
+        )
+        assert len(client.get_metric_history(run.info.run_id, "val/acc")) == 2
+        assert client.get_metric_history(run.info.run_id, "system/cpu_busy_cores")
+        assert run.data.tags["doctor.verdict"] == metrics["diagnosis"]["verdict"]
+        assert run.info.status == "FINISHED" and run.info.run_name == f"channels_last={value}"
+        artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"metrics.json", ".hydra"} <= artifacts
+        # W&B: the same job, in the sweep's group, read back from its offline run file
+        (wandb_file,) = job.glob("wandb/offline-run-*/run-*.wandb")
+        recorded = read_run(wandb_file)
+        assert recorded["group"] == group["wandb"]["group"] and recorded["id"] == _state(job)["wandb"]["id"]
+        assert recorded["config"]["channels_last"] == (value == "True")
+        assert history(recorded, "perf/epoch_time_s") == pytest.approx(
+            [e["time_s"] for e in metrics["epochs"]], abs=1e-4
+        )
+        assert len(history(recorded, "val/acc")) == 2
+        assert recorded["summary"]["doctor_verdict"] == metrics["diagnosis"]["verdict"]
+        assert {"metrics.json", ".hydra/config.yaml"} <= set(recorded["files"])
+        # CSV: every epoch's figures
+        rows = _csv_rows(job / "metrics.csv")
+        assert [float(row["perf/epoch_time_s"]) for row in rows if row["perf/epoch_time_s"]] == pytest.approx(
+            [e["time_s"] for e in metrics["epochs"]], abs=1e-4
+        )
+    # the A/B report: on the parent run, and on the W&B group's report run, the same files as the sweep dir
+    assert client.get_run(parent).info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(parent)} == {"ab_report.md", "ab_report.csv", "ab_report.png"}
+    local = tmp_path / "report"
+    client.download_artifacts(parent, "ab_report.md", str(local.mkdir() or local))
+    assert (local / "ab_report.md").read_text() == (sweep / "ab_report.md").read_text()
+    (report_file,) = sweep.glob("wandb/offline-run-*/run-*.wandb")
+    report_run = read_run(report_file)
+    assert report_run["group"] == group["wandb"]["group"] and report_run["job_type"] == "ab_report"
+    assert {"ab_report.md", "ab_report.csv", "ab_report.png"} <= set(report_run["files"])
+
+
+def _start(run_dir: Path, *extra: str, uri: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", *extra],
+        cwd=ROOT,
+        env=clean_env(MLFLOW_TRACKING_URI=uri),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+def test_a_run_killed_with_sigkill_and_resumed_continues_its_mlflow_run_and_csv_file(tmp_path, mlflow_server):
+    run_dir, epochs = tmp_path / "run", 6
+    args = [*TINY, "data.num_samples=512", f"trainer.max_epochs={epochs}", "checkpoint.enabled=true"]
+    args += ["logger=[mlflow,csv]"]
+    proc = _start(run_dir, *args, uri=mlflow_server.uri)
+    deadline = time.time() + 180
+    while time.time() < deadline:  # kill once at least two epochs are in the journal
+        if (run_dir / "metrics.json").is_file() and len(read_metrics(run_dir)["epochs"]) >= 2:
+            break
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    killed_at = len(read_metrics(run_dir)["epochs"])
+    assert killed_at < epochs, "the run finished before it was killed: nothing was tested"
+    first = _state(run_dir)["mlflow"]["run_id"]
+    r = run_cli(
+        f"hydra.run.dir={run_dir}", *args, "ckpt_path=last", env_extra={"MLFLOW_TRACKING_URI": mlflow_server.uri}
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    client = mlflow_server.client()
+    runs = client.search_runs(
+        [_state(run_dir)["mlflow"]["experiment_id"]], f"tags.`trainer.run_dir` = '{run_dir.resolve()}'"
+    )
+    assert [run.info.run_id for run in runs] == [first]  # one run for the job, not one per attempt
+    assert runs[0].info.status == "FINISHED"
+    assert runs[0].data.params["ckpt_path"] == "None"  # params keep the first attempt's values
+    # the history is continuous: every epoch, no gap, and each epoch's last value is the one the journal
+    # kept (an epoch the kill caught before its checkpoint was trained again, and logged again)
+    journal = [e["time_s"] for e in read_metrics(run_dir)["epochs"]]
+    history = sorted(client.get_metric_history(first, "perf/epoch_time_s"), key=lambda m: m.timestamp)
+    assert _last_per_step((m.step, m.value) for m in history) == pytest.approx(journal, abs=1e-4)
+    rows = [row for row in _csv_rows(run_dir / "metrics.csv") if row["perf/epoch_time_s"]]
+    # the CSV file was appended to, not replaced (Lightning's writer deletes it on a resume)
+    assert _last_per_step((int(r["step"]), float(r["perf/epoch_time_s"])) for r in rows) == pytest.approx(
+        journal, abs=1e-4
+    )
+
+
+def _last_per_step(points) -> list:
+    """The values of steps 0, 1, ... (the last one logged for each); fails on a missing step."""
+    last = dict(points)
+    assert sorted(last) == list(range(len(last))), sorted(last)
+    return [last[step] for step in range(len(last))]
+
+
+def test_an_unreachable_tracking_server_is_one_paragraph_before_training(tmp_path):
+    from mlflow_server import _free_port
+
+    pytest.importorskip("mlflow")
+    run_dir = tmp_path / "run"
+    uri = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    r = run_cli(f"hydra.run.dir={run_dir}", *TINY, "logger=mlflow", f"logger.mlflow.tracking_uri={uri}", timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"the MLflow tracking server at {uri} did not answer" in r.stderr and "Traceback" not in r.stderr
+    assert "epoch 0" not in r.stdout + r.stderr  # stopped before training
+    # and a sweep stops before its first job
+    sweep = tmp_path / "sweep"
+    r = run_cli("-m", f"hydra.sweep.dir={sweep}", *TINY, "logger=mlflow", "amp=false,true", timeout=120,
+                env_extra={"MLFLOW_TRACKING_URI": uri})  # fmt: skip
+    assert r.returncode == 2 and "did not answer" in r.stderr and "Traceback" not in r.stderr
+    assert not (sweep / "0").exists()
+
+
+def test_a_missing_tracker_package_is_one_paragraph_naming_the_extra(compose, tmp_path, monkeypatch):
+    from trainer import trackers
+    from trainer.errors import ConfigError
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb fails as if it were not installed
+    monkeypatch.setattr("pytorch_lightning.loggers.wandb._WANDB_AVAILABLE", False)
+    cfg = compose(*TINY, "logger=[tensorboard,wandb]")
+    with pytest.raises(ConfigError, match=r"logger=wandb needs the wandb package.*trainer-switchboard\[wandb\]"):
+        trackers.build(cfg, str(tmp_path), [], resuming=False)
+
+
+def test_a_typo_under_a_logger_is_one_paragraph_naming_it(compose, tmp_path):
+    from trainer import trackers
+    from trainer.errors import ConfigError
+
+    cfg = compose(*TINY, "logger=csv", "+logger.csv.flush_every=3")
+    with pytest.raises(ConfigError, match=r"logger\.csv could not be built.*flush_every"):
+        trackers.build(cfg, str(tmp_path), [], resuming=False)
+
+
+def test_every_logger_gets_the_epoch_figures_and_tensorboard_stays_the_default(train, compose):
+    """Lightning's ``trainer.logger`` is the first logger only: the second must get them too."""
+    assert list(compose(*TINY).logger) == ["tensorboard"]
+    m, out = train("logger=[tensorboard,csv]", "trainer.max_epochs=2", "monitor.interval_s=0.01")
+    rows = _csv_rows(out / "metrics.csv")
+    assert [float(row["perf/epoch_time_s"]) for row in rows if row["perf/epoch_time_s"]] == pytest.approx(
+        [e["time_s"] for e in m["epochs"]], abs=1e-4
+    )
+    assert any(row.get("system/cpu_busy_cores") for row in rows)  # the system readings too
+    assert list(out.glob("events.out.tfevents.*"))
+    assert os.path.isfile(out / "hparams.yaml") and "data.batch_size: 8" in (out / "hparams.yaml").read_text()

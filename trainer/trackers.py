@@ -1,0 +1,422 @@
+"""Experiment trackers: the ``logger`` group's Lightning loggers, and what the product puts in them.
+
+Teams keep their runs in a tracker (MLflow, W&B) or in plain files (TensorBoard, CSV). Each entry of
+``cfg.logger`` (``configs/logger/*.yaml``, several at once allowed) is a Lightning logger built with
+Hydra's ``instantiate``, so anything the logger accepts can be set from the command line
+(``logger.mlflow.tags.team=vision``) and a team can add its own with a ``_target_``. This module adds
+what only the product knows, leaving what the user set alone:
+
+- **where and which run**: files in the run dir; the tracker run's id kept in ``<run dir>/trackers.json``,
+  so a resumed job (``ckpt_path=last``, a requeued preemption) continues the same tracker run instead
+  of opening a new one per attempt;
+- **a sweep's grouping**: at the sweep's start (``sweep_start``, from ``trainer.sweep``) an MLflow parent
+  run and a W&B group are recorded in ``<sweep dir>/trackers.json``; each job is a nested run / group
+  member, and ``sweep_end`` attaches the A/B report (md, csv, png) to the parent run / group;
+- **what is logged**: ``log_params`` (the resolved config under the same flat names as metrics.json's
+  ``flags``), the per-epoch figures and system readings (``EpochTimer``, ``SystemMonitor`` log to every
+  logger), and at the end (``finish``) the doctor's verdict as a tag and metrics.json,
+  ``.hydra/config.yaml`` and the profile summary as artifacts.
+
+Only rank 0 talks to a tracker (Lightning's loggers are rank-zero-only; ``finish`` checks the rank too).
+A missing tracker package or an unreachable tracking server is one paragraph before training starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional
+
+from omegaconf import OmegaConf
+
+from . import metrics as metrics_mod
+from .errors import ConfigError
+from .rank import global_rank
+
+log = logging.getLogger(__name__)
+
+STATE = "trackers.json"  # in a run dir: its tracker runs; in a sweep dir: the sweep's parent run and group
+PACKAGES = {"mlflow": "mlflow", "wandb": "wandb"}  # the trackers whose package is an optional extra
+# the run's files a tracker keeps beside its numbers (those that exist when the job ends)
+ARTIFACTS = ("metrics.json", ".hydra/config.yaml", "profiler/summary.html", "profiler/breakdown.png")
+REPORT_FILES = ("ab_report.md", "ab_report.csv", "ab_report.png")
+_STATUS = {"ok": "FINISHED", "failed": "FAILED"}
+
+
+# ---- building the loggers
+
+
+def build(cfg, out_dir: str, overrides: List[str], resuming: bool) -> List[Any]:
+    """The job's Lightning loggers, one per ``cfg.logger`` entry (an entry set to null is off)."""
+    from hydra.utils import instantiate
+
+    entries = OmegaConf.to_container(cfg.get("logger") or {}, resolve=True)
+    previous = _read(os.path.join(out_dir, STATE)) if resuming else {}
+    sweep, swept = _sweep_of(out_dir)
+    job_name = ",".join(o for o in overrides if o.split("=", 1)[0].lstrip("+~") in swept) if swept else ""
+    job_name = job_name or ",".join(overrides) or cfg.get("recipe") or "train"
+    loggers, state = [], {}
+    for name, entry in entries.items():
+        if entry is None:
+            continue
+        if not isinstance(entry, dict) or "_target_" not in entry:
+            raise ConfigError(
+                f"logger.{name} must be a logger config with a _target_ (see configs/logger/); got {entry!r}. "
+                "Choose with logger=tensorboard|csv|mlflow|wandb|many, or several: logger=[csv,mlflow]."
+            )
+        extra = _product_defaults(name, entry, cfg, out_dir, job_name, previous.get(name) or {}, sweep.get(name) or {})
+        logger = _instantiate(instantiate, name, entry, extra)
+        state[name] = _open(name, logger, resumed=bool(previous.get(name)))
+        loggers.append(logger)
+    if global_rank() == 0 and any(state.values()):
+        metrics_mod.atomic_write_text(os.path.join(out_dir, STATE), json.dumps(state, indent=2) + "\n")
+    return loggers
+
+
+def _product_defaults(name, entry, cfg, out_dir, job_name, previous, sweep) -> Dict[str, Any]:
+    """What the product sets on a known logger, for each argument the user left unset (null or absent)."""
+    kind = _kind(entry)
+    extra: Dict[str, Any] = {}
+    if kind in ("tensorboard", "csv"):
+        extra = {"save_dir": out_dir, "name": "", "version": ""}
+    elif kind == "mlflow":
+        extra = {
+            "experiment_name": sweep.get("experiment_name") or cfg.get("recipe") or "train",
+            "run_name": job_name,
+            "tags": {"trainer.run_dir": os.path.abspath(out_dir), **(entry.get("tags") or {})},
+        }
+        if sweep.get("parent_run_id"):
+            extra["tags"]["mlflow.parentRunId"] = sweep["parent_run_id"]
+        if previous.get("run_id"):
+            extra["run_id"] = previous["run_id"]
+        if sweep.get("tracking_uri") and not entry.get("tracking_uri"):
+            extra["tracking_uri"] = sweep["tracking_uri"]
+    elif kind == "wandb":
+        extra = {
+            "save_dir": out_dir,
+            "name": job_name,
+            "resume": "allow",
+            "job_type": "train",
+        }
+        if previous.get("id"):
+            extra["id"] = previous["id"]  # W&B names a new run itself; a resume continues the one it named
+        if sweep.get("group"):
+            extra["group"] = sweep["group"]
+    # the user's value wins; tags merge (above), and a resume's run id always applies
+    return {k: v for k, v in extra.items() if entry.get(k) is None or k in ("tags", "run_id", "id")}
+
+
+def _kind(entry: Dict[str, Any]) -> str:
+    """Which known tracker a logger config builds ('' for a logger the product does not know)."""
+    target = str(entry.get("_target_", "")).lower()
+    for kind in ("tensorboard", "csv", "mlflow", "wandb"):
+        if kind in target.rsplit(".", 1)[-1].lower():
+            return kind
+    return ""
+
+
+def _instantiate(instantiate, name: str, entry: Dict[str, Any], extra: Dict[str, Any]):
+    from hydra.errors import InstantiationException
+
+    kind = _kind(entry)
+    try:
+        return instantiate(entry, **extra)
+    except (InstantiationException, ImportError, TypeError, ValueError) as e:
+        cause = e.__cause__ or e
+        if isinstance(cause, ImportError) or "ModuleNotFoundError" in str(e) or "is not installed" in str(e):
+            package = PACKAGES.get(kind, kind or name)
+            raise ConfigError(
+                f"logger={name} needs the {package} package, which is not installed in this environment. "
+                f"Install it with pip install 'trainer-switchboard[{package}]' (or pip install "
+                f"{'mlflow-skinny' if package == 'mlflow' else package}), or choose another logger "
+                "(logger=tensorboard, csv, mlflow, wandb; several: logger=[csv,mlflow])."
+            ) from None
+        raise ConfigError(
+            f"logger.{name} could not be built: {metrics_mod.one_line(cause)}. "
+            f"Check the keys under logger.{name} (configs/logger/{name}.yaml lists the usual ones)."
+        ) from None
+
+
+def _open(name: str, logger, resumed: bool) -> Dict[str, Any]:
+    """Start the tracker run now (rank 0), so an unreachable server stops the job before training,
+    and return what a resume needs to find it again."""
+    if global_rank() != 0:
+        return {}
+    kind = _kind({"_target_": type(logger).__module__ + "." + type(logger).__name__})
+    if kind == "mlflow":
+        uri = logger._tracking_uri
+        # MLflow prints the run's link on every status change (Lightning's and ours): finish() logs it once
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+        with _fail_fast_mlflow():
+            try:
+                client = logger.experiment
+                run_id = logger.run_id
+                if resumed:
+                    client.update_run(run_id, status="RUNNING")  # a killed or preempted attempt left it KILLED
+            except Exception as e:
+                raise ConfigError(unreachable_message(name, uri, e)) from None
+        return {"run_id": run_id, "experiment_id": logger.experiment_id, "tracking_uri": uri}
+    if kind == "wandb":
+        run = logger.experiment
+        return {"id": run.id, "project": run.project, "dir": getattr(run, "dir", None)}
+    return {}
+
+
+def unreachable_message(name: str, uri: str, error: BaseException) -> str:
+    return (
+        f"logger={name}: the MLflow tracking server at {uri} did not answer ({metrics_mod.one_line(error)}). "
+        "Start it (mlflow server --host 127.0.0.1 --port 5000 ...), or point MLFLOW_TRACKING_URI or "
+        f"logger.{name}.tracking_uri at a reachable one; nothing was trained."
+    )
+
+
+@contextmanager
+def _fail_fast_mlflow() -> Iterator[None]:
+    """MLflow retries an unreachable server for minutes by default; the start-up check asks once."""
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
+    os.environ.update({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# ---- what is logged
+
+
+def params_of(cfg, requested: Dict[str, Any]) -> Dict[str, Any]:
+    """The resolved config as flat dotted names (``amp``, ``data.batch_size``: metrics.json's flag
+    names), and ``requested.<flag>`` where the run settled a flag to another value (batch_size=auto)."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    container.pop("logger", None)  # the trackers' own settings are not the run's parameters
+    params = _flatten(container)
+    for key, value in requested.items():
+        if params.get(key) != value:
+            params[f"requested.{key}"] = value
+    return params
+
+
+def _flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    flat: Dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def log_params(loggers: List[Any], params: Dict[str, Any]) -> None:
+    """Every logger gets the params; MLflow only those a resumed run does not hold yet (its params
+    cannot change, and a resume differs in ``ckpt_path``)."""
+    for logger in loggers:
+        if _kind(_target_of(logger)) == "mlflow" and global_rank() == 0:
+            held = logger.experiment.get_run(logger.run_id).data.params
+            changed = sorted(k for k, v in params.items() if k in held and held[k] != str(v)[:250])
+            if changed:
+                log.info("mlflow keeps this run's first values of %s (a resume may not change params)", changed)
+            logger.log_hyperparams({k: v for k, v in params.items() if k not in held})
+        else:
+            logger.log_hyperparams(params)
+
+
+def _target_of(logger) -> Dict[str, str]:
+    return {"_target_": type(logger).__module__ + "." + type(logger).__name__}
+
+
+def log_metrics(trainer, metrics: Dict[str, float], step: int) -> None:
+    """Rank 0: the scalars to every logger of the run (Lightning's ``trainer.logger`` is the first only)."""
+    if trainer is None or not trainer.is_global_zero:
+        return
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics, step=step)
+
+
+def flush(trainer) -> None:
+    """Rank 0, at each epoch end: every logger writes what it holds (the CSV file otherwise waits for
+    100 steps, and a killed run would lose its last epochs' rows while metrics.json keeps them)."""
+    if trainer is None or not trainer.is_global_zero:
+        return
+    for logger in trainer.loggers:
+        logger.save()
+
+
+def finish(loggers: List[Any], out_dir: str, result: Dict[str, Any]) -> None:
+    """Rank 0, after metrics.json is written: the verdict as a tag, the run's files as artifacts, the
+    tracker run closed with the job's status. A tracker that fails here costs a warning, never the result."""
+    if global_rank() != 0:
+        return
+    diagnosis = result.get("diagnosis") or {}
+    tags = {"trainer.status": result.get("status") or "", "trainer.recipe": str(result.get("recipe"))}
+    if diagnosis:
+        tags.update(
+            {"doctor.verdict": diagnosis.get("verdict", ""), "doctor.bottleneck": diagnosis.get("bottleneck", "")}
+        )
+    files = [os.path.join(out_dir, f) for f in ARTIFACTS if os.path.isfile(os.path.join(out_dir, f))]
+    for logger in loggers:
+        try:
+            _finish_one(logger, tags, files, out_dir, result.get("status") or "failed")
+        except Exception as e:
+            log.warning(
+                "%s: could not record the result in the tracker: %s", type(logger).__name__, metrics_mod.one_line(e)
+            )
+
+
+def _finish_one(logger, tags: Dict[str, str], files: List[str], out_dir: str, status: str) -> None:
+    kind = _kind(_target_of(logger))
+    if kind == "mlflow":
+        client, run_id = logger.experiment, logger.run_id
+        for k, v in tags.items():
+            client.set_tag(run_id, k, v)
+        for path in files:
+            client.log_artifact(run_id, path, artifact_path=_artifact_dir(path, out_dir))
+        client.set_terminated(run_id, _STATUS.get(status, "FAILED"))
+        uri = logger._tracking_uri
+        if uri.startswith("http"):
+            log.info("mlflow run: %s/#/experiments/%s/runs/%s", uri.rstrip("/"), logger.experiment_id, run_id)
+    elif kind == "wandb":
+        run = logger.experiment
+        run.summary.update({k.replace(".", "_"): v for k, v in tags.items()})
+        if tags.get("doctor.bottleneck"):
+            run.tags = tuple(run.tags or ()) + (f"doctor:{tags['doctor.bottleneck']}",)
+        for path in files:
+            run.save(path, base_path=out_dir, policy="now")
+        run.finish(exit_code=0 if status == "ok" else 1)
+    elif kind == "tensorboard":
+        if tags.get("doctor.verdict"):
+            logger.experiment.add_text("doctor/verdict", tags["doctor.verdict"])
+        logger.experiment.flush()
+    else:
+        logger.save()
+
+
+def _artifact_dir(path: str, out_dir: str) -> Optional[str]:
+    rel = os.path.dirname(os.path.relpath(path, out_dir))
+    return rel or None
+
+
+# ---- a sweep's grouping
+
+
+def sweep_start(config, sweep_dir: str) -> None:
+    """The sweep's MLflow parent run and W&B group, recorded for its jobs (resumed when the sweep
+    is finished by the same command). One paragraph, exit before any job, if the server is down."""
+    entries = OmegaConf.to_container(config.get("logger") or {}, resolve=True)
+    state = _read(os.path.join(sweep_dir, STATE))
+    for name, entry in entries.items():
+        kind = _kind(entry) if isinstance(entry, dict) else ""
+        if kind == "mlflow" and not state.get(name):
+            state[name] = _mlflow_parent(name, entry, config, sweep_dir)
+        elif kind == "wandb" and not state.get(name):
+            state[name] = {"group": entry.get("group") or _group_name(sweep_dir), "project": entry.get("project")}
+    if state:
+        os.makedirs(sweep_dir, exist_ok=True)
+        metrics_mod.atomic_write_text(os.path.join(sweep_dir, STATE), json.dumps(state, indent=2) + "\n")
+
+
+def _mlflow_parent(name: str, entry: Dict[str, Any], config, sweep_dir: str) -> Dict[str, Any]:
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        raise ConfigError(
+            f"logger={name} needs the mlflow package, which is not installed in this environment. Install it with "
+            "pip install 'trainer-switchboard[mlflow]' (or pip install mlflow-skinny), or choose another logger."
+        ) from None
+    uri = entry.get("tracking_uri") or "file:" + os.path.abspath("mlruns")
+    experiment_name = entry.get("experiment_name") or config.get("recipe") or "train"
+    with _fail_fast_mlflow():
+        try:
+            client = MlflowClient(tracking_uri=uri)
+            found = client.get_experiment_by_name(experiment_name)
+            experiment_id = found.experiment_id if found else client.create_experiment(experiment_name)
+            run = client.create_run(
+                experiment_id,
+                run_name=f"sweep {_group_name(sweep_dir)}",
+                tags={"trainer.sweep_dir": os.path.abspath(sweep_dir), **(entry.get("tags") or {})},
+            )
+        except Exception as e:
+            raise ConfigError(unreachable_message(name, uri, e)) from None
+    return {
+        "tracking_uri": uri,
+        "experiment_id": experiment_id,
+        "experiment_name": experiment_name,
+        "parent_run_id": run.info.run_id,
+    }
+
+
+def sweep_end(sweep_dir: str, finished: bool = True) -> None:
+    """Attach the A/B report to the sweep's parent run and group (the same table the sweep dir holds)."""
+    state = _read(os.path.join(sweep_dir, STATE))
+    files = [os.path.join(sweep_dir, f) for f in REPORT_FILES if os.path.isfile(os.path.join(sweep_dir, f))]
+    for name, entry in state.items():
+        try:
+            if entry.get("parent_run_id"):
+                from mlflow.tracking import MlflowClient
+
+                client = MlflowClient(tracking_uri=entry["tracking_uri"])
+                for path in files:
+                    client.log_artifact(entry["parent_run_id"], path)
+                if finished:
+                    client.set_terminated(entry["parent_run_id"], "FINISHED")
+            elif entry.get("group"):
+                _wandb_report_run(entry, files, sweep_dir)
+        except Exception as e:
+            log.warning("logger=%s: could not attach the A/B report: %s", name, metrics_mod.one_line(e))
+
+
+def _wandb_report_run(entry: Dict[str, Any], files: List[str], sweep_dir: str) -> None:
+    """W&B has no files on a group: the report is a run of the group (job_type ab_report) holding the
+    files and the table."""
+    import csv
+
+    import wandb
+
+    run = wandb.init(
+        project=entry.get("project"),
+        group=entry["group"],
+        job_type="ab_report",
+        name="ab_report",
+        dir=sweep_dir,
+        reinit="create_new",
+    )
+    for path in files:
+        run.save(path, base_path=sweep_dir, policy="now")
+        if path.endswith(".csv"):
+            with open(path, newline="") as f:
+                rows = list(csv.reader(f))
+            if rows:
+                run.log({"ab_report": wandb.Table(columns=rows[0], data=rows[1:])})
+    run.finish()
+
+
+def _group_name(sweep_dir: str) -> str:
+    """A sweep's name in the trackers: its dir, as the user named it (``multirun-2026-11-23-10-00-00``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", os.path.normpath(sweep_dir)).strip("-")[-120:]
+
+
+def _sweep_of(out_dir: str) -> tuple:
+    """(the sweep's trackers.json, the keys it varies) when this job is one of a sweep's (its parent
+    dir holds the sweep's plan), else ({}, [])."""
+    from .console import swept_keys
+    from .paths import SWEEP_PLAN
+
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    plan = _read(os.path.join(parent, SWEEP_PLAN))
+    if not plan:
+        return {}, []
+    return _read(os.path.join(parent, STATE)), swept_keys(plan.get("overrides") or [])
+
+
+def _read(path: str) -> Dict[str, Any]:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
