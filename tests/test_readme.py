@@ -210,14 +210,17 @@ def _args(c: Command) -> List[str]:
 
 
 @pytest.mark.parametrize("command", [_param(c) for c in _commands()])
-def test_the_command_runs_as_written(command: Command, tmp_path):
+def test_the_command_runs_as_written(command: Command, tmp_path, request):
     if command.expected_error and "GPU" in command.expected_error:
         import torch
 
         if torch.cuda.is_available():
             pytest.skip("the README shows this error for a machine with no GPU")
     work = _workdir(tmp_path)
-    env = clean_env()
+    # the environment the README's Tracking section sets up: a tracking server, W&B offline
+    env = clean_env(WANDB_MODE="offline", WANDB_SILENT="true")
+    if re.search(r"logger=\S*(mlflow|many)", command.text):
+        env["MLFLOW_TRACKING_URI"] = request.getfixturevalue("mlflow_server").uri
     r = subprocess.run(
         [sys.executable, *_args(command)], cwd=work, env=env, capture_output=True, text=True, timeout=600
     )

@@ -209,3 +209,13 @@ def test_every_logger_gets_the_epoch_figures_and_tensorboard_stays_the_default(t
     assert any(row.get("system/cpu_busy_cores") for row in rows)  # the system readings too
     assert list(out.glob("events.out.tfevents.*"))
     assert os.path.isfile(out / "hparams.yaml") and "data.batch_size: 8" in (out / "hparams.yaml").read_text()
+
+
+def test_mlflow_without_a_tracking_server_is_one_paragraph_saying_how_to_set_one(compose, tmp_path, monkeypatch):
+    from trainer import trackers
+    from trainer.errors import ConfigError
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = compose(*TINY, "logger=mlflow")
+    with pytest.raises(ConfigError, match=r"logger=mlflow needs a tracking server: set MLFLOW_TRACKING_URI"):
+        trackers.build(cfg, str(tmp_path), [], resuming=False)

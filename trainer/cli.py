@@ -388,9 +388,10 @@ def _run_job(cfg, job: JobContext) -> None:
     if job.multirun:
         _status(console.status_line(job.num, job.overrides, result, job.out_dir), ok=result.get("status") == "ok")
     else:
-        log.info(
-            "results: %s (TensorBoard: tensorboard --logdir %s)", os.path.join(job.out_dir, "metrics.json"), job.out_dir
+        view = (
+            f" (TensorBoard: tensorboard --logdir {job.out_dir})" if "tensorboard" in (cfg.get("logger") or {}) else ""
         )
+        log.info("results: %s%s", os.path.join(job.out_dir, "metrics.json"), view)
     if result.get("preempted"):
         from .checkpointing import PREEMPTED_EXIT_CODE
 

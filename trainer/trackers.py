@@ -44,6 +44,13 @@ PACKAGES = {"mlflow": "mlflow", "wandb": "wandb"}  # the trackers whose package 
 ARTIFACTS = ("metrics.json", ".hydra/config.yaml", "profiler/summary.html", "profiler/breakdown.png")
 REPORT_FILES = ("ab_report.md", "ab_report.csv", "ab_report.png")
 _STATUS = {"ok": "FINISHED", "failed": "FAILED"}
+# MLflow 3 refuses the ./mlruns file store unless told otherwise, and its SQLite store needs the full
+# mlflow package: a tracking server is the one setup that works with the client alone
+NO_SERVER = (
+    "logger={name} needs a tracking server: set MLFLOW_TRACKING_URI (e.g. http://127.0.0.1:5000, started with "
+    "mlflow server --host 127.0.0.1 --port 5000) or logger.{name}.tracking_uri. With the full mlflow package "
+    "installed, a local store works too: logger.{name}.tracking_uri=sqlite:///mlflow.db. Nothing was trained."
+)
 
 
 # ---- building the loggers
@@ -83,6 +90,8 @@ def _product_defaults(name, entry, cfg, out_dir, job_name, previous, sweep) -> D
     if kind in ("tensorboard", "csv"):
         extra = {"save_dir": out_dir, "name": "", "version": ""}
     elif kind == "mlflow":
+        if not entry.get("tracking_uri") and not sweep.get("tracking_uri"):
+            raise ConfigError(NO_SERVER.format(name=name))
         extra = {
             "experiment_name": sweep.get("experiment_name") or cfg.get("recipe") or "train",
             "run_name": job_name,
@@ -329,7 +338,9 @@ def _mlflow_parent(name: str, entry: Dict[str, Any], config, sweep_dir: str) -> 
             f"logger={name} needs the mlflow package, which is not installed in this environment. Install it with "
             "pip install 'trainer-switchboard[mlflow]' (or pip install mlflow-skinny), or choose another logger."
         ) from None
-    uri = entry.get("tracking_uri") or "file:" + os.path.abspath("mlruns")
+    uri = entry.get("tracking_uri")
+    if not uri:
+        raise ConfigError(NO_SERVER.format(name=name))
     experiment_name = entry.get("experiment_name") or config.get("recipe") or "train"
     with _fail_fast_mlflow():
         try:
