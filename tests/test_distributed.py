@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import subprocess
 import sys
 
@@ -27,8 +28,9 @@ def test_ddp_two_processes_match_one_process_at_the_same_global_batch(tmp_path):
     r = run_cli(f"hydra.run.dir={single}", *SMALL, "data.batch_size=16", "+model.batchnorm=false")
     assert r.returncode == 0, r.stderr[-3000:]
     r = run_cli(
-        f"hydra.run.dir={ddp}", *SMALL, "strategy=ddp", "devices=2", "data.batch_size=8", "+model.batchnorm=false"
-    )
+        f"hydra.run.dir={ddp}", *SMALL, "strategy=ddp", "devices=2", "data.batch_size=8", "+model.batchnorm=false",
+        "logger=[tensorboard,csv]",
+    )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     m = read_metrics(ddp)
     assert m["status"] == "ok" and m["device"]["count"] == 2
@@ -37,6 +39,11 @@ def test_ddp_two_processes_match_one_process_at_the_same_global_batch(tmp_path):
     a, b = (final_loss(d / "checkpoints" / "last.ckpt", batchnorm=False) for d in (single, ddp))
     assert a == pytest.approx(b, rel=2e-3), (a, b)
     assert (ddp / "train.log").exists() and (ddp / "train_rank1.log").exists()
+    # the trackers hear rank 0 only: one row per epoch, one TensorBoard writer
+    with open(ddp / "metrics.csv", newline="") as f:
+        rows = [row for row in csv.DictReader(f) if row["perf/epoch_time_s"]]
+    assert [int(row["step"]) for row in rows] == [e["epoch"] for e in m["epochs"]]
+    assert len({p.name.split(".")[-2] for p in ddp.glob("events.out.tfevents.*")}) == 1  # one writing process
 
 
 @pytest.mark.slow

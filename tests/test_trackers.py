@@ -42,7 +42,7 @@ def test_a_recipe_sweep_reaches_mlflow_wandb_and_csv_with_params_histories_and_t
     sweep = tmp_path / "sweep"
     r = run_cli(
         "-m", f"hydra.sweep.dir={sweep}", "+recipe=resnet50", "scale=smoke", "trainer.max_epochs=2",
-        "logger=[mlflow,wandb,csv]", "channels_last=false,true",
+        "logger=[mlflow,wandb,csv]", "channels_last=false,true", "profile=true",
         env_extra={"MLFLOW_TRACKING_URI": mlflow_server.uri, "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
@@ -73,7 +73,9 @@ def test_a_recipe_sweep_reaches_mlflow_wandb_and_csv_with_params_histories_and_t
         assert run.data.tags["doctor.verdict"] == metrics["diagnosis"]["verdict"]
         assert run.info.status == "FINISHED" and run.info.run_name == f"channels_last={value}"
         artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-        assert {"metrics.json", ".hydra"} <= artifacts
+        assert {"metrics.json", ".hydra", "profiler"} <= artifacts
+        profiler = {a.path for a in client.list_artifacts(run.info.run_id, "profiler")}
+        assert profiler == {"profiler/summary.html", "profiler/breakdown.png"}
         # W&B: the same job, in the sweep's group, read back from its offline run file
         (wandb_file,) = job.glob("wandb/offline-run-*/run-*.wandb")
         recorded = read_run(wandb_file)
