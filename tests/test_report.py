@@ -11,7 +11,7 @@ import pytest
 from trainer import report
 
 
-def _job(root, name, flags, times, val_acc=0.5, status="ok", error=None, overrides=(), val_samples=None):
+def _job(root, name, flags, times, val_acc=0.5, status="ok", error=None, overrides=(), val_samples=None, accs=None):
     d = root / name
     d.mkdir(parents=True)
     epochs = [
@@ -26,6 +26,8 @@ def _job(root, name, flags, times, val_acc=0.5, status="ok", error=None, overrid
         }
         for i, t in enumerate(times)
     ]
+    for epoch, acc in zip(epochs, accs or []):
+        epoch["val_acc"] = acc
     steady = sorted(t for t in times[1:]) or times
     m = {
         "schema": 1,
@@ -208,3 +210,54 @@ def test_the_header_says_how_noise_was_judged(tmp_path):
     _steady(tmp_path, "1", {"amp": True}, [0.5, 0.5])
     md = report.write_report([str(tmp_path)], str(tmp_path), echo=False)
     assert "bootstrap interval" in md and "contains 1.00x" in md and "speedup_ci" in md
+
+
+def test_time_to_target_a_faster_epoch_that_needs_more_epochs_loses_and_a_row_that_never_gets_there_says_so(tmp_path):
+    sweep = tmp_path / "sweep"
+    _job(sweep, "0", {}, [2.0] * 6, accs=[0.5, 0.7, 0.8, 0.9, 0.9, 0.9])  # baseline: best 0.9
+    _job(sweep, "1", {"amp": True}, [1.5] * 6, accs=[0.3, 0.5, 0.6, 0.7, 0.8, 0.9])  # faster epochs, slower learning
+    _job(sweep, "2", {"channels_last": True}, [1.8] * 6, accs=[0.3, 0.4, 0.5, 0.6, 0.7, 0.8])  # never reaches it
+    columns, rows, base = report.build_rows(report.load_jobs([str(sweep)]))  # target auto: 0.9 - 0.01
+    assert columns[columns.index("val_acc") + 1 :][:4] == report.TIME_TO_TARGET_COLUMNS
+    baseline, faster, never = rows
+    assert (baseline["time_to_target_s"], baseline["epochs_to_target"]) == (8.0, 4)
+    assert faster["speedup"] > 1.3  # the epoch-time table calls it a win ...
+    assert (faster["time_to_target_s"], faster["epochs_to_target"]) == (9.0, 6)
+    assert faster["time_to_target_speedup"] == pytest.approx(8.0 / 9.0, abs=1e-3)  # ... time to target does not
+    assert never["time_to_target_s"] is None and "target not reached" in never["notes"]
+    # an explicit target
+    _, rows, _ = report.build_rows(report.load_jobs([str(sweep)]), target_acc=0.75)
+    assert [r["time_to_target_s"] for r in rows] == [6.0, 7.5, 10.8]
+    # off: no columns
+    columns, _, _ = report.build_rows(report.load_jobs([str(sweep)]), target_acc="off")
+    assert "time_to_target_s" not in columns
+    # the written report says how the target was chosen, and the chart gains the curves
+    markdown = report.write_report([str(sweep)], str(sweep), echo=False)
+    assert "target val_acc 0.890 = the baseline's best 0.900 minus 0.01" in markdown
+    assert "| 0.89x |" in markdown and (sweep / "ab_report.png").stat().st_size > 0
+
+
+def test_time_to_target_speedup_has_an_interval_over_repeats(tmp_path):
+    sweep = tmp_path / "sweep"
+    for seed, (a, b) in enumerate([(8.0, 4.0), (8.4, 4.2), (7.6, 3.8)]):
+        _job(sweep, f"b{seed}", {"seed": seed}, [a / 4] * 4, accs=[0.2, 0.4, 0.6, 0.9])
+        _job(sweep, f"f{seed}", {"seed": seed, "amp": True}, [b / 4] * 4, accs=[0.2, 0.4, 0.6, 0.9])
+    _, rows, _ = report.build_rows(report.load_jobs([str(sweep)]))
+    fast = next(r for r in rows if r["amp"])
+    assert fast["time_to_target_speedup"] == pytest.approx(2.0, abs=1e-3)
+    low, high = (float(x) for x in fast["time_to_target_ci"].split("-"))
+    assert low <= 2.0 <= high and low > 1.0
+
+
+def test_elapsed_time_counts_a_resumed_partial_epoch_as_a_full_one():
+    from trainer.time_to_target import reach, with_elapsed
+
+    epochs = [
+        {"epoch": 0, "time_s": 2.0, "steps": 10, "val_time_s": 0.5, "val_acc": 0.4},
+        {"epoch": 1, "time_s": 1.0, "steps": 5, "partial": True, "resumed": True, "val_time_s": 0.5, "val_acc": 0.6},
+        {"epoch": 2, "time_s": 2.2, "steps": 10, "val_time_s": 0.5, "val_acc": 0.8},
+    ]
+    timed = with_elapsed(epochs)
+    assert [e["elapsed_train_s"] for e in timed] == [2.0, pytest.approx(4.1), pytest.approx(6.3)]
+    assert timed[1]["elapsed_estimated"] and [e["elapsed_val_s"] for e in timed] == [0.5, 1.0, 1.5]
+    assert reach(epochs, 0.6) == (pytest.approx(4.1), 2) and reach(epochs, 0.95) is None

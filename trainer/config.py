@@ -289,6 +289,24 @@ class BatchFinderConfig:
 
 
 @dataclass
+class ReportConfig:
+    """The A/B report's time-to-accuracy columns (trainer/time_to_target.py)."""
+
+    target_acc: Any = key(
+        "auto",
+        "val_acc each row must reach for time_to_target_s: a number, auto (the baseline's best minus "
+        "target_tolerance) or off",
+        check=(
+            lambda v: v in ("auto", "off") or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1),
+            "auto, off or a number in (0, 1]",
+        ),
+    )
+    target_tolerance: float = key(
+        0.01, "auto's margin below the baseline's best val_acc", check=(lambda v: 0 <= v < 1, "a number in [0, 1)")
+    )
+
+
+@dataclass
 class TuneConfig:
     """``python -m trainer.tune``: the search's budget and its accuracy guard (training ignores these)."""
 
@@ -396,6 +414,7 @@ class TrainSchema:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
 
 
 def register_schema() -> None:

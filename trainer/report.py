@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from . import time_to_target as ttt
 from .metrics import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -295,6 +296,8 @@ _DIGITS = {
     "val_acc": 3,
     "tflops": 3,
     "mfu": 3,
+    "time_to_target_s": 2,
+    "time_to_target_speedup": 2,
 }
 
 
@@ -304,14 +307,19 @@ def _fmt(value: Any, column: str = "") -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, float):
-        if column == "speedup":
+        if column in ("speedup", "time_to_target_speedup"):
             return f"{value:.2f}x"
         return f"{value:.{_DIGITS.get(column, 3)}f}"
     return str(value)
 
 
-def build_rows(jobs: List[Job], acc_drop: float = ACC_DROP_THRESHOLD) -> tuple:
-    """Return (columns, rows as dicts, baseline Row)."""
+def build_rows(
+    jobs: List[Job],
+    acc_drop: float = ACC_DROP_THRESHOLD,
+    target_acc: Any = ttt.AUTO,
+    tolerance: float = ttt.DEFAULT_TOLERANCE,
+) -> tuple:
+    """Return (columns, rows as dicts, baseline Row); with the time-to-target columns where a target resolves."""
     # why longer: one row of the table per loop turn, each column next to the notes that qualify it
     # (a changed epoch size, an accuracy drop, a failed job); split, the notes would lose their column
     varied = varied_keys(jobs)
@@ -409,7 +417,35 @@ def build_rows(jobs: List[Job], acc_drop: float = ACC_DROP_THRESHOLD) -> tuple:
         for key in optional:
             record[key] = row.median_of(key) if row.ok else None
         out.append(record)
+    _add_time_to_target(columns, rows, out, base, target(base, target_acc, tolerance)[0])
     return columns, out, base
+
+
+TIME_TO_TARGET_COLUMNS = ["time_to_target_s", "epochs_to_target", "time_to_target_speedup", "time_to_target_ci"]
+
+
+def target(base: Optional[Row], target_acc: Any, tolerance: float) -> tuple:
+    """(the target val_acc or None, how it was chosen): ``report.target_acc`` against this baseline."""
+    runs = [j.metrics.get("epochs") or [] for j in base.jobs] if base else []
+    return ttt.resolve_target(target_acc, runs, tolerance)
+
+
+def _add_time_to_target(columns: List[str], rows: List[Row], out: List[dict], base: Optional[Row], goal) -> None:
+    """Each row's time to ``goal`` beside its val_acc (nothing when there is no target)."""
+    if goal is None or base is None:
+        return
+    at = columns.index("val_acc") + 1
+    columns[at:at] = TIME_TO_TARGET_COLUMNS
+    base_runs = [j.metrics.get("epochs") or [] for j in base.jobs]
+    for row, record in zip(rows, out):
+        if not row.ok:
+            record.update(dict.fromkeys(TIME_TO_TARGET_COLUMNS))
+            continue
+        found = ttt.row_columns(base_runs, [j.metrics.get("epochs") or [] for j in row.jobs], goal, row is base)
+        note = found.pop("note")
+        record.update(found)
+        if note:
+            record["notes"] = "; ".join(n for n in (record["notes"], note) if n)
 
 
 def _epoch_samples(job: Job) -> Optional[int]:
@@ -460,8 +496,9 @@ def _label(row: dict, varied: List[str]) -> str:
     return "\n".join(textwrap.wrap(", ".join(parts), 48)) if parts else row["job"]
 
 
-def to_png(path: Path, columns: List[str], rows: List[dict]) -> None:
-    """Horizontal bars of epoch time per configuration, the speedup written on each bar."""
+def to_png(path: Path, columns: List[str], rows: List[dict], curves: Optional[List[list]] = None, goal=None) -> None:
+    """Horizontal bars of epoch time per configuration, the speedup written on each bar; with
+    ``curves`` (per row: (training time so far, val_acc) points) a second panel of accuracy vs time."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -475,7 +512,14 @@ def to_png(path: Path, columns: List[str], rows: List[dict]) -> None:
     labels = [_label(r, varied) for r in rows]
     times = [r["epoch_time_s"] or 0.0 for r in rows]
     lines = sum(max(1, label.count("\n") + 1) for label in labels)
-    fig, ax = plt.subplots(figsize=(11, 0.32 * lines + 0.25 * len(rows) + 1.6))
+    height = 0.32 * lines + 0.25 * len(rows) + 1.6
+    with_curves = bool(curves) and any(curves)
+    if with_curves:
+        fig, (ax, curve_ax) = plt.subplots(
+            2, 1, figsize=(11, height + 4.2), gridspec_kw={"height_ratios": [height, 4.2]}
+        )
+    else:
+        fig, ax = plt.subplots(figsize=(11, height))
     ypos = range(len(rows))
     colors = [
         "#9e9e9e" if "baseline" in r["notes"] else ("#d9534f" if r["status"] != "ok" else "#4c72b0") for r in rows
@@ -505,25 +549,32 @@ def to_png(path: Path, columns: List[str], rows: List[dict]) -> None:
     ax.set_xlim(0, top * 1.35)
     ax.set_xlabel("epoch time (s), median of steady epochs; lower is better")
     ax.set_title("A/B: epoch time and speedup vs baseline (grey)")
+    if with_curves:
+        _accuracy_curves(curve_ax, rows, labels, curves, goal)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def write_report(
-    dirs: Sequence[str], out_dir: str, echo: bool = True, not_run: Sequence[str] = (), note: str = ""
-) -> Optional[str]:
-    """Build the report from ``dirs`` into ``out_dir``; return the markdown (None if no jobs).
+def _accuracy_curves(ax, rows: List[dict], labels: List[str], curves: List[list], goal) -> None:
+    """val_acc against training time (validation time apart), one line per row; the target dashed."""
+    for i, (row, label, points) in enumerate(zip(rows, labels, curves)):
+        if points:
+            xs, ys = zip(*points)
+            style = {"color": "#9e9e9e", "linewidth": 2.5} if "baseline" in row["notes"] else {"color": f"C{i % 10}"}
+            ax.plot(xs, ys, marker="o", markersize=3, label=label.replace("\n", " ")[:60], **style)
+    if goal is not None:
+        ax.axhline(goal, color="#333333", linestyle="--", linewidth=1, label=f"target {goal:.3f}")
+    ax.set_xlabel("training time so far (s), validation time apart")
+    ax.set_ylabel("val_acc")
+    ax.set_title("time to accuracy: val_acc after each epoch")
+    ax.legend(fontsize=7, loc="lower right")
 
-    ``not_run``: jobs of a stopped sweep that never ran (listed under the table), ``note``: why."""
-    jobs = load_jobs(dirs)
-    out = Path(out_dir)
-    if not jobs:
-        log.warning("no metrics.json found under %s: no report written", ", ".join(map(str, dirs)))
-        return None
-    columns, rows, base = build_rows(jobs)
+
+def _header(jobs: List[Job], base: Optional[Row], how: str) -> str:
+    """The report's first paragraph: what ran, the baseline, and how every column is judged."""
     device = next((j.metrics.get("device") for j in jobs if j.metrics.get("device")), None) or {}
-    header = (
+    return (
         f"# A/B report\n\n{len(jobs)} job(s) on {device.get('accelerator', '?')} ({device.get('name', '?')}). "
         f"Baseline: job {base.name if base else '-'}. epoch_time_s is the median of the steady (non-warm-up, full) epochs; "
         f"spread_s is their min-max (for a row of repeats: the min-max of the repeats' medians). "
@@ -534,8 +585,35 @@ def write_report(
         f"data_wait_fraction is time blocked on the data loader; transfer_fraction is batch-to-device plus device-side decode/normalize. "
         f"Rows whose val_acc fell more than {ACC_DROP_THRESHOLD} below the baseline are marked ACCURACY DROP, unless the "
         f"drop is within the sampling noise of the validation set (a 95% interval for the difference of two accuracies, "
-        f"from the number of val samples each job saw): then the note says 'not a significant drop'.\n\n"
+        f"from the number of val samples each job saw): then the note says 'not a significant drop'. "
+        f"Time to accuracy: {how}; time_to_target_s is the training time (validation apart, warm-up and compile "
+        f"included) until the first epoch whose val_acc reaches it, epochs_to_target that epoch's count, "
+        f"time_to_target_speedup the baseline's time over the row's (time_to_target_ci: a bootstrap over repeats; "
+        f"none without repeats). A row faster per epoch can be slower to the target.\n\n"
     )
+
+
+def write_report(
+    dirs: Sequence[str],
+    out_dir: str,
+    echo: bool = True,
+    not_run: Sequence[str] = (),
+    note: str = "",
+    target_acc: Any = ttt.AUTO,
+    tolerance: float = ttt.DEFAULT_TOLERANCE,
+) -> Optional[str]:
+    """Build the report from ``dirs`` into ``out_dir``; return the markdown (None if no jobs).
+
+    ``not_run``: jobs of a stopped sweep that never ran (listed under the table), ``note``: why.
+    ``target_acc``, ``tolerance``: ``report.target_acc`` and ``report.target_tolerance``."""
+    jobs = load_jobs(dirs)
+    out = Path(out_dir)
+    if not jobs:
+        log.warning("no metrics.json found under %s: no report written", ", ".join(map(str, dirs)))
+        return None
+    columns, rows, base = build_rows(jobs, target_acc=target_acc, tolerance=tolerance)
+    goal, how = target(base, target_acc, tolerance)
+    header = _header(jobs, base, how)
     missing = ""
     if not_run:
         missing = f"\n**Not run** ({note or 'the sweep stopped early'}): " + "; ".join(not_run) + "\n"
@@ -544,7 +622,9 @@ def write_report(
     atomic_write_text(out / "ab_report.md", markdown)
     atomic_write_text(out / "ab_report.csv", to_csv(columns, rows))
     try:
-        to_png(out / "ab_report.png", columns, rows)
+        folded = fold_repeats(jobs, varied_keys(jobs))
+        curves = [ttt.curve(row.first.metrics.get("epochs") or []) for row in folded]
+        to_png(out / "ab_report.png", columns, rows, curves if goal is not None else None, goal)
     except Exception as e:  # the chart is a convenience; the table is the product
         log.warning("could not draw ab_report.png: %s", e)
     if echo:
@@ -581,14 +661,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument(
         "--out", help="where to write ab_report.* (default: the single dir given, else the current dir)"
     )
+    parser.add_argument(
+        "--target-acc",
+        default=ttt.AUTO,
+        help="val_acc for the time-to-target columns: a number, auto (the baseline's best minus the tolerance) or off",
+    )
+    parser.add_argument("--target-tolerance", type=float, default=ttt.DEFAULT_TOLERANCE, help="auto's margin (0.01)")
     args = parser.parse_args(argv)
+    if args.target_acc not in (ttt.AUTO, "off"):
+        try:
+            args.target_acc = float(args.target_acc)
+        except ValueError:
+            print(
+                f"error: --target-acc {args.target_acc!r}: allowed are auto, off or a number in (0, 1]", file=sys.stderr
+            )
+            return 2
     missing = [d for d in args.dirs if not os.path.exists(d)]
     if missing:
         print(f"error: no such dir: {', '.join(missing)}", file=sys.stderr)
         return 2
     out = args.out or (args.dirs[0] if len(args.dirs) == 1 and os.path.isdir(args.dirs[0]) else ".")
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    return 0 if write_report(args.dirs, out) is not None else 1
+    written = write_report(args.dirs, out, target_acc=args.target_acc, tolerance=args.target_tolerance)
+    return 0 if written is not None else 1
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ _state: Dict[str, Any] = {
     "configs": {},
     "argv": None,
     "slow": {},
+    "report": {},  # report.target_acc / target_tolerance of the sweep's config
 }
 
 
@@ -338,7 +339,9 @@ def finish_stopped(signal_name: str) -> int:
     argv = [a for a in plan.get("argv") or sys.argv[1:] if not a.startswith(("hydra.sweep.dir=", "+hydra.sweep.dir="))]
     again = "python train.py " + " ".join(shlex.quote(a) for a in argv + [f"hydra.sweep.dir={sweep_dir}"])
     stopped = f"the sweep was stopped by {signal_name}"
-    write_report([sweep_dir], sweep_dir, not_run=missing, note=f"{stopped}; finish it with: {again}")
+    write_report(
+        [sweep_dir], sweep_dir, not_run=missing, note=f"{stopped}; finish it with: {again}", **_state["report"]
+    )
     print(
         f"\n{stopped} after the job in flight saved its checkpoint; "
         + (f"{len(missing)} job(s) did not run: {'; '.join(missing)}. " if missing else "")
@@ -371,6 +374,7 @@ class SweepCallback(_HydraCallback):
         task_overrides = list(_select(config, "hydra.overrides.task") or [])
         console.set_sweep(True, console.swept_keys(task_overrides))  # each status line shows what the sweep varies
         sweep_dir = _select(config, "hydra.sweep.dir")
+        _state["report"] = report_settings(config)
         if sweep_dir and not is_launched_rank():
             if not resumable(sweep_dir, task_overrides):  # a stopped sweep of the same command is finished instead
                 _refuse_taken(lambda outputs: outputs.refuse_used_sweep_dir(sweep_dir, config.get("ckpt_path")))
@@ -396,11 +400,21 @@ class SweepCallback(_HydraCallback):
 
         sweep_dir = config.hydra.sweep.dir
         done(sweep_dir)
-        write_report([sweep_dir], sweep_dir)
+        write_report([sweep_dir], sweep_dir, **report_settings(config))
         if not is_launched_rank():
             from . import trackers
 
             trackers.sweep_end(sweep_dir)  # the same report, attached to the sweep's parent run / group
+
+
+def report_settings(config) -> Dict[str, Any]:
+    """``report.target_acc`` and ``report.target_tolerance`` of the sweep's config, as write_report takes them."""
+    from .time_to_target import AUTO, DEFAULT_TOLERANCE
+
+    return {
+        "target_acc": _select(config, "report.target_acc") or AUTO,
+        "tolerance": _select(config, "report.target_tolerance") or DEFAULT_TOLERANCE,
+    }
 
 
 def _open_trackers(config, sweep_dir: str) -> None:

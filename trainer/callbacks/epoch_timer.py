@@ -32,6 +32,7 @@ import torch
 
 from .. import trackers
 from ..flops import mfu
+from ..time_to_target import with_elapsed
 from .step_clock import StepClock
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,19 @@ def merge_epochs(previous: List[Dict[str, Any]], current: List[Dict[str, Any]]) 
     return [chosen[k] for k in sorted(chosen)]
 
 
+# what a validation logged, under ImageClassifier's names and the common flat ones a user's module may use
+VALIDATION_KEYS = {"val_acc": ("val/acc", "val_acc"), "val_loss": ("val/loss", "val_loss")}
+
+
+def _validation_scalars(trainer) -> Dict[str, float]:
+    found = {}
+    for field, names in VALIDATION_KEYS.items():
+        value = next((trainer.callback_metrics[n] for n in names if n in trainer.callback_metrics), None)
+        if value is not None:
+            found[field] = round(float(value), 6)
+    return found
+
+
 class EpochTimer(pl.Callback):
     def __init__(
         self, previous: List[Dict[str, Any]] | None = None, on_epoch: Optional[Callable[[], None]] = None
@@ -89,6 +103,7 @@ class EpochTimer(pl.Callback):
         self._startup = 0.0
         self._last_step_end: float | None = None
         self._val_at_last_step = 0.0
+        self._validated = False  # a validation ran in this epoch (its val/acc is this epoch's)
         self.clock.reset()
 
     def _start(self, trainer) -> None:
@@ -149,6 +164,7 @@ class EpochTimer(pl.Callback):
         _sync(trainer)
         self._val += time.perf_counter() - self._val_t0
         self._val_t0 = None
+        self._validated = True
         self.clock.active = True
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
@@ -186,6 +202,8 @@ class EpochTimer(pl.Callback):
             "val_time_s": round(self._val, 4),
             "warmup": self._fresh,  # the first epoch pays for compile, autotune, worker start-up
         }
+        if self._validated:  # the host reads the two scalars here, once per epoch (after the sync above)
+            epoch.update(_validation_scalars(trainer))
         if self._mid_epoch_start:
             epoch["resumed"] = True
         if self._mid_epoch_start or (
@@ -232,8 +250,9 @@ class EpochTimer(pl.Callback):
 
     # ---- summary
     def history(self) -> List[Dict[str, Any]]:
-        """Every epoch of this run dir, earlier processes' included, once each."""
-        return merge_epochs(self.previous, self.epochs)
+        """Every epoch of this run dir, earlier processes' included, once each, with the training and
+        validation time elapsed since the run started (``time_to_target.with_elapsed``)."""
+        return with_elapsed(merge_epochs(self.previous, self.epochs))
 
     def summary(self, compiled: bool = False) -> Dict[str, Any]:
         """Medians over the steady epochs (all full epochs when none is steady), as metrics.json wants them.

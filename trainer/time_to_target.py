@@ -1,0 +1,132 @@
+"""Time to accuracy: how soon each configuration reaches a target validation accuracy.
+
+Epoch time with the final accuracy beside it hides a speed-up that makes each epoch faster but
+needs more of them (a larger batch, low resolution, fp16 without loss-scale headroom). MLPerf
+ranks by time to a target, FFCV and Composer publish time-to-accuracy tables; the journal already
+records every epoch, so the report can say the same for the user's own model:
+
+- ``with_elapsed`` gives each epoch record (metrics.json) the training and validation time since
+  the run started (``elapsed_train_s``, ``elapsed_val_s``), resumes included: a partial epoch (a
+  resume that started mid-epoch only timed its tail) counts as a full epoch of the run's median
+  step time, and says so (``elapsed_estimated``);
+- ``reach`` finds the first epoch whose ``val_acc`` reaches the target: ``time_to_target_s`` is the
+  training time up to its end (validation time apart: the same clock as the epoch times, warm-up
+  and compile included, as a user pays them), ``epochs_to_target`` its count;
+- ``resolve_target`` turns ``report.target_acc`` (a number, or ``auto``: the baseline's best
+  val_acc minus ``report.target_tolerance``) into the number, with the sentence that says how;
+- ``speedup_interval`` bootstraps the ratio of median times over repeats (one number per job: a
+  row without repeats has no interval).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+AUTO = "auto"
+DEFAULT_TOLERANCE = 0.01
+BOOTSTRAP_RESAMPLES = 2000
+CONFIDENCE = 0.95
+
+
+def with_elapsed(epochs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The epoch records (in epoch order) with cumulative training and validation time added."""
+    full_steps = [e["time_s"] / e["steps"] for e in epochs if not e.get("partial") and e.get("steps")]
+    step_time = statistics.median(full_steps) if full_steps else None
+    full_counts = [e["steps"] for e in epochs if not e.get("partial") and e.get("steps")]
+    steps_per_epoch = max(full_counts) if full_counts else None
+    train = val = 0.0
+    out = []
+    for epoch in epochs:
+        record = dict(epoch)
+        time_s = epoch.get("time_s") or 0.0
+        if epoch.get("resumed") and step_time and steps_per_epoch and epoch.get("steps", 0) < steps_per_epoch:
+            # the steps before the resume ran in a process that was killed before the epoch ended
+            time_s = max(time_s, step_time * steps_per_epoch)
+            record["elapsed_estimated"] = True
+        train += time_s
+        val += epoch.get("val_time_s") or 0.0
+        record["elapsed_train_s"] = round(train, 4)
+        record["elapsed_val_s"] = round(val, 4)
+        out.append(record)
+    return out
+
+
+def curve(epochs: List[Dict[str, Any]]) -> List[Tuple[float, float]]:
+    """(training time so far, val_acc) after each validated epoch."""
+    points = []
+    for epoch in with_elapsed(epochs) if epochs and "elapsed_train_s" not in epochs[0] else epochs:
+        if epoch.get("val_acc") is not None:
+            points.append((epoch["elapsed_train_s"], epoch["val_acc"]))
+    return points
+
+
+def reach(epochs: List[Dict[str, Any]], target: float) -> Optional[Tuple[float, int]]:
+    """(time_to_target_s, epochs_to_target) for the first validated epoch with val_acc >= target; None if none."""
+    ordered = sorted(epochs, key=lambda e: e["epoch"])
+    timed = ordered if ordered and "elapsed_train_s" in ordered[0] else with_elapsed(ordered)
+    for epoch in timed:
+        if epoch.get("val_acc") is not None and epoch["val_acc"] >= target - 1e-12:
+            return round(epoch["elapsed_train_s"], 4), epoch["epoch"] + 1
+    return None
+
+
+def best_acc(epochs: List[Dict[str, Any]]) -> Optional[float]:
+    values = [e["val_acc"] for e in epochs if e.get("val_acc") is not None]
+    return max(values) if values else None
+
+
+def resolve_target(target_acc: Any, baseline_runs: Sequence[List[Dict[str, Any]]], tolerance: float) -> tuple:
+    """(target or None, how it was chosen). ``auto``: the baseline's best val_acc (median over its
+    repeats) minus ``tolerance``; None when the baseline validated no epoch (older journals)."""
+    if target_acc is None or target_acc == "off":
+        return None, "time to target off (report.target_acc=off)"
+    if target_acc != AUTO:
+        return float(target_acc), f"target val_acc {float(target_acc):.3f} (report.target_acc)"
+    bests = [b for b in (best_acc(epochs) for epochs in baseline_runs) if b is not None]
+    if not bests:
+        return None, "no time to target: the baseline's epochs carry no val_acc"
+    best = statistics.median(bests)
+    return round(best - tolerance, 4), (
+        f"target val_acc {best - tolerance:.3f} = the baseline's best {best:.3f} minus {tolerance} (report.target_acc=auto)"
+    )
+
+
+def speedup_interval(base: List[float], other: List[float], seed: int = 0) -> Optional[tuple]:
+    """Bootstrap interval of median(base) / median(other), resampling the repeats; None under 2 each."""
+    if len(base) < 2 or len(other) < 2:
+        return None
+    rng = random.Random(seed)
+    ratios = sorted(
+        statistics.median(rng.choices(base, k=len(base))) / statistics.median(rng.choices(other, k=len(other)))
+        for _ in range(BOOTSTRAP_RESAMPLES)
+    )
+    tail = (1 - CONFIDENCE) / 2
+    return ratios[int(tail * (BOOTSTRAP_RESAMPLES - 1))], ratios[int(round((1 - tail) * (BOOTSTRAP_RESAMPLES - 1)))]
+
+
+def row_columns(base_runs: List[List[Dict[str, Any]]], runs: List[List[Dict[str, Any]]], target: float, is_base: bool):
+    """A report row's time-to-target columns: each repeat's time, the median, the speedup and its interval."""
+    reached = [reach(epochs, target) for epochs in runs]
+    times = [r[0] for r in reached if r is not None]
+    if not times or len(times) < len(reached):
+        missing = len(reached) - len(times)
+        return {
+            "time_to_target_s": None,
+            "epochs_to_target": None,
+            "time_to_target_speedup": None,
+            "time_to_target_ci": None,
+            "note": "target not reached" + (f" in {missing} of {len(reached)} repeats" if len(reached) > 1 else ""),
+        }
+    base_times = [r[0] for r in (reach(e, target) for e in base_runs) if r is not None]
+    median = round(statistics.median(times), 4)
+    speedup = round(statistics.median(base_times) / median, 3) if base_times and median > 0 else None
+    interval = None if is_base or speedup is None else speedup_interval(base_times, times)
+    return {
+        "time_to_target_s": median,
+        "epochs_to_target": statistics.median_low([r[1] for r in reached if r is not None]),
+        "time_to_target_speedup": speedup,
+        "time_to_target_ci": f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else None,
+        "note": None,
+    }
