@@ -285,3 +285,49 @@ def test_every_readme_flag_is_recorded_as_it_was_set(train):
     metrics, _ = train(*PROBE, *[f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in given.items()])
     assert not set(flags) - set(metrics["flags"])
     assert {k: metrics["flags"][k] for k in given} == given
+
+
+def test_ema_validates_and_saves_the_averaged_weights_not_the_raw_ones(train, add_callbacks):
+    """ema=true: the weights a validation sees are not the ones training just left, they are what the
+    checkpoint saves as its state_dict (the raw ones beside them), and metrics.json says so."""
+    import pytorch_lightning as pl
+
+    seen = {}
+
+    class Spy(pl.Callback):  # runs after the EMA callback's swap (added last)
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen["trained"] = [p.detach().clone() for p in pl_module.parameters()]
+
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            if not trainer.sanity_checking:
+                seen["validated"] = [p.detach().clone() for p in pl_module.parameters()]
+
+    add_callbacks(Spy())
+    m, out = train("ema=true", "ema_decay=0.9", "trainer.max_epochs=2", "checkpoint.enabled=true")
+    assert m["flags"]["ema"] is True and m["validated_weights"] == "ema"
+    assert not all(torch.equal(a, b) for a, b in zip(seen["validated"], seen["trained"]))
+    ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["weights"] == "ema"
+    saved, raw = list(ckpt["state_dict"].values()), list(ckpt["current_model_state"].values())
+    params = [k for k in ckpt["state_dict"] if "running" not in k and "num_batches" not in k]
+    assert len(params) == len(seen["validated"])
+    for name, validated in zip(params, seen["validated"]):
+        assert torch.equal(ckpt["state_dict"][name], validated), name  # the checkpoint holds what was validated
+    assert any(not torch.equal(a, b) for a, b in zip(saved, raw))  # and the raw weights differ from it
+    # without the flag: validation sees what training left
+    seen.clear()
+    m, _ = train("trainer.max_epochs=1")
+    assert m["validated_weights"] == "raw"
+    assert all(torch.equal(a, b) for a, b in zip(seen["validated"], seen["trained"]))
+
+
+def test_ema_with_a_sharded_strategy_is_refused_up_front(train, monkeypatch):
+    """Lightning's weight averaging keeps a whole unsharded copy of the model: say so before anything is built."""
+    from trainer.data import ImageDataModule
+    from trainer.errors import ConfigError
+
+    built, real = [], ImageDataModule.build
+    monkeypatch.setattr(ImageDataModule, "build", lambda self: built.append(1) or real(self))
+    with pytest.raises(ConfigError, match="'ema=true' keeps an unsharded copy of the whole model"):
+        train(*PROBE, "strategy=fsdp2", "devices=1", "ema=true")
+    assert not built

@@ -363,6 +363,12 @@ class TrainSchema:
         flag=OPTIMIZATION,
     )
     channels_last: bool = key(False, "NHWC memory format for weights and inputs", flag=OPTIMIZATION)
+    ema: bool = key(
+        False,
+        "validate and save an exponential moving average of the weights (epochs, not epoch time)",
+        flag=OPTIMIZATION,
+    )
+    ema_decay: float = key(0.999, "ema's decay per optimizer step", check=(lambda v: 0 < v < 1, "a number in (0, 1)"))
     accumulate: int = key(
         1,
         "gradient accumulation steps",

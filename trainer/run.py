@@ -269,6 +269,7 @@ def _trainer(parts: Parts) -> None:
     parts.timer.peak_flops = parts.peak_flops  # each epoch's MFU in the trackers
     parts.strategy = switchboard.build_strategy(cfg, plan, parts.hw, parts.module)
     parts.callbacks = build_callbacks(parts)
+    parts.notes["validated_weights"] = "ema" if cfg.ema else "raw"  # and the checkpoints' state_dict
     # sharded strategies save with their own checkpoint IO
     plugins = [AtomicCheckpointIO()] if cfg.strategy in ("auto", "ddp") else []
     parts.trainer = pl.Trainer(
@@ -297,6 +298,7 @@ def build_callbacks(parts: Parts) -> Callbacks:
 
     from . import model_transforms
     from .callbacks import BadSampleCounter, NaNGuard, ProfilerCallback, StepLoss, SystemMonitor
+    from .callbacks.ema import EMA
     from .checkpointing import PreemptionCallback, ResumableState, checkpoint_callbacks
     from .models.classifier import ImageClassifier
 
@@ -323,6 +325,8 @@ def build_callbacks(parts: Parts) -> Callbacks:
     ]
     if cfg.compile:
         found.all.append(model_transforms.CompileAfterSetup(cfg))
+    if cfg.ema:
+        found.all.append(EMA(cfg.ema_decay))
     if isinstance(parts.module, ImageClassifier):
         found.all.append(StepLoss())  # a user's module logs its own
     if cfg.profile:

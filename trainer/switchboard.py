@@ -96,14 +96,7 @@ def resolve(cfg, hw: Hardware) -> Plan:
             "'strategy=fsdp' needs CUDA GPUs (Lightning's FSDPStrategy refuses CPU). On this machine use "
             "strategy=fsdp2 (FSDP2 via fully_shard, also runs on CPU with gloo), or strategy=ddp / auto."
         )
-    if cfg.strategy == "fsdp2" and cfg.channels_last:
-        # FSDP1 (strategy=fsdp) keeps each parameter's strides in its flat parameter (torch >= 2.6), so
-        # there channels_last weights stay channels-last; FSDP2 refuses to shard them at all
-        raise ConfigError(
-            "'strategy=fsdp2' cannot shard channels-last weights (FSDP2's fully_shard takes only contiguous parameters; "
-            "it would fail after the data and model are built). Allowed: channels_last=false with strategy=fsdp2, "
-            "or channels_last=true with strategy=fsdp (GPU), ddp or auto."
-        )
+    _refuse_with_sharding(cfg)
     if cfg.sync_batchnorm and accelerator != "cuda":
         raise ConfigError(
             "'sync_batchnorm=true' needs CUDA GPUs (torch's SyncBatchNorm does not run on CPU). Allowed here: sync_batchnorm=false."
@@ -115,6 +108,24 @@ def resolve(cfg, hw: Hardware) -> Plan:
         )
     warnings += _no_effect_here(cfg, accelerator)
     return Plan(accelerator, devices, cfg.num_nodes, precision, amp_dtype, cfg.strategy, warnings)
+
+
+def _refuse_with_sharding(cfg) -> None:
+    """Flags whose work a sharded strategy cannot do (or would undo): refused before anything is built."""
+    if cfg.strategy == "fsdp2" and cfg.channels_last:
+        # FSDP1 (strategy=fsdp) keeps each parameter's strides in its flat parameter (torch >= 2.6), so
+        # there channels_last weights stay channels-last; FSDP2 refuses to shard them at all
+        raise ConfigError(
+            "'strategy=fsdp2' cannot shard channels-last weights (FSDP2's fully_shard takes only contiguous parameters; "
+            "it would fail after the data and model are built). Allowed: channels_last=false with strategy=fsdp2, "
+            "or channels_last=true with strategy=fsdp (GPU), ddp or auto."
+        )
+    if cfg.ema and cfg.strategy in ("fsdp", "fsdp2"):
+        # Lightning's weight averaging keeps a whole, unsharded copy of the module (it says so itself)
+        raise ConfigError(
+            f"'ema=true' keeps an unsharded copy of the whole model, which strategy={cfg.strategy} exists to avoid "
+            "(Lightning's EMAWeightAveraging does not shard). Allowed: ema=true with strategy=auto or ddp, or ema=false."
+        )
 
 
 def _no_effect_here(cfg, accelerator: str) -> List[str]:

@@ -1,0 +1,67 @@
+"""EMA (``ema=true``): validate and save an exponential moving average of the weights.
+
+Built on Lightning's ``EMAWeightAveraging``, which swaps the averaged weights in for validation,
+saves them as the checkpoint's ``state_dict`` (the raw weights under ``current_model_state``) and
+leaves them in the model when training ends. One part is replaced: torch's
+``AveragedModel.update_parameters`` asks the device ``n_averaged == 0`` on every update, a host
+sync in every step on a GPU. Here the update is one ``torch._foreach_lerp_`` per dtype group,
+with the update count kept on the host (the first update copies, as torch's does).
+
+Which weights a validation used and a checkpoint holds is said: ``validated_weights`` in
+metrics.json, ``"weights": "ema"`` in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Dict
+
+import torch
+from pytorch_lightning.callbacks import EMAWeightAveraging
+
+
+class EMA(EMAWeightAveraging):
+    def __init__(self, decay: float) -> None:
+        super().__init__(decay=decay, use_buffers=True)
+        self.decay = decay
+        self.updates = 0  # on the host: no device read to decide the first update
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step_idx = trainer.global_step - 1
+        if trainer.global_step > self._latest_update_step and self.should_update(step_idx=step_idx):
+            self._update(pl_module)
+            self._latest_update_step = trainer.global_step
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        pass  # updates are per step (should_update(epoch_idx=...) is never true for this callback)
+
+    @torch.no_grad()
+    def _update(self, pl_module) -> None:
+        average = self._average_model
+        pairs = zip(
+            itertools.chain(average.module.parameters(), average.module.buffers()),
+            itertools.chain(pl_module.parameters(), pl_module.buffers()),
+        )
+        floats: Dict[Any, tuple] = {}
+        for mine, theirs in pairs:
+            if self.updates == 0 or not mine.dtype.is_floating_point:
+                mine.copy_(theirs)  # the first update, and integer buffers (BatchNorm's step count), copy
+            else:
+                group = floats.setdefault((mine.device, mine.dtype), ([], []))
+                group[0].append(mine)
+                group[1].append(theirs.detach())
+        for mine, theirs in floats.values():
+            torch._foreach_lerp_(mine, theirs, 1.0 - self.decay)
+        average.n_averaged.add_(1)  # kept for the checkpoint's averaging_state; never read back here
+        self.updates += 1
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
+        super().on_save_checkpoint(trainer, pl_module, checkpoint)
+        checkpoint["weights"] = "ema"  # state_dict: the average; current_model_state: the raw weights
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {**super().state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.updates = state_dict.get("updates", self._latest_update_step)
