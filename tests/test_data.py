@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from PIL import Image
 
@@ -109,3 +110,63 @@ def test_empty_folder_is_a_clear_error(compose, tmp_path):
     cfg = compose("data=imagefolder", f"data.root={tmp_path / 'empty'}")
     with pytest.raises(ConfigError, match="holds no images"):
         ImageDataModule(cfg.data, cfg.seed).build()
+
+
+def _jpeg(side: int) -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    buffer = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (side, side + side // 2, 3), dtype=np.uint8)).save(buffer, "JPEG")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("decoder", ["pil", "turbo"])
+def test_decode_scale_decodes_a_large_jpeg_at_the_smallest_dct_scale_the_crop_allows(decoder):
+    """A 512x768 JPEG for 32 px crops: needed_side(32) = 55, so 1/8 (64 px) is allowed, 1/16 does not exist;
+    for 128 px crops (needed 217) 1/2 (256 px); off: full size."""
+    from trainer.data.decoders import Loader
+    from trainer.data.folder import needed_side
+
+    if decoder == "turbo":
+        pytest.importorskip("simplejpeg")
+    data = _jpeg(512)
+
+    def short_side(image) -> int:
+        return min(image.size) if hasattr(image, "size") and not callable(image.size) else min(image.shape[-2:])
+
+    assert needed_side(32) == 55 and needed_side(128) == 217
+    assert short_side(Loader(decoder).decode(data)) == 512
+    assert short_side(Loader(decoder, min_side=needed_side(32)).decode(data)) == 64
+    assert short_side(Loader(decoder, min_side=needed_side(128)).decode(data)) == 256
+    assert short_side(Loader(decoder, min_side=needed_side(300)).decode(data)) == 512  # needs more than half
+    assert short_side(Loader("torchvision", min_side=needed_side(32)).decode(data)) == 512  # cannot scale
+
+
+def test_data_decode_scale_reaches_the_decoder_of_a_run(train, monkeypatch, tmp_path):
+    """The flag, end to end: the images a run's loader decodes are smaller with data.decode_scale=auto."""
+    from trainer.data import decoders
+
+    seen = []
+    real = decoders.Loader.decode
+    common = ["data=builtin", f"data.cache_dir={tmp_path}", "data.images_per_class=4", "data.stored_size=256"]
+    common += ["data.image_size=32", "data.batch_size=8", "data.num_workers=0", "trainer.max_epochs=1"]
+    monkeypatch.setattr(decoders.Loader, "decode", _recording(seen, real))
+    train(*common, "data.decode_scale=off", tiny=False)
+    full = {min(s) for s in seen}
+    seen.clear()
+    m, _ = train(*common, "data.decode_scale=auto", tiny=False)
+    assert m["flags"]["data.decode_scale"] == "auto"
+    assert full == {256} and {min(s) for s in seen} == {64}  # 256 / 4: the smallest with a short side >= 55
+
+
+def _recording(seen, real):
+    def decode(self, data):
+        image = real(self, data)
+        seen.append(image.size)  # PIL: (width, height)
+        return image
+
+    return decode

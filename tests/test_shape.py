@@ -82,7 +82,7 @@ def test_the_flags_keep_the_order_the_report_shows_them_in():
         "num_nodes", "profile", "tf32", "cudnn_benchmark", "activation_checkpointing", "sync_batchnorm",
         "lr_scaling", "cuda_alloc_conf", "optim.fused", "optim.zero_grad_to_none", "data.batch_size",
         "data.num_workers", "data.auto_workers", "data.gpu_normalize", "data.device_prefetch",
-        "data.device_resident", "data.decoder", "data.cache_in_memory", "data.cache", "runtime.allocator",
+        "data.device_resident", "data.decoder", "data.decode_scale", "data.cache_in_memory", "data.cache", "runtime.allocator",
     )  # fmt: skip
     assert set(config.OPTIMIZATION_FLAGS) | set(config.RUN_SETTINGS) == set(config.FLAG_KEYS)
     assert not set(config.OPTIMIZATION_FLAGS) & set(config.RUN_SETTINGS)

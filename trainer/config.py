@@ -107,6 +107,12 @@ class DataConfig:
         choices=("pil", "torchvision", "turbo", "nvjpeg"),
         flag=OPTIMIZATION,
     )
+    decode_scale: str = key(
+        "off",
+        "auto: decode JPEGs at 1/2, 1/4 or 1/8 size where the crop needs no more (pil, turbo)",
+        choices=("off", "auto"),
+        flag=OPTIMIZATION,
+    )
     cache_in_memory: bool = key(False, "keep the encoded image files in RAM after the first read", flag=OPTIMIZATION)
     cache: Optional[str] = key(
         None, "copy data.root to this local folder once (checksummed, resumable), read from there", flag=OPTIMIZATION

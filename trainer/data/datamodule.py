@@ -150,10 +150,16 @@ class ImageDataModule(pl.LightningDataModule):
             root, key = ensure_builtin(c.cache_dir, c.images_per_class, c.stored_size), "data.cache_dir"
         else:
             root, key = self._local_root(c.root), "data.root"
-        from .decoders import resolve_decoder
+        from .decoders import SCALED_DECODERS, resolve_decoder
         from .folder import build_image_folders
 
         self.decoder = resolve_decoder(c.decoder, self.accelerator)
+        if c.decode_scale == "auto" and self.decoder not in SCALED_DECODERS:
+            log.warning(
+                "data.decode_scale=auto changes nothing with data.decoder=%s (torchvision's decoders cannot decode "
+                "at a reduced size yet): use data.decoder=pil or turbo",
+                self.decoder,
+            )
         self.train_set, self.val_set, self.classes = build_image_folders(
             root,
             c.image_size,
@@ -166,6 +172,7 @@ class ImageDataModule(pl.LightningDataModule):
             cache_in_memory=c.cache_in_memory,
             keep_uint8=c.gpu_normalize,
             storage_options=c.get("storage_options"),
+            decode_scale=c.decode_scale,
         )
         if len(self.train_set) == 0:
             raise ConfigError(f"'{key}' ({root}) has no training images.")

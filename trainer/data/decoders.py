@@ -8,6 +8,12 @@
 - ``nvjpeg``: batched GPU decoding with ``torchvision.io.decode_jpeg(device="cuda")``, see
   ``device_decode``; without CUDA it falls back to ``torchvision`` with a message.
 
+With ``data.decode_scale=auto`` a JPEG stored at least twice as large as the transforms need is
+decoded at 1/2, 1/4 or 1/8 of its size by libjpeg's DCT scaling (PIL's ``draft``, simplejpeg's
+``min_height``/``min_width``): the smallest scale whose short side still has ``min_side`` pixels, so
+the crop and resize that follow see as many pixels as they keep. torchvision's decoders have no
+such option yet (pytorch/vision#8986): with ``torchvision`` and ``nvjpeg`` it changes nothing, and says so.
+
 With ``data.cache_in_memory`` the encoded bytes of each file are kept in RAM after the first read
 (per loader worker; persistent workers keep them across epochs), so later epochs skip the disk.
 """
@@ -16,12 +22,16 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from typing import Optional
 
 log = logging.getLogger(__name__)
 
 
 # what PIL, torchvision and simplejpeg raise for a corrupt or truncated image file
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError)
+
+
+SCALED_DECODERS = ("pil", "turbo")  # the decoders that can decode a JPEG at a reduced size
 
 
 def resolve_decoder(name: str, accelerator: str) -> str:
@@ -40,8 +50,9 @@ def resolve_decoder(name: str, accelerator: str) -> str:
 class Loader:
     """A picklable ImageFolder loader: path -> PIL image or uint8 CHW tensor."""
 
-    def __init__(self, decoder: str, cache_in_memory: bool = False, fs=None) -> None:
+    def __init__(self, decoder: str, cache_in_memory: bool = False, fs=None, min_side: Optional[int] = None) -> None:
         self.decoder = decoder
+        self.min_side = min_side if decoder in SCALED_DECODERS else None  # data.decode_scale=auto
         self.cache = {} if cache_in_memory else None
         self.fs = fs  # an fsspec filesystem for a data.root URL; None: local files
 
@@ -75,11 +86,14 @@ class Loader:
             from PIL import Image
 
             with Image.open(io.BytesIO(data)) as im:
+                if self.min_side:
+                    im.draft("RGB", (self.min_side, self.min_side))  # JPEG only; a no-op for other formats
                 return im.convert("RGB")
         if self.decoder == "turbo" and data[:2] == b"\xff\xd8":
             import simplejpeg
 
-            array = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True)
+            sides = {"min_height": self.min_side, "min_width": self.min_side} if self.min_side else {}
+            array = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True, **sides)
             return torch.from_numpy(array).permute(2, 0, 1).contiguous()
         from torchvision.io import ImageReadMode, decode_image
 

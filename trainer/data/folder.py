@@ -8,11 +8,21 @@ split is the same in every run).
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Tuple
 
 from ..errors import ConfigError
 from .decoders import DECODE_ERRORS
+
+MIN_CROP_SCALE = 0.35  # RandomResizedCrop's smallest area fraction
+VAL_RESIZE = 1.14  # validation: resize the short side to this x image_size, then center-crop
+
+
+def needed_side(image_size: int) -> int:
+    """The short side a decoded image needs so that neither transform upsamples: a training crop
+    (at least MIN_CROP_SCALE of the area) and validation's resize (data.decode_scale=auto decodes no smaller)."""
+    return max(math.ceil(image_size / math.sqrt(MIN_CROP_SCALE)), int(round(image_size * VAL_RESIZE)))
 
 
 def transforms_for(image_size: int, train: bool, augment: bool, keep_uint8: bool = False):
@@ -24,9 +34,12 @@ def transforms_for(image_size: int, train: bool, augment: bool, keep_uint8: bool
 
     steps = [v2.ToImage()]
     if train and augment:
-        steps += [v2.RandomResizedCrop(image_size, scale=(0.35, 1.0), antialias=True), v2.RandomHorizontalFlip()]
+        steps += [
+            v2.RandomResizedCrop(image_size, scale=(MIN_CROP_SCALE, 1.0), antialias=True),
+            v2.RandomHorizontalFlip(),
+        ]
     else:
-        steps += [v2.Resize(int(round(image_size * 1.14)), antialias=True), v2.CenterCrop(image_size)]
+        steps += [v2.Resize(int(round(image_size * VAL_RESIZE)), antialias=True), v2.CenterCrop(image_size)]
     if keep_uint8:  # data.gpu_normalize: the device converts and normalizes
         return v2.Compose(steps + [v2.ToPureTensor()])
     return v2.Compose(
@@ -182,6 +195,7 @@ def build_image_folders(
     cache_in_memory: bool = False,
     keep_uint8: bool = False,
     storage_options=None,
+    decode_scale: str = "off",
 ) -> Tuple:
     """Return (train_dataset, val_dataset or None, class_names).
 
@@ -229,7 +243,8 @@ def build_image_folders(
         loader = BytesLoader(cache_in_memory, fs=fs)
         make_transform = _no_transform
     else:
-        loader = Loader(decoder, cache_in_memory, fs=fs)
+        min_side = needed_side(image_size) if decode_scale == "auto" else None
+        loader = Loader(decoder, cache_in_memory, fs=fs, min_side=min_side)
         make_transform = transforms_for
     from torch.utils.data import Subset
 
