@@ -84,7 +84,11 @@ def main() -> None:
                         }
                     )
                     print(rows[-1], flush=True)
-    machine = {"cpu": platform.processor() or platform.machine(), "cpu_kind": cpu_kind(), "python": sys.version.split()[0]}
+    machine = {
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_kind": cpu_kind(),
+        "python": sys.version.split()[0],
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "decode_scale.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=1) + "\n")

@@ -331,3 +331,42 @@ def test_ema_with_a_sharded_strategy_is_refused_up_front(train, monkeypatch):
     with pytest.raises(ConfigError, match="'ema=true' keeps an unsharded copy of the whole model"):
         train(*PROBE, "strategy=fsdp2", "devices=1", "ema=true")
     assert not built
+
+
+def test_progressive_resize_trains_each_epoch_at_its_size_and_validates_at_full_size(train, add_callbacks):
+    import pytorch_lightning as pl
+
+    seen = []
+
+    class Spy(pl.Callback):
+        def on_fit_start(self, trainer, pl_module):
+            def record(module, args):
+                if not trainer.sanity_checking:
+                    seen.append((trainer.current_epoch, trainer.training, args[0].shape[-1]))
+
+            pl_module.register_forward_pre_hook(record)
+
+    add_callbacks(Spy())
+    m, _ = train(
+        "progressive_resize=true", "data.image_size=32", "trainer.max_epochs=5", "progressive.start_size=16",
+        "channels_last=true",
+    )  # fmt: skip
+    # 16 px, then growing in steps of 8 px to 32 at epoch 3 (the last fifth at full size: from epoch 4 by default,
+    # here end_epoch=ceil(0.8*5)-1 = 3), validation always at 32
+    trained = sorted({(epoch, size) for epoch, training, size in seen if training})
+    assert trained == [(0, 16), (1, 16), (2, 24), (3, 32), (4, 32)], trained
+    assert {size for _, training, size in seen if not training} == {32}
+    assert [e["image_size"] for e in m["epochs"]] == [16, 16, 24, 32, 32]
+    assert m["epochs"][0]["tflops"] < m["epochs"][-1]["tflops"] * 0.5  # a 16 px step is a quarter of a 32 px one's math
+    seen.clear()
+    m, _ = train("data.image_size=32", "trainer.max_epochs=2")
+    assert {size for _, _, size in seen} == {32} and "image_size" not in m["epochs"][0]
+
+
+def test_progressive_resize_is_refused_for_a_model_that_cannot_take_its_start_size(train):
+    from trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="trains at 16 px first, and this model cannot take 16 px images"):
+        train("model=vit", "model.patch_size=8", "model.num_layers=1", "model.num_heads=2", "model.hidden_dim=16",
+              "model.mlp_dim=32", "data.image_size=32", "progressive_resize=true", "progressive.start_size=16",
+              "trainer.max_epochs=2")  # fmt: skip

@@ -295,6 +295,22 @@ class BatchFinderConfig:
 
 
 @dataclass
+class ProgressiveConfig:
+    """progressive_resize=true: the training image size per epoch (trainer/data/progressive.py)."""
+
+    start_size: Optional[int] = key(None, "the first epochs' size (null: half of data.image_size)")
+    start_epoch: int = key(0, "growth starts after this epoch", check=(lambda v: v >= 0, "an integer >= 0"))
+    end_epoch: Optional[int] = key(
+        None,
+        "full size from this epoch on (null: the last fifth of the epochs)",
+        check=(lambda v: v is None or v >= 0, "null or an integer >= 0"),
+    )
+    bucket: int = key(
+        8, "sizes are multiples of this (fewer compiled shapes)", check=(lambda v: v >= 1, "an integer >= 1")
+    )
+
+
+@dataclass
 class ReportConfig:
     """The A/B report's time-to-accuracy columns (trainer/time_to_target.py)."""
 
@@ -369,6 +385,9 @@ class TrainSchema:
         flag=OPTIMIZATION,
     )
     channels_last: bool = key(False, "NHWC memory format for weights and inputs", flag=OPTIMIZATION)
+    progressive_resize: bool = key(
+        False, "train at a low resolution early, growing to data.image_size (progressive.*)", flag=OPTIMIZATION
+    )
     ema: bool = key(
         False,
         "validate and save an exponential moving average of the weights (epochs, not epoch time)",
@@ -427,6 +446,7 @@ class TrainSchema:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    progressive: ProgressiveConfig = field(default_factory=ProgressiveConfig)
 
 
 def register_schema() -> None:

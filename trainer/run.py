@@ -202,6 +202,8 @@ def _data_and_model(parts: Parts) -> None:
         check_user_module(module, cfg, overrides)
     parts.module = model_transforms.prepare_model(module, cfg)
     _check_input_size(parts.module, parts.datamodule, cfg)
+    if cfg.progressive_resize:
+        _progressive_sizes(parts)
 
 
 def _check_given_num_classes(parts: Parts, num_classes: int) -> None:
@@ -360,6 +362,47 @@ def _check_input_size(module, datamodule, cfg) -> None:
         ) from None
     finally:
         module.train(was_training)
+
+
+def _progressive_sizes(parts: Parts) -> None:
+    """progressive_resize: each epoch's training size, checked against the model and said before training."""
+    import torch
+
+    from .data.progressive import resize_batch, schedule
+
+    cfg, p = parts.cfg, parts.cfg.progressive
+    full = cfg.data.image_size
+    if not cfg.trainer.max_epochs:
+        raise ConfigError("'progressive_resize=true' needs trainer.max_epochs (its schedule is laid over the epochs).")
+    if p.start_size is not None and not 8 <= p.start_size <= full:
+        raise ConfigError(
+            f"'progressive.start_size={p.start_size}': allowed are 8 .. data.image_size ({full}), or null (half of it)."
+        )
+    sizes = schedule(full, cfg.trainer.max_epochs, p.start_size, p.start_epoch, p.end_epoch, p.bucket)
+    small = min(sizes)
+    x = resize_batch(parts.datamodule.example_batch(1)[0].repeat(2, 1, 1, 1), small)
+    was_training = parts.module.training
+    parts.module.eval()
+    try:
+        with torch.no_grad():
+            parts.module(x)
+    except Exception as e:
+        raise ConfigError(
+            f"'progressive_resize=true' trains at {small} px first, and this model cannot take {small} px images "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:160]}). Set progressive.start_size higher, or "
+            "progressive_resize=false (a ViT's position embeddings fix its input size)."
+        ) from None
+    finally:
+        parts.module.train(was_training)
+    parts.datamodule.train_sizes = sizes
+    parts.timer.train_size, parts.timer.full_size = parts.datamodule.train_size, full
+    log.info(
+        "progressive_resize: training sizes per epoch %s, validation at %d (%d distinct shapes%s)",
+        sizes,
+        full,
+        len(set(sizes)),
+        ": with compile=true at most that many compiled graphs" if cfg.compile else "",
+    )
 
 
 # ---- fitting

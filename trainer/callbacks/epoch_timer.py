@@ -76,6 +76,14 @@ def _validation_scalars(trainer) -> Dict[str, float]:
     return found
 
 
+def _steady_tflops(steady: List[Dict[str, Any]], flops_per_sample, samples_per_s) -> Optional[float]:
+    """Median of the epochs' own TFLOP/s where they all have one (progressive_resize: each epoch its
+    own size), else the model's FLOPs at the median samples/s."""
+    if steady and all(e.get("tflops") is not None for e in steady):
+        return round(statistics.median(e["tflops"] for e in steady), 6)
+    return round(flops_per_sample * samples_per_s / 1e12, 6) if flops_per_sample else None
+
+
 class EpochTimer(pl.Callback):
     def __init__(
         self, previous: List[Dict[str, Any]] | None = None, on_epoch: Optional[Callable[[], None]] = None
@@ -87,6 +95,9 @@ class EpochTimer(pl.Callback):
         self.first_step_s: float | None = None
         self.flops_per_sample: float | None = None  # set by run(): model FLOPs per training sample
         self.peak_flops: float | None = None  # set by run(): the device's peak FLOP/s (MFU per epoch), if known
+        # progressive_resize (set by run()): the training size of an epoch, and the full size flops_per_sample is for
+        self.train_size: Optional[Callable[[int], int]] = None
+        self.full_size: int | None = None
         # samples the last validation saw, all ranks (the report judges accuracy differences by it)
         self.val_samples: int | None = None
         self._val_count = 0
@@ -210,7 +221,12 @@ class EpochTimer(pl.Callback):
             isinstance(trainer.num_training_batches, int) and self._steps < trainer.num_training_batches
         ):
             epoch["partial"] = True  # stopped early (preemption) or resumed mid-epoch: not a full epoch
-        tflops = self.flops_per_sample * epoch["samples_per_s"] / 1e12 if self.flops_per_sample else None
+        flops = self.flops_per_sample
+        if self.train_size is not None:
+            size = epoch["image_size"] = self.train_size(trainer.current_epoch)
+            if flops:  # a convolution's or attention's cost grows with the pixels (a ViT cannot resize at all)
+                flops *= (size / self.full_size) ** 2
+        tflops = flops * epoch["samples_per_s"] / 1e12 if flops else None
         if tflops is not None:
             epoch["tflops"] = round(tflops, 6)
         self._fresh = False
@@ -287,5 +303,5 @@ class EpochTimer(pl.Callback):
             "compile_time_s": compile_time,
             "val_time_s": round(statistics.median(e["val_time_s"] for e in steady), 4),
             "flops_per_sample": self.flops_per_sample,
-            "tflops": round(self.flops_per_sample * samples_per_s / 1e12, 6) if self.flops_per_sample else None,
+            "tflops": _steady_tflops(steady, self.flops_per_sample, samples_per_s),
         }

@@ -46,6 +46,8 @@ class ImageDataModule(pl.LightningDataModule):
         # the EpochTimer's StepClock: with data.device_prefetch the step loop's wait for a batch is
         # split into data wait and transfer by the prefetcher (set by trainer.run)
         self.step_clock = None
+        # progressive_resize: the training image size of each epoch (set by trainer.run); None: data.image_size
+        self.train_sizes: list | None = None
 
     def _workers(self) -> int:
         """data.auto_workers: the cores this node's ranks can spare, one main process each kept free."""
@@ -340,13 +342,23 @@ class ImageDataModule(pl.LightningDataModule):
         from pytorch_lightning.utilities.model_helpers import is_overridden
 
         from .gpu_transforms import model_input
+        from .progressive import resize_batch
 
         if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
-            batch = type(batch)([model_input(batch[0]), *batch[1:]])
+            images = model_input(batch[0])
+            if self.train_sizes and self.trainer is not None and self.trainer.training:
+                images = resize_batch(images, self.train_size(self.trainer.current_epoch))
+            batch = type(batch)([images, *batch[1:]])
         model = self.trainer.lightning_module if self.trainer is not None else None
         if model is not None and is_overridden("on_after_batch_transfer", model):
             batch = model.on_after_batch_transfer(batch, dataloader_idx)
         return batch
+
+    def train_size(self, epoch: int) -> int:
+        """The training image size of ``epoch`` (progressive_resize), else data.image_size."""
+        if not self.train_sizes:
+            return self.cfg.image_size
+        return self.train_sizes[min(epoch, len(self.train_sizes) - 1)]
 
     def teardown(self, stage: str) -> None:
         from .prefetch import close_all
