@@ -4,7 +4,8 @@
 # the CPU has no AVX512-BF16/AMX), into scripts/results/demo/{native,avx2}/. Do not use this
 # limitation for runs that compile: torch.compile'd models trained under ONEDNN_MAX_CPU_ISA below
 # the CPU's own ISA were seen to get a NaN loss at the first step or abort with a double free (the
-# demo does not compile).
+# demo does not compile). Kernels Inductor compiled and cached under the capped ISA were also seen
+# reused, and crashing, by later uncapped runs: give such a run its own TORCHINDUCTOR_CACHE_DIR.
 #   scripts/demo_results.sh        # about 1.5 minutes on 2 cores
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -444,6 +444,9 @@ def _add_time_to_target(columns: List[str], rows: List[Row], out: List[dict], ba
         found = ttt.row_columns(base_runs, [j.metrics.get("epochs") or [] for j in row.jobs], goal, row is base)
         note = found.pop("note")
         record.update(found)
+        ci = found["time_to_target_ci"]
+        if ci and float(ci.split("-")[0]) <= 1.0 <= float(ci.split("-")[1]):
+            note = "time to target within noise"
         if note:
             record["notes"] = "; ".join(n for n in (record["notes"], note) if n)
 
