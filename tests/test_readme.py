@@ -117,6 +117,8 @@ def _param(c: Command):
             pytest.mark.skipif(_slurm_problem() is not None, reason=f"[needs Slurm]: {_slurm_problem()}"),
         ],
     }.get(c.marker, [])
+    if "logger=" in c.text:
+        marks = [*marks, pytest.mark.xdist_group("trackers")]  # with the tracker tests: one MLflow server
     if "compile=" in c.text:
         # one pytest-xdist worker runs the commands that compile a recipe, one after the other: a
         # graph the first compiled is then in Inductor's on-disk cache for the next
