@@ -50,6 +50,8 @@ def test_the_model_summary_comes_back_on_request(tmp_path):
 
 
 def test_a_sweep_prints_one_status_line_per_job_then_the_table(tmp_path):
+    from trainer import hardware
+
     sweep = tmp_path / "sweep"
     # data.device_prefetch=true on a CPU: every job warns that it does nothing here
     r = run_cli(
@@ -65,6 +67,9 @@ def test_a_sweep_prints_one_status_line_per_job_then_the_table(tmp_path):
     lines = [line for line in r.stdout.splitlines() if line.strip()]
     warnings = [line for line in lines + r.stderr.splitlines() if line.startswith("warning:")]
     out = [line for line in lines if not line.startswith("warning:")]
+    if not hardware.detect("cpu").bf16_native:  # the plan says, before launching, which job runs emulated bf16
+        assert out[0].startswith("#1 amp=true: amp=true runs emulated bf16 on this CPU"), out[0]
+        out = out[1:]
     assert out[0] == "Launching 2 jobs locally"
     assert re.fullmatch(r"#0 amp=false: [\d.]+ s/epoch, [\d.]+ samples/s, val_acc [\d.]+, bottleneck: .+", out[1]), out[
         1
