@@ -201,6 +201,30 @@ def test_a_typo_under_a_logger_is_one_paragraph_naming_it(compose, tmp_path):
         trackers.build(cfg, str(tmp_path), [], resuming=False)
 
 
+def test_a_failed_build_closes_the_runs_it_opened_and_a_resume_keeps_other_trackers_ids(compose, tmp_path, monkeypatch):
+    """A W&B run opened before a later logger fails is finished (a sweep's next job in this process would
+    reuse it); a resume with fewer trackers keeps the others' run ids in trackers.json for a later resume."""
+    import wandb
+
+    from trainer import trackers
+    from trainer.errors import ConfigError
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    cfg = compose(*TINY, "logger=[wandb,csv]", "+logger.csv.flush_every=3")
+    assert list(cfg.logger) == ["wandb", "csv"]
+    with pytest.raises(ConfigError, match=r"logger\.csv could not be built"):
+        trackers.build(cfg, str(tmp_path), [], resuming=False)
+    assert wandb.run is None
+
+    (tmp_path / "trackers.json").write_text(json.dumps({"mlflow": {"run_id": "abc", "tracking_uri": "http://x"}}))
+    loggers = trackers.build(compose(*TINY, "logger=wandb"), str(tmp_path), [], resuming=True)
+    try:
+        state = _state(tmp_path)
+        assert state["mlflow"]["run_id"] == "abc" and state["wandb"]["id"], state
+    finally:
+        loggers[0].experiment.finish()
+
+
 def test_every_logger_gets_the_epoch_figures_and_tensorboard_stays_the_default(train, compose):
     """Lightning's ``trainer.logger`` is the first logger only: the second must get them too."""
     assert list(compose(*TINY).logger) == ["tensorboard"]

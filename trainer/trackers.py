@@ -66,21 +66,43 @@ def build(cfg, out_dir: str, overrides: List[str], resuming: bool) -> List[Any]:
     job_name = ",".join(o for o in overrides if o.split("=", 1)[0].lstrip("+~") in swept) if swept else ""
     job_name = job_name or ",".join(overrides) or cfg.get("recipe") or "train"
     loggers, state = [], {}
-    for name, entry in entries.items():
-        if entry is None:
-            continue
-        if not isinstance(entry, dict) or "_target_" not in entry:
-            raise ConfigError(
-                f"logger.{name} must be a logger config with a _target_ (see configs/logger/); got {entry!r}. "
-                "Choose with logger=tensorboard|csv|mlflow|wandb|many, or several: logger=[csv,mlflow]."
+    try:
+        for name, entry in entries.items():
+            if entry is None:
+                continue
+            if not isinstance(entry, dict) or "_target_" not in entry:
+                raise ConfigError(
+                    f"logger.{name} must be a logger config with a _target_ (see configs/logger/); got {entry!r}. "
+                    "Choose with logger=tensorboard|csv|mlflow|wandb|many, or several: logger=[csv,mlflow]."
+                )
+            extra = _product_defaults(
+                name, entry, cfg, out_dir, job_name, previous.get(name) or {}, sweep.get(name) or {}
             )
-        extra = _product_defaults(name, entry, cfg, out_dir, job_name, previous.get(name) or {}, sweep.get(name) or {})
-        logger = _instantiate(instantiate, name, entry, extra)
-        state[name] = _open(name, logger, resumed=bool(previous.get(name)))
-        loggers.append(logger)
+            logger = _instantiate(instantiate, name, entry, extra)
+            state[name] = _open(name, logger, resumed=bool(previous.get(name)))
+            loggers.append(logger)
+    except BaseException:
+        _abandon(loggers)  # a later entry failed: the runs opened before it do not stay RUNNING
+        raise
     if global_rank() == 0 and any(state.values()):
-        metrics_mod.atomic_write_text(os.path.join(out_dir, STATE), json.dumps(state, indent=2) + "\n")
+        # a resume with fewer trackers keeps the others' run ids for a later resume with them
+        merged = {**previous, **{k: v for k, v in state.items() if v}}
+        metrics_mod.atomic_write_text(os.path.join(out_dir, STATE), json.dumps(merged, indent=2) + "\n")
     return loggers
+
+
+def _abandon(loggers: List[Any]) -> None:
+    """Close the tracker runs a failed build had opened, as failed (best effort: the build's error is the story)."""
+    for logger in loggers:
+        try:
+            kind = _kind(_target_of(logger))
+            if kind == "mlflow":
+                with _fail_fast_mlflow():
+                    logger.experiment.set_terminated(logger.run_id, "FAILED")
+            elif kind == "wandb":
+                logger.experiment.finish(exit_code=1)
+        except Exception as e:
+            log.warning("%s: could not close its run: %s", type(logger).__name__, metrics_mod.one_line(e))
 
 
 def _product_defaults(name, entry, cfg, out_dir, job_name, previous, sweep) -> Dict[str, Any]:
@@ -169,7 +191,14 @@ def _open(name: str, logger, resumed: bool) -> Dict[str, Any]:
                 raise ConfigError(unreachable_message(name, uri, e)) from None
         return {"run_id": run_id, "experiment_id": logger.experiment_id, "tracking_uri": uri}
     if kind == "wandb":
-        run = logger.experiment
+        try:
+            run = logger.experiment
+        except Exception as e:  # wandb's UsageError (no API key), CommError (no server) and the like
+            raise ConfigError(
+                f"logger={name}: W&B could not start a run ({metrics_mod.one_line(e)}). Log in (wandb login, or "
+                "WANDB_API_KEY), or run offline with WANDB_MODE=offline (wandb sync uploads later), or choose another "
+                "logger; nothing was trained."
+            ) from None
         return {"id": run.id, "project": run.project, "dir": getattr(run, "dir", None)}
     return {}
 
