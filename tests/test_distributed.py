@@ -23,18 +23,22 @@ SMALL = [
 @pytest.mark.slow
 @pytest.mark.whole_machine  # two ranks: one core each
 def test_ddp_two_processes_match_one_process_at_the_same_global_batch(tmp_path):
+    """Also with progressive_resize: each rank resizes its own batches by the same schedule (8 px, then 16)."""
     single, ddp = tmp_path / "single", tmp_path / "ddp"
     # no BatchNorm: per-rank batch statistics would differ from one process's (SyncBatchNorm is GPU-only)
-    r = run_cli(f"hydra.run.dir={single}", *SMALL, "data.batch_size=16", "+model.batchnorm=false")
+    both = [*SMALL, "+model.batchnorm=false", "progressive_resize=true", "progressive.start_size=8"]
+    r = run_cli(f"hydra.run.dir={single}", *both, "data.batch_size=16")
     assert r.returncode == 0, r.stderr[-3000:]
     r = run_cli(
-        f"hydra.run.dir={ddp}", *SMALL, "strategy=ddp", "devices=2", "data.batch_size=8", "+model.batchnorm=false",
-        "logger=[tensorboard,csv]",
+        f"hydra.run.dir={ddp}", *both, "strategy=ddp", "devices=2", "data.batch_size=8", "logger=[tensorboard,csv]",
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     m = read_metrics(ddp)
     assert m["status"] == "ok" and m["device"]["count"] == 2
     assert m["epochs"][0]["samples"] == 256 and m["epochs"][0]["steps"] == 16  # samples summed over ranks
+    assert (
+        [e["image_size"] for e in m["epochs"]] == [8, 16] == [e["image_size"] for e in read_metrics(single)["epochs"]]
+    )
     assert "max over ranks" in m["peak_memory_method"]
     a, b = (final_loss(d / "checkpoints" / "last.ckpt", batchnorm=False) for d in (single, ddp))
     assert a == pytest.approx(b, rel=2e-3), (a, b)

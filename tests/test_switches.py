@@ -333,6 +333,19 @@ def test_ema_with_a_sharded_strategy_is_refused_up_front(train, monkeypatch):
     assert not built
 
 
+def test_stop_at_acc_stops_at_the_first_epoch_that_reaches_it_and_needs_validation(train):
+    """stop_at_acc (what the tuner's time-to-target probes use): training ends after the first
+    validated epoch whose val_acc reaches it, that epoch is recorded; without validation it is refused."""
+    from trainer.errors import ConfigError
+
+    m, _ = train("trainer.max_epochs=5", "stop_at_acc=0.5")
+    accs = [e["val_acc"] for e in m["epochs"]]
+    assert m["status"] == "ok" and len(accs) < 5 and accs[-1] >= 0.5 and all(a < 0.5 for a in accs[:-1]), accs
+    assert m["stopped_at_acc_epoch"] == len(accs) - 1
+    with pytest.raises(ConfigError, match="'stop_at_acc=0.5' stops when a validated epoch reaches"):
+        train("stop_at_acc=0.5", "trainer.limit_val_batches=0")
+
+
 def test_progressive_resize_trains_each_epoch_at_its_size_and_validates_at_full_size(train, add_callbacks):
     import pytorch_lightning as pl
 

@@ -187,6 +187,47 @@ def test_compute_flags_are_kept_on_evidence_and_the_guard_rejects_a_faster_candi
             assert f"{key.split('.')[-1]}: {value}" in cfg.stdout, (override, cfg.stdout[:2000])
 
 
+def test_time_to_target_on_the_compute_bound_case_names_its_objective_and_says_when_the_budget_cannot_hold_it(tmp_path):
+    """The planted compute-bound case tuned by time to target: a budget that cannot hold one judgement
+    is said before any candidate trains; the same command with a budget resumes (the baseline's
+    training is not repeated), drops the narrow model as never reaching the target, and names the
+    objective in best.yaml and the report."""
+    run_dir = tmp_path / "tune"
+    args = [
+        f"hydra.run.dir={run_dir}",
+        "data.num_samples=256",
+        "data.val_samples=128",
+        "data.batch_size=16",
+        "data.image_size=32",
+        "model.width=32",
+        "tune.verify_epochs=3",
+        "tune.objective=time_to_target",
+        "tune.only=[channels_last,narrow]",
+        '+tune.extra.narrow="model.width=1"',
+    ]
+    r = _tune(*args, "tune.budget_min=0.05")
+    assert r.returncode == 2 and "cannot judge a candidate within tune.budget_min=0.05" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and not (run_dir / "to_target").exists()
+
+    r = _tune(*args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len(list((run_dir / "verify").glob("*-baseline"))) == 1  # resumed from the journal
+    rows = {row["candidate"]: row for row in _rows(run_dir)}
+    base = rows["baseline"]
+    assert base["time_to_target_s"] and 1 <= int(base["epochs_to_target"]) <= 3, base
+    assert rows["narrow"]["decision"] == "dropped" and "did not reach val_acc" in rows["narrow"]["why"], rows["narrow"]
+    cl = rows["channels_last"]
+    assert cl["decision"] in ("kept", "dropped") and cl["time_to_target_s"], cl
+    if cl["decision"] == "kept":
+        assert float(cl["speedup_ci"].split("-")[0]) >= 1.0, cl
+    header = (run_dir / "best.yaml").read_text().splitlines()
+    assert header[1].startswith("# objective: time_to_target (tune.objective): the training time to target val_acc"), (
+        header
+    )
+    report = (run_dir / "tune_report.md").read_text()
+    assert "Objective: time_to_target" in report and "| time_to_target_s | epochs_to_target |" in report
+
+
 @pytest.mark.parametrize(
     "args, expected",
     [
@@ -277,6 +318,80 @@ def test_the_search_on_planted_measurements():
         out.budget_hit and out.winner == [] and [c[1] for c in calls] == ["baseline", "baseline"]
     )  # its training and its probe
     assert {s.why for s in out.steps if s.decision == "skipped"} == {"the budget ran out first"}
+
+
+def test_time_to_target_judges_by_epochs_times_epoch_time():
+    """tune.objective=time_to_target on planted runs: a flag that makes epochs 30% faster but needs
+    twice the epochs loses (the epoch-time objective keeps it); one that makes epochs slower but
+    reaches the target in fewer wins; one that never reaches the target is dropped as such; the
+    target comes from the baseline's training, and a budget too small for one judgement is said."""
+    from types import SimpleNamespace
+
+    from trainer.errors import ConfigError
+    from trainer.tune.candidates import Candidate, Context
+    from trainer.tune.probe import Result
+    from trainer.tune.search import Search
+
+    # per flag: (epoch time factor, epochs to reach 0.9 or None for never)
+    plan = {"fast=true": (0.7, 4), "ema=true": (1.05, 1), "narrow=true": (0.5, None)}
+    calls = []
+
+    def probe(kind, name, config, extra=()):
+        calls.append((kind, name, tuple(config), tuple(extra)))
+        t, reach = 1.0, 2
+        for ov in config:
+            factor, reach = plan[ov]
+            t *= factor
+        epochs = reach if kind == "target" and reach is not None else 5  # a target run stops there
+        if kind == "target":
+            assert extra == ("stop_at_acc=0.9",), extra  # each probe stops at the target
+        acc = [0.5 + (0.4 if reach is not None and i + 1 >= reach else 0.1 * i / 5) for i in range(epochs)]
+        times = [3.0 * t] + [t * f for f in (0.99, 1.01, 1.0, 0.98, 1.02)][: epochs - 1]
+        return Result(
+            kind,
+            list(config),
+            f"/runs/{len(calls)}",
+            "ok",
+            steady=[[x, 100] for x in times[1:]],
+            bottleneck="compute",
+            val_acc=acc[-1],
+            curve=[[x, a] for x, a in zip(times, acc)],
+            epoch_samples=100,
+            wall_s=sum(times),
+        )
+
+    ctx = Context(cuda=False, bf16_native=True, capability=0.0, cores=2, data_name="synthetic", allocators=())
+    cands = [
+        Candidate("fast", "compute", ("fast=true",)),
+        Candidate("ema", "epochs to target", ("ema=true",)),
+        Candidate("narrow", "compute", ("narrow=true",)),
+    ]
+    cfg = SimpleNamespace(
+        budget_min=30, horizon_epochs=10, verify_epochs=5, acc_tolerance=0.02, objective="time_to_target"
+    )
+    out = Search(probe, cands, ctx, {}, cfg, lambda: 0.0, target_spec=(0.9, 0.01)).run()
+    decided = {s.candidate: s for s in out.steps if s.decision in ("kept", "dropped")}
+    assert {n: s.decision for n, s in decided.items()} == {"fast": "dropped", "ema": "kept", "narrow": "dropped"}
+    assert decided["fast"].epochs_to_target == 4 and decided["fast"].speedup < 1.0, decided["fast"]
+    assert "did not reach val_acc 0.900" in decided["narrow"].why
+    assert out.winner == ["ema=true"] and out.objective == "time_to_target" and out.target == 0.9
+    # baseline 3 + 1 = 4 s to target; ema 3.15 s: 1.27x, confirmed by the final measurement
+    assert out.speedup == pytest.approx(4.0 / 3.15, rel=0.02) and out.speedup_ci[0] > 1.0, out
+    assert "fastest configuration to val_acc 0.900: ema=true" in out.verdict
+    assert [c[0] for c in calls].count("verify") == 1  # the baseline's training is its time to target
+
+    # the same planted runs judged by epoch time: the 30%-faster epochs win
+    calls.clear()
+    cfg.objective = "epoch_time"
+    plain = Search(probe, cands[:1], ctx, {}, cfg, lambda: 0.0).run()
+    assert [s.decision for s in plain.steps if s.candidate == "fast"] == ["kept"], plain.steps
+
+    cfg.objective, cfg.budget_min = "time_to_target", 0.1  # 6 s: not two more runs of the baseline's 7 s
+    with pytest.raises(ConfigError, match="cannot judge a candidate within tune.budget_min=0.1"):
+        Search(probe, cands, ctx, {}, cfg, lambda: 7.0, target_spec=(0.9, 0.01)).run()
+    cfg.budget_min = 30
+    with pytest.raises(ConfigError, match="does not reach val_acc 0.990"):
+        Search(probe, cands, ctx, {}, cfg, lambda: 0.0, target_spec=(0.99, 0.01)).run()
 
 
 def test_a_probe_scales_the_steps_not_the_epochs_fixed_cost(train):

@@ -335,6 +335,12 @@ class TuneConfig:
     budget_min: float = key(
         30.0, "stop probing after this many minutes (the accuracy check still runs)", check=(_positive, "above 0")
     )
+    objective: str = key(
+        "epoch_time",
+        "what a candidate must make faster: epoch_time, or time_to_target (the time to report.target_acc; "
+        "also tries the flags that change how many epochs it takes)",
+        choices=("epoch_time", "time_to_target"),
+    )
     probe_batches: int = key(20, "training steps per probe epoch", check=(lambda v: v >= 1, "at least 1"))
     probe_epochs: int = key(
         4,
@@ -394,6 +400,12 @@ class TrainSchema:
         flag=OPTIMIZATION,
     )
     ema_decay: float = key(0.999, "ema's decay per optimizer step", check=(lambda v: 0 < v < 1, "a number in (0, 1)"))
+    # Lightning's EarlyStopping(stopping_threshold=...) on the model's logged val_acc (trainer.run)
+    stop_at_acc: Optional[float] = key(
+        None,
+        "stop training once a validated epoch's val_acc reaches this (null: train every epoch)",
+        check=(lambda v: v is None or 0 < v <= 1, "null or a number in (0, 1]"),
+    )
     accumulate: int = key(
         1,
         "gradient accumulation steps",
@@ -670,6 +682,11 @@ def validate(cfg: Any) -> None:
         raise ConfigError(
             f"'trainer.max_epochs=-1' trains until stopped, but sched.name={OmegaConf.select(cfg, 'sched.name')} needs to know how long "
             "training lasts. Use sched.name=constant with max_epochs=-1, or give trainer.max_epochs a number."
+        )
+    if cfg.get("stop_at_acc") is not None and OmegaConf.select(cfg, "trainer.limit_val_batches") in (0, 0.0):
+        raise ConfigError(
+            f"'stop_at_acc={cfg.stop_at_acc}' stops when a validated epoch reaches that val_acc, but trainer.limit_val_batches=0 "
+            "validates nothing. Give trainer.limit_val_batches a number above 0 (1.0: the whole validation set), or stop_at_acc=null."
         )
     model = cfg.get("model") or {}
     if "_target_" not in model:

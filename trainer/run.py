@@ -329,6 +329,8 @@ def build_callbacks(parts: Parts) -> Callbacks:
         found.all.append(model_transforms.CompileAfterSetup(cfg))
     if cfg.ema:
         found.all.append(EMA(cfg.ema_decay))
+    if cfg.stop_at_acc is not None:
+        found.all.append(stop_at_accuracy(cfg.stop_at_acc))
     if isinstance(parts.module, ImageClassifier):
         found.all.append(StepLoss())  # a user's module logs its own
     if cfg.profile:
@@ -340,6 +342,22 @@ def build_callbacks(parts: Parts) -> Callbacks:
         found.all += checkpoint_callbacks(cfg.checkpoint, checkpoint_dir)
     found.all = [c for c in found.all if c is not None]
     return found
+
+
+def stop_at_accuracy(threshold: float):
+    """``stop_at_acc``: Lightning's EarlyStopping, stopping on the threshold only (a patience longer than
+    any run: a plateau does not stop it; a non-finite val_acc does not either, on_nan watches the loss)."""
+    import pytorch_lightning as pl
+
+    return pl.callbacks.EarlyStopping(
+        monitor="val/acc",  # what ImageClassifier logs (metrics.json calls it val_acc)
+        mode="max",
+        stopping_threshold=threshold,
+        patience=2**31,
+        check_finite=False,
+        strict=False,  # a model of your own that logs no val_acc trains every epoch (trainer.log says so)
+        verbose=True,
+    )
 
 
 def _check_input_size(module, datamodule, cfg) -> None:
@@ -520,6 +538,7 @@ def record_of(parts: Parts, status: str, error: Optional[str], train_loss: bool 
             "nan_skipped_steps": found.nan_guard.skipped if found and found.nan_guard else 0,
             "val_samples": earlier.get("val_samples") if earlier else timer.val_samples,
             "grad_scale": _grad_scale(trainer),
+            "stopped_at_acc_epoch": _stopped_at_acc(found),
             **parts.notes,
             "overrides": parts.overrides,
             "data": {k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers")},
@@ -529,6 +548,17 @@ def record_of(parts: Parts, status: str, error: Optional[str], train_loss: bool 
             "wall_time_s": round(time.time() - parts.started, 2),
         },
     )
+
+
+def _stopped_at_acc(found: "Callbacks | None") -> Optional[int]:
+    """The epoch whose val_acc reached ``stop_at_acc`` and stopped training (None: it did not stop early)."""
+    import pytorch_lightning as pl
+
+    stop = next((c for c in (found.all if found else []) if isinstance(c, pl.callbacks.EarlyStopping)), None)
+    if stop is None or getattr(getattr(stop, "stopping_reason", None), "name", "NOT_STOPPED") == "NOT_STOPPED":
+        return None
+    log.info("stop_at_acc=%g reached at epoch %d: training stopped there", stop.stopping_threshold, stop.stopped_epoch)
+    return int(stop.stopped_epoch)
 
 
 def _diagnose(parts: Parts, result: Dict[str, Any]) -> Dict[str, Any]:

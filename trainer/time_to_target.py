@@ -130,3 +130,32 @@ def row_columns(base_runs: List[List[Dict[str, Any]]], runs: List[List[Dict[str,
         "time_to_target_ci": f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else None,
         "note": None,
     }
+
+
+def to_target_interval(base: List[tuple], other: List[tuple], seed: int = 0) -> Optional[tuple]:
+    """Bootstrap interval of median(base) / median(other) times to target, for runs of one seed (the tuner's).
+
+    Each side is a list of repeats, each ``(epoch times up to the target, the run's steady epoch times)``.
+    A draw resamples the repeats, and in each the epochs after the warm-up from that run's steady
+    epochs (the warm-up, compile included, stays as measured): the interval holds timing noise, not
+    the seed's say in how many epochs it takes. None when neither side has anything to resample.
+    """
+
+    def spread(side: List[tuple]) -> bool:
+        return len(side) > 1 or any(len(times) > 1 and len(steady) > 1 for times, steady in side)
+
+    if not base or not other or not (spread(base) or spread(other)):
+        return None
+    rng = random.Random(seed)
+
+    def draw(side: List[tuple]) -> float:
+        picked = rng.choices(side, k=len(side)) if len(side) > 1 else side
+        values = []
+        for times, steady in picked:
+            rest = len(times) - 1
+            values.append(times[0] + sum(rng.choices(steady, k=rest)) if rest and steady else sum(times))
+        return statistics.median(values)
+
+    ratios = sorted(draw(base) / draw(other) for _ in range(BOOTSTRAP_RESAMPLES))
+    tail = (1 - CONFIDENCE) / 2
+    return ratios[int(tail * (BOOTSTRAP_RESAMPLES - 1))], ratios[int(round((1 - tail) * (BOOTSTRAP_RESAMPLES - 1)))]

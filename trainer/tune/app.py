@@ -133,6 +133,28 @@ def base_settings(cfg) -> dict:
     return settings
 
 
+def target_spec(cfg) -> tuple:
+    """tune.objective=time_to_target's target: the report's (report.target_acc, report.target_tolerance)."""
+    return cfg.report.target_acc, cfg.report.target_tolerance
+
+
+def journal_settings(cfg) -> dict:
+    """What the journal's measurements depend on besides the overrides: a resumed tune must match them."""
+    settings = {k: cfg.tune[k] for k in ("probe_batches", "probe_epochs", "verify_epochs")}
+    if cfg.tune.objective == "time_to_target":  # (absent for epoch_time: journals written before it resume)
+        if cfg.report.target_acc == "off":
+            raise ConfigError(
+                "tune.objective=time_to_target judges by the time to report.target_acc, which is off. "
+                "Give report.target_acc=auto (the baseline's best val_acc minus report.target_tolerance) or a number."
+            )
+        settings.update(
+            objective="time_to_target",
+            target_acc=cfg.report.target_acc,
+            target_tolerance=cfg.report.target_tolerance,
+        )
+    return settings
+
+
 def tune_task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
@@ -156,7 +178,7 @@ def tune_task(cfg) -> None:
         hw = hardware.detect(cfg.accelerator)
         ctx = Context.of(hw, cfg)
         candidates = [c for c in list(CATALOGUE) + extras if not tune.only or c.name in set(tune.only)]
-        journal = Journal(run_dir, user, {k: tune[k] for k in ("probe_batches", "probe_epochs", "verify_epochs")})
+        journal = Journal(run_dir, user, journal_settings(cfg))
         prober = Prober(run_dir, user, tune, journal)
         machine = machine_name(hw)
         started = time.time()
@@ -169,8 +191,9 @@ def tune_task(cfg) -> None:
         )
         if journal.records:
             log.info("resuming: %d finished probes in the journal are not run again", len(journal.records))
-        search = Search(prober.run, candidates, ctx, base_settings(cfg), tune, lambda: prober.spent_s)
-        outcome = search.run()
+        outcome = Search(
+            prober.run, candidates, ctx, base_settings(cfg), tune, lambda: prober.spent_s, target_spec=target_spec(cfg)
+        ).run()
         best = write_best(run_dir, user, outcome, machine)
         paths = write_report(run_dir, user, outcome, machine, tune, prober.spent_s)
         log.info("%s", outcome.verdict)

@@ -14,11 +14,12 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
-INPUT, TRANSFER, COMPUTE, MEMORY, EXTRA = (
+INPUT, TRANSFER, COMPUTE, MEMORY, EPOCHS, EXTRA = (
     "input pipeline",
     "host-device transfer",
     "compute",
     "memory",
+    "epochs to target",
     "your candidates",
 )
 
@@ -45,6 +46,7 @@ class Context:
     cores: int
     data_name: str
     allocators: tuple  # installed malloc replacements
+    objective: str = "epoch_time"  # tune.objective
 
     @classmethod
     def of(cls, hw, cfg) -> "Context":
@@ -56,6 +58,7 @@ class Context:
             cores=hw.cpu_cores,
             data_name=str(cfg.data.name),
             allocators=allocators_installed(),
+            objective=str(cfg.tune.objective),
         )
 
 
@@ -131,6 +134,21 @@ def _bigger_batch(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
     return None if cfg.get("data.batch_size") != "auto" else "already on"
 
 
+def _decode_scale(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+    if ctx.data_name not in IMAGE_FILES:
+        return f"data={ctx.data_name} decodes no image files"
+    decoder = cfg.get("data.decoder", "pil")
+    return (
+        None if decoder in ("pil", "turbo") else f"data.decoder={decoder} has no reduced-size decode (pil and turbo do)"
+    )
+
+
+def _epochs(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+    if ctx.objective != "time_to_target":
+        return "it changes how many epochs reach the accuracy, which epoch time does not see: tried with tune.objective=time_to_target"
+    return None
+
+
 def _turbo(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
     if ctx.data_name not in ENCODED:
         return f"data={ctx.data_name} decodes no images"
@@ -143,6 +161,7 @@ CATALOGUE: List[Candidate] = [
     Candidate("decoder_torchvision", INPUT, ("data.decoder=torchvision",), _encoded),
     Candidate("decoder_turbo", INPUT, ("data.decoder=turbo",), _turbo),
     Candidate("cache_in_memory", INPUT, ("data.cache_in_memory=true",), _image_files),
+    Candidate("decode_scale", INPUT, ("data.decode_scale=auto",), _decode_scale),
     # needs loader workers, kept by the tuner or set by the user (data.num_workers): _prefetch says which
     Candidate("prefetch", INPUT, ("data.prefetch_factor=4",), _prefetch),
     Candidate(
@@ -185,6 +204,10 @@ CATALOGUE: List[Candidate] = [
     Candidate("tcmalloc", COMPUTE, ("runtime.allocator=tcmalloc",), _allocator("tcmalloc")),
     # memory headroom: a larger batch, the learning rate scaled with it
     Candidate("bigger_batch", MEMORY, ("data.batch_size=auto", "lr_scaling=linear"), _bigger_batch),
+    # fewer or cheaper epochs to the accuracy, each epoch not faster (ema) or faster but less learned
+    # (progressive_resize): judged by the time to the target only
+    Candidate("progressive_resize", EPOCHS, ("progressive_resize=true",), _epochs),
+    Candidate("ema", EPOCHS, ("ema=true",), _epochs),
 ]
 
 NAMES = [c.name for c in CATALOGUE]

@@ -36,6 +36,8 @@ COLUMNS = [
     "speedup_ci",
     "vs_baseline",
     "val_acc",
+    "time_to_target_s",
+    "epochs_to_target",
     "dir",
 ]
 
@@ -55,6 +57,8 @@ def _row(step: Step) -> dict:
         "speedup_ci": f"{step.speedup_ci[0]:.3f}-{step.speedup_ci[1]:.3f}" if step.speedup_ci else None,
         "vs_baseline": None if step.vs_baseline is None else round(step.vs_baseline, 3),
         "val_acc": None if step.val_acc is None else round(step.val_acc, 4),
+        "time_to_target_s": None if step.time_to_target_s is None else round(step.time_to_target_s, 3),
+        "epochs_to_target": step.epochs_to_target,
         "dir": step.dir,
     }
 
@@ -67,6 +71,7 @@ def write_best(run_dir: Path, user: List[str], outcome: Outcome, machine: str) -
     path = run_dir / "best.yaml"
     lines = [
         f"# trainer.tune on {machine}, {time.strftime('%Y-%m-%d %H:%M')}",
+        f"# objective: {objective_text(outcome)}",
         f"# {outcome.verdict}",
         f"# use it:   {command_line(user, [f'+tuned={path}'])}",
         f"# or paste: {command_line(user, outcome.winner)}",
@@ -75,6 +80,13 @@ def write_best(run_dir: Path, user: List[str], outcome: Outcome, machine: str) -
     ]
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path
+
+
+def objective_text(outcome: Outcome) -> str:
+    """The tune's objective in words (best.yaml's header and the report's)."""
+    if outcome.objective == "time_to_target":
+        return f"time_to_target (tune.objective): the training time to {outcome.target_how}"
+    return "epoch_time (tune.objective): the time of a full training epoch"
 
 
 def _yaml_str(text: str) -> str:
@@ -91,9 +103,8 @@ def write_report(
         "# Tune report",
         "",
         f"Machine: {machine}. Command line: `{command_line(user, [])}`. Tune time: {wall_s / 60:.1f} min (budget {tune_cfg.budget_min:g} min).",
-        f"Probes: {tune_cfg.probe_epochs} epochs of {tune_cfg.probe_batches} steps each, the first a warm-up; times are scaled to a full "
-        f"epoch of the run, compile time spread over {tune_cfg.horizon_epochs} epochs. A candidate is kept when the 95% bootstrap "
-        "interval of its speed-up over the configuration it was tried on lies above 1.00, measured twice.",
+        f"Objective: {objective_text(outcome)}.",
+        _probes_text(outcome, tune_cfg),
         "",
         f"**Verdict:** {outcome.verdict}",
         "",
@@ -123,6 +134,27 @@ def write_report(
     return out
 
 
+def _probes_text(outcome: Outcome, tune_cfg: Any) -> str:
+    kept = (
+        "A candidate is kept when the 95% bootstrap interval of its speed-up over the configuration it was tried on "
+        "lies above 1.00, measured twice."
+    )
+    if outcome.objective == "time_to_target":
+        return (
+            f"Probes: each trains the configuration's schedule (tune.verify_epochs={tune_cfg.verify_epochs} epochs, validated "
+            "every epoch) until its val_acc reaches the target (stop_at_acc); its time to target is the training time up to "
+            "that epoch, warm-up and compile included, validation apart. One that never reaches it is dropped. "
+            + kept
+            + " "
+            "The interval holds timing noise (the epochs after the warm-up resampled), not the seed's: every probe trains "
+            "with the configuration's seed."
+        )
+    return (
+        f"Probes: {tune_cfg.probe_epochs} epochs of {tune_cfg.probe_batches} steps each, the first a warm-up; times are scaled to "
+        f"a full epoch of the run, compile time spread over {tune_cfg.horizon_epochs} epochs. " + kept
+    )
+
+
 def _png(path: Path, outcome: Outcome) -> None:
     """Each probe's speed-up over the configuration it was tried on, coloured by what was decided."""
     import matplotlib
@@ -146,7 +178,8 @@ def _png(path: Path, outcome: Outcome) -> None:
     ax.set_yticks(range(len(steps)))
     ax.set_yticklabels(labels, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlabel("speed-up over the configuration it was tried on (final: winner vs as given); 95% interval")
+    what = "time-to-target speed-up" if outcome.objective == "time_to_target" else "speed-up"
+    ax.set_xlabel(f"{what} over the configuration it was tried on (final: winner vs as given); 95% interval")
     ax.set_title("trainer.tune: kept (green), dropped (grey), final (blue)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

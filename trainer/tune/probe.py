@@ -37,7 +37,7 @@ JOURNAL = "tune_journal.jsonl"
 class Result:
     """What the tuner needs from one probe's (or verification's) metrics.json."""
 
-    kind: str  # "probe" or "verify"
+    kind: str  # "probe", "verify", or "target" (trains until the target val_acc: tune.objective=time_to_target)
     config: List[str]  # the configuration's overrides (on top of the user's)
     dir: str
     status: str  # ok | failed
@@ -50,10 +50,20 @@ class Result:
     val_samples: Optional[int] = None
     epoch_samples: Optional[float] = None  # median samples of a training epoch
     wall_s: float = 0.0
+    curve: List[list] = field(default_factory=list)  # [time_s, val_acc or None] of every epoch, the warm-up first
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok" and (self.kind == "verify" or bool(self.steady))
+        return self.status == "ok" and (self.kind != "probe" or bool(self.steady))
+
+    def to_target(self, target: float) -> Optional[List[float]]:
+        """The training time of each epoch up to the first whose val_acc reaches ``target``; None if none did."""
+        times = []
+        for time_s, acc in self.curve:
+            times.append(time_s)
+            if acc is not None and acc >= target - 1e-12:
+                return times
+        return None
 
     def epoch_times(self, full_samples: float, horizon_epochs: int) -> List[float]:
         """Each measured epoch as the time of a full epoch of the real run, compile time spread over the horizon.
@@ -88,7 +98,9 @@ def _from_metrics(kind: str, config: List[str], run_dir: Path, wall_s: float, st
             wall_s=wall_s,
         )
     m = metrics_io.read(str(path))
-    epochs = [e for e in m.get("epochs", []) if e.get("time_s") and e.get("samples")]
+    epochs = sorted(
+        (e for e in m.get("epochs", []) if e.get("time_s") and e.get("samples")), key=lambda e: e.get("epoch", 0)
+    )
     steady = [[e["time_s"], e["samples"], fixed_cost(e)] for e in epochs if not e.get("warmup")]
     diagnosis = m.get("diagnosis") or {}
     return Result(
@@ -105,6 +117,7 @@ def _from_metrics(kind: str, config: List[str], run_dir: Path, wall_s: float, st
         val_samples=m.get("val_samples"),
         epoch_samples=median([e["samples"] for e in epochs]) if epochs else None,
         wall_s=wall_s,
+        curve=[[e["time_s"], e.get("val_acc")] for e in epochs],
     )
 
 
@@ -194,7 +207,14 @@ class Journal:
 
 
 def run_settings(kind: str, tune_cfg: Any) -> List[str]:
-    """The overrides that make a run a probe (a few short epochs, no validation) or a verification."""
+    """The overrides that make a run a probe (a few short epochs, no validation), a verification, or a
+    time-to-target run (the verification's schedule, validated every epoch; the search adds stop_at_acc)."""
+    if kind == "target" or (kind == "verify" and getattr(tune_cfg, "objective", None) == "time_to_target"):
+        return [
+            f"trainer.max_epochs={tune_cfg.verify_epochs}",
+            "trainer.check_val_every_n_epoch=1",
+            "checkpoint.enabled=false",
+        ]
     if kind == "probe":
         return [
             f"trainer.max_epochs={tune_cfg.probe_epochs}",
@@ -221,13 +241,15 @@ class Prober:
         self.spent_s = 0.0  # probe time so far, journal included: a resumed tune keeps its budget
 
     def _next_dir(self, kind: str, name: str) -> Path:
-        parent = self.run_dir / ("probes" if kind == "probe" else "verify")
+        parent = self.run_dir / {"probe": "probes", "verify": "verify", "target": "to_target"}[kind]
         parent.mkdir(parents=True, exist_ok=True)
         n = len([p for p in parent.iterdir() if p.is_dir()])
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:60]
         return parent / f"{n:02d}-{safe}"
 
-    def run(self, kind: str, name: str, config: List[str]) -> Result:
+    def run(self, kind: str, name: str, config: List[str], extra: tuple = ()) -> Result:
+        """One probe of ``config``; ``extra``: settings of this run that are not part of the configuration
+        (the target's stop_at_acc), derived from the journal's earlier records, so a replay gets the same."""
         replayed = self.journal.replay(kind, config)
         if replayed is not None:
             self.spent_s += replayed.wall_s
@@ -240,6 +262,7 @@ class Prober:
             *self.user,
             *config,
             *run_settings(kind, self.cfg),
+            *extra,
             f"hydra.run.dir={run_dir}",
         ]
         env = dict(os.environ, TRAINER_QUIET_CONSOLE="1")

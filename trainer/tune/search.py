@@ -16,6 +16,14 @@
    over both measurements of each (drift between the start and the end of a tune counts).
 
 Compile time is reported apart and spread over ``tune.horizon_epochs`` full epochs.
+
+``tune.objective=time_to_target`` judges by how soon a configuration reaches a target val_acc
+(``report.target_acc``: a number, or ``auto``, the baseline's best minus ``report.target_tolerance``)
+instead of by epoch time: the baseline's training (validated every epoch) gives the target and its
+own time to it, and each probe trains the same schedule until it reaches the target (stop_at_acc),
+or to the end, where it is dropped as not reaching it. Reaching the target is the accuracy guard, so
+step 4 is not needed; the search, the second look and the final measurement are the same. The tuner
+says at the start when the budget cannot hold the probes this needs.
 """
 
 from __future__ import annotations
@@ -25,8 +33,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
+from ..errors import ConfigError
 from ..report import speedup_interval
-from .candidates import EXTRA, ORDER, Candidate, Context, settings_of
+from ..time_to_target import resolve_target, to_target_interval
+from .candidates import EPOCHS, EXTRA, ORDER, Candidate, Context, settings_of
 from .probe import Result
 
 log = logging.getLogger("trainer.tune")
@@ -50,6 +60,8 @@ class Step:
     vs_baseline: Optional[float] = None
     val_acc: Optional[float] = None
     dir: Optional[str] = None
+    time_to_target_s: Optional[float] = None  # tune.objective=time_to_target
+    epochs_to_target: Optional[int] = None
 
 
 @dataclass
@@ -67,6 +79,9 @@ class Outcome:
     verdict: str = ""
     budget_hit: bool = False
     unconfirmed: Optional[tuple] = None  # (speedup, interval) of a winner the final measurement did not confirm
+    objective: str = "epoch_time"
+    target: Optional[float] = None  # time_to_target: the val_acc to reach, and how it was chosen
+    target_how: str = ""
 
 
 def merge(config: List[str], overrides: tuple) -> List[str]:
@@ -90,6 +105,7 @@ class Search:
         base_settings: Dict[str, Any],
         tune_cfg: Any,
         spent_s: Callable[[], float],
+        target_spec: tuple = ("auto", 0.01),  # report.target_acc, report.target_tolerance (time_to_target)
     ) -> None:
         self.probe = probe
         self.candidates = candidates
@@ -101,13 +117,29 @@ class Search:
         self.steps: List[Step] = []
         self.full_samples = 1.0
         self.kept_results: Dict[str, Result] = {}  # the probe that kept each configuration on the path
+        self.objective = getattr(tune_cfg, "objective", "epoch_time")
+        self.target_spec = target_spec
+        self.target: Optional[float] = None  # set from the baseline's training (time_to_target)
+        self.target_how = ""
 
     # -- measurement -------------------------------------------------------------------------
     def _times(self, results: List[Result]) -> List[List[float]]:
         return [r.epoch_times(self.full_samples, self.cfg.horizon_epochs) for r in results if r.ok]
 
+    def _to_target(self, results: List[Result]) -> List[tuple]:
+        """(epoch times up to the target, steady epoch times) of each result that reached it."""
+        found = [(r.to_target(self.target), [record[0] for record in r.steady]) for r in results if r.ok]
+        return [(times, steady) for times, steady in found if times]
+
     def _compare(self, base: List[Result], other: List[Result]) -> tuple:
-        """(speedup of ``other`` over ``base``, its interval) from pooled full-epoch times."""
+        """(speedup of ``other`` over ``base``, its interval) from pooled full-epoch times, or from the
+        times to the target (time_to_target: None when ``other`` did not reach it)."""
+        if self.target is not None:
+            b, o = self._to_target(base), self._to_target(other)
+            if not b or not o:
+                return None, None
+            speed = statistics.median(sum(t) for t, _ in b) / statistics.median(sum(t) for t, _ in o)
+            return speed, to_target_interval(b, o)
         b, o = self._times(base), self._times(other)
         if not b or not o:
             return None, None
@@ -115,8 +147,65 @@ class Search:
         return speed, speedup_interval(b, o)
 
     def _epoch_s(self, results: List[Result]) -> Optional[float]:
-        times = [t for r in self._times(results) for t in r]
+        if self.target is not None:  # full epochs as trained (a compile is in the warm-up's time to target)
+            times = [record[0] for r in results if r.ok for record in r.steady]
+        else:
+            times = [t for r in self._times(results) for t in r]
         return statistics.median(times) if times else None
+
+    def _step(self, n: int, name: str, group: str, chosen_by: str, config: List[str], result: Result) -> Step:
+        """A probe's row, before its decision."""
+        step = Step(
+            n, name, group, chosen_by, config, "", "", self._epoch_s([result]), result.compile_s, dir=result.dir
+        )
+        if self.target is not None and result.ok:
+            times = result.to_target(self.target)
+            step.epochs_to_target = len(times) if times else None
+            step.time_to_target_s = sum(times) if times else None
+            step.val_acc = result.val_acc
+        return step
+
+    def _measure(self, name: str, config: List[str]) -> Result:
+        """One probe of ``config`` for the objective: a short timed run, or a run to the target."""
+        if self.target is None:
+            return self.probe("probe", name, config)
+        return self.probe("target", name, config, (f"stop_at_acc={self.target}",))
+
+    def _set_target(self, base_verify: Result) -> None:
+        """time_to_target: the target from the baseline's training, which must reach it, and a budget
+        that holds a judgement (a candidate and the incumbent measured again), else say so now."""
+        curve = [{"epoch": i, "val_acc": acc} for i, (_, acc) in enumerate(base_verify.curve)]
+        target, how = resolve_target(self.target_spec[0], [curve], self.target_spec[1])
+        epochs = self.cfg.verify_epochs
+        if target is None:
+            raise ConfigError(
+                f"tune.objective=time_to_target needs a target val_acc, and there is none: {how}. Give report.target_acc "
+                "a number or auto, and a configuration that validates (data.val_samples, trainer.limit_val_batches)."
+            )
+        if base_verify.to_target(target) is None:
+            raise ConfigError(
+                f"tune.objective=time_to_target cannot judge anything on this schedule: the configuration as given does not reach "
+                f"val_acc {target:.3f} ({how}) in tune.verify_epochs={epochs} epochs (val_acc {_acc(base_verify.val_acc)} at the "
+                f"end; its training: {base_verify.dir}). Raise tune.verify_epochs or lower report.target_acc, with a new "
+                "hydra.run.dir (the journal's measurements hold for this schedule and target only)."
+            )
+        per_probe = base_verify.wall_s
+        needed = self.spent_s() + 2 * per_probe
+        if needed > 60.0 * self.cfg.budget_min:
+            raise ConfigError(
+                f"tune.objective=time_to_target cannot judge a candidate within tune.budget_min={self.cfg.budget_min:g}: each "
+                f"probe trains until val_acc {target:.3f} ({how}), up to tune.verify_epochs={epochs} epochs, about "
+                f"{per_probe:.0f} s here (the baseline reached it in {len(base_verify.to_target(target))} epochs), and one "
+                f"judgement takes two (the candidate, then the configuration it is tried on, again). Give tune.budget_min="
+                f"{needed / 60 + 0.05:.1f} or more: the same command with that budget and the same hydra.run.dir resumes "
+                "without training the baseline again."
+            )
+        self.target, self.target_how = target, how
+        log.info(
+            "objective: time to %s; the configuration as given reaches it in %d epochs",
+            how,
+            len(base_verify.to_target(target)),
+        )
 
     def _settings(self, config: List[str]) -> Dict[str, Any]:
         return {**self.base_settings, **settings_of(config)}
@@ -148,7 +237,7 @@ class Search:
         return all(settings.get(k) == v for k, v in settings_of(list(cand.overrides)).items())
 
     def _next(self, verdict: str, config: List[str], kept: List[str], tried: set) -> Optional[Candidate]:
-        groups = ORDER.get(verdict, ORDER["compute"]) + [EXTRA]
+        groups = ORDER.get(verdict, ORDER["compute"]) + [EPOCHS, EXTRA]
         for group in groups:
             for cand in self.candidates:
                 if cand.group == group and cand.name not in tried and self._eligible(cand, config, kept) is None:
@@ -171,23 +260,15 @@ class Search:
             self.full_samples,
         )
 
-        base = self.probe("probe", "baseline", [])
+        if self.objective == "time_to_target":
+            self._set_target(base_verify)
+            base = base_verify  # its training, validated every epoch, is its time to the target
+        else:
+            base = self.probe("probe", "baseline", [])
         if not base.ok:
             raise RuntimeError(f"the baseline probe failed: {base.error} (see {base.dir})")
-        self._add(
-            Step(
-                0,
-                "baseline",
-                "",
-                "",
-                [],
-                "baseline",
-                "the configuration as given",
-                self._epoch_s([base]),
-                base.compile_s,
-                dir=base.dir,
-            )
-        )
+        first = self._add(self._step(0, "baseline", "", "", [], base))
+        first.decision, first.why = "baseline", "the configuration as given"
         log.info("probe 0 baseline: %.3f s/epoch; %s", self._epoch_s([base]), base.verdict or "no verdict")
 
         config: List[str] = []
@@ -212,21 +293,8 @@ class Search:
             tried[cand.name] = len(kept)
             trial = merge(config, cand.overrides)
             n = len(self.steps)
-            result = self.probe("probe", cand.name, trial)
-            step = self._add(
-                Step(
-                    n,
-                    cand.name,
-                    cand.group,
-                    verdict,
-                    trial,
-                    "",
-                    "",
-                    self._epoch_s([result]),
-                    result.compile_s,
-                    dir=result.dir,
-                )
-            )
+            result = self._measure(cand.name, trial)
+            step = self._add(self._step(n, cand.name, cand.group, verdict, trial, result))
             if not result.ok:
                 step.decision, step.why = "failed", f"the probe failed: {result.error}"
                 log.info("probe %d %s: failed (%s)", n, " ".join(cand.overrides), result.error)
@@ -234,20 +302,20 @@ class Search:
             speed, ci = self._compare(incumbent, [result])
             step.speedup, step.speedup_ci = speed, ci
             step.vs_baseline = self._compare([base], [result])[0]
-            if ci is None or ci[0] <= 1.0:
+            # a time to target measured once may have no interval yet: the incumbent measured again gives one
+            promising = ci[0] > 1.0 if ci else (self.target is not None and (speed or 0.0) > 1.0)
+            if not promising:
                 step.decision = "dropped"
-                step.why = "no measurable speed-up: " + (
-                    f"the interval {ci[0]:.2f}-{ci[1]:.2f} reaches 1.00" if ci else "too few epochs to judge"
-                )
+                step.why = self._why_dropped(result, ci)
                 dropped.append(cand.name)
             else:
-                again = self.probe("probe", "incumbent-again", config)  # right after: drift cannot fake a speed-up
+                again = self._measure("incumbent-again", config)  # right after: drift cannot fake a speed-up
                 if again.ok:
                     incumbent.append(again)
                     speed, ci = self._compare(incumbent, [result])
                     step.speedup, step.speedup_ci = speed, ci
                 if again.ok and ci is not None and ci[0] > 1.0:
-                    step.decision, step.why = "kept", f"{speed:.2f}x over the incumbent, measured twice"
+                    step.decision, step.why = "kept", f"{speed:.2f}x{self._unit()} over the incumbent, measured twice"
                     config, incumbent = trial, [result]
                     self.kept_results[_key(trial)] = result
                     kept.append(cand.name)
@@ -288,39 +356,46 @@ class Search:
 
         return self._guard(base, base_verify, path, budget_hit)
 
+    def _unit(self) -> str:
+        return "" if self.target is None else " time to target"
+
+    def _why_dropped(self, result: Result, ci: Optional[tuple]) -> str:
+        if self.target is not None and result.to_target(self.target) is None:
+            return (
+                f"did not reach val_acc {self.target:.3f} in tune.verify_epochs={self.cfg.verify_epochs} epochs "
+                f"(val_acc {_acc(result.val_acc)} at the end)"
+            )
+        return "no measurable speed-up: " + (
+            f"the interval {ci[0]:.2f}-{ci[1]:.2f} reaches 1.00" if ci else "too few epochs to judge"
+        )
+
     def _guard(self, base: Result, base_verify: Result, path: List[List[str]], budget_hit: bool) -> Outcome:
         """The accuracy check down the path of kept configurations, then the winner and the baseline measured again."""
-        winner, winner_verify = self._accuracy_check(base_verify, path)
+        if self.target is None:
+            winner, winner_verify = self._accuracy_check(base_verify, path)
+        else:  # every configuration on the path reached the target: that is its accuracy check
+            winner = path[-1] if len(path) > 1 else []
+            winner_verify = self.kept_results[_key(winner)] if winner else base_verify
         speed = ci = None
         unconfirmed = None
         winner_probe: List[Result] = []
         if winner:
             first = self.kept_results[_key(winner)]
-            base_again = self.probe("probe", "baseline-final", [])
-            winner_again = self.probe("probe", "winner-final", winner)
+            base_again = self._measure("baseline-final", [])
+            winner_again = self._measure("winner-final", winner)
             bases = [base] + ([base_again] if base_again.ok else [])
             winner_probe = [first] + ([winner_again] if winner_again.ok else [])
             speed, ci = self._compare(bases, winner_probe)
             confirmed = ci is not None and ci[0] > 1.0
-            self._add(
-                Step(
-                    len(self.steps),
-                    "final",
-                    "",
-                    "",
-                    winner,
-                    "final" if confirmed else "not confirmed",
-                    "the winner and the baseline measured again back to back; speed-up over both measurements of each"
-                    + ("" if confirmed else ": the interval reaches 1.00, so the configuration as given stays"),
-                    self._epoch_s(winner_probe),
-                    first.compile_s,
-                    speed,
-                    ci,
-                    speed,
-                    winner_verify.val_acc,
-                    winner_again.dir,
-                )
+            final = self._add(self._step(len(self.steps), "final", "", "", winner, winner_again))
+            final.decision = "final" if confirmed else "not confirmed"
+            final.why = (
+                "the winner and the baseline measured again back to back; speed-up over both measurements of each"
+                + ("" if confirmed else ": the interval reaches 1.00, so the configuration as given stays")
             )
+            final.epoch_time_s, final.compile_s = self._epoch_s(winner_probe), first.compile_s
+            final.speedup, final.speedup_ci, final.vs_baseline = speed, ci, speed
+            final.val_acc = winner_verify.val_acc
             if not confirmed:
                 log.info(
                     "the winner measured again with the baseline: %.2fx%s: not a measurable speed-up, keeping the configuration as given",
@@ -342,6 +417,9 @@ class Search:
             path=path,
             budget_hit=budget_hit,
             unconfirmed=unconfirmed,
+            objective=self.objective,
+            target=self.target,
+            target_how=self.target_how,
         )
         outcome.verdict = verdict_text(outcome, self.cfg)
         return outcome
@@ -408,10 +486,23 @@ def verdict_text(o: Outcome, cfg: Any) -> str:
             + (" (the budget ran out before every candidate was tried)" if o.budget_hit else "")
             + "."
         )
+    if not o.winner and o.target is not None:
+        return (
+            f"keep the configuration as given: no candidate reached val_acc {o.target:.3f} measurably sooner"
+            + (" (the budget ran out before every candidate was tried)" if o.budget_hit else "")
+            + "."
+        )
     if not o.winner:
         return (
             "keep the configuration as given: no candidate gave a measurable speed-up that kept the accuracy"
             + (" (the budget ran out before every candidate was tried)" if o.budget_hit else "")
+            + "."
+        )
+    if o.target is not None:
+        return (
+            f"fastest configuration to val_acc {o.target:.3f}: {' '.join(o.winner)}: {o.speedup:.2f}x{_fmt_ci(o.speedup_ci)} "
+            f"time to target vs the configuration as given (compile included; the interval holds timing noise, one seed)"
+            + ("; the budget ran out before every candidate was tried" if o.budget_hit else "")
             + "."
         )
     text = f"fastest accuracy-safe configuration: {' '.join(o.winner)}: {o.speedup:.2f}x{_fmt_ci(o.speedup_ci)} vs the configuration as given"
