@@ -365,6 +365,8 @@ class Search:
                 f"did not reach val_acc {self.target:.3f} in tune.verify_epochs={self.cfg.verify_epochs} epochs "
                 f"(val_acc {_acc(result.val_acc)} at the end)"
             )
+        if ci and ci[1] < 1.0:
+            return f"slower: the interval {ci[0]:.2f}-{ci[1]:.2f} lies below 1.00"
         return "no measurable speed-up: " + (
             f"the interval {ci[0]:.2f}-{ci[1]:.2f} reaches 1.00" if ci else "too few epochs to judge"
         )
