@@ -30,8 +30,8 @@ demo: setup
 # tests that need every core (several ranks, a Slurm cluster, a machine-wide measurement) alone.
 # Both parts run; the exit status says whether either failed.
 test: setup $(SERVER_VENV)/.installed
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not whole_machine" --durations=10; a=$$?; \
-	$(PY) -m pytest -q -m whole_machine --durations=5; b=$$?; \
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not whole_machine" --durations=25; a=$$?; \
+	$(PY) -m pytest -q -m whole_machine --durations=10; b=$$?; \
 	exit $$(( a != 0 || b != 0 ))
 
 # The edit-test loop: the in-process tests, on two workers (under 3 minutes on 2 cores).
