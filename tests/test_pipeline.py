@@ -190,7 +190,9 @@ class _TransferLog:
 
 def test_device_prefetcher_copies_ahead_and_trains_the_same(train, monkeypatch, tmp_path, add_callbacks):
     """The prefetching loader, run stream-less on CPU inside a real fit: same batches, same result,
-    each copy made before the step that needs it."""
+    each copy made before the step that needs it. The sanity check is slowed down: Lightning runs it
+    in ``isolate_rng()`` after it made the training iterator, and a producer started then would draw
+    crops the restore undoes (a run that was not reproducible, depending on timing)."""
     import pytorch_lightning as pl
 
     from trainer.data import datamodule as dm_mod
@@ -223,8 +225,15 @@ def test_device_prefetcher_copies_ahead_and_trains_the_same(train, monkeypatch, 
             time.sleep(0.05)  # a step long enough for the producer thread to prepare the next batch meanwhile
             logs[0].at_step.append((batch_idx, logs[0].calls))
 
+    real_sanity_check = pl.Trainer._run_sanity_check
+
+    def slow_sanity_check(self):
+        time.sleep(0.3)  # inside isolate_rng(): time for a thread started too early to draw
+        return real_sanity_check(self)
+
     monkeypatch.setattr(dm_mod.ImageDataModule, "_prefetch_device", prefetch_device)
     monkeypatch.setattr(dm_mod.ImageDataModule, "_loader", logged_loader)
+    monkeypatch.setattr(pl.Trainer, "_run_sanity_check", slow_sanity_check)
     add_callbacks(StepWatch())
     prefetched, _ = train(*args, "data.device_prefetch=true")
     assert prefetched["status"] == "ok"

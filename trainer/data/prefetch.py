@@ -22,6 +22,12 @@ producer was doing meanwhile: fetching from the loader is **data wait**, copying
 the step needed it) is **transfer**, measured with CUDA events and read once per epoch. A producer
 that keeps ahead costs neither: the GPU never waited for the batch.
 
+Randomness: with no loader workers the producer thread runs the dataset's random transforms, so
+they draw from the process's global RNG while the step loop runs. The order of draws is the plain
+loader's as long as the step loop draws from the CPU's global RNG itself only between epochs (the
+built-in models do; CUDA's generator is apart); a model that draws on the CPU inside its step makes
+that order depend on timing. Loader workers have a generator each, seeded per epoch, and avoid it.
+
 The loader stays a ``DataLoader`` (a subclass), so Lightning can still swap in its distributed
 sampler, call ``set_epoch`` and take ``len``. On a device that is not CUDA the same thread runs
 without streams (this is what the CPU tests exercise); the datamodule only uses it on CUDA.
@@ -160,12 +166,24 @@ class DevicePrefetchLoader(DataLoader):
         # reset (persistent workers reuse one iterator object)
         if self._producer is not None:
             self._producer.close()
-        self._producer = _Producer(super().__iter__(), self.device, self.transfer, self.depth)
-        return _hand_out(self._producer, self.device, self.clock)
+            self._producer = None
+        # the host iterator is made here, in the caller's thread, as a plain DataLoader makes it (it
+        # draws its base seed from the global RNG); the thread starts at the first batch asked for
+        return _hand_out(self, super().__iter__())
 
 
-def _hand_out(producer: _Producer, device: torch.device, clock) -> Iterator[Any]:
-    """The step loop's side: take each prepared batch, attribute any wait, chain the streams."""
+def _hand_out(loader: DevicePrefetchLoader, host_batches: Iterator[Any]) -> Iterator[Any]:
+    """The step loop's side: take each prepared batch, attribute any wait, chain the streams.
+
+    A generator, so the producer starts when the loop asks for its first batch, not when ``iter()``
+    is called: Lightning makes the training iterator early (to count the steps for a scheduler),
+    before it runs the sanity check inside ``isolate_rng()``. A thread started then drew its first
+    random crops inside that block, and the restore at its end undid them, so batches repeated a
+    crop or not depending on timing (a run was not reproducible; an in-process test caught it).
+    """
+    producer = _Producer(host_batches, loader.device, loader.transfer, loader.depth)
+    loader._producer = producer
+    device, clock = loader.device, loader.clock
     try:
         while True:
             w0 = time.perf_counter()
