@@ -185,8 +185,11 @@ def test_ddp_two_ranks_two_workers_resumed_mid_epoch_ends_with_the_uninterrupted
 
 @pytest.mark.slow
 def test_every_format_trains_to_the_image_folders_accuracy(packed, small_images, train):
-    # same seed, same images, 8 epochs of the tiny CNN; tolerance 0.06 (3 of 50 val images): the
-    # formats differ only in the order samples are shuffled in
+    # same images, 8 epochs of the tiny CNN per seed: the formats differ only in the order samples are
+    # shuffled in, and that order alone moves one run's val_acc by up to +-0.07 on these 50 val images
+    # (seeds 1-5, one format: 0.78-0.92), so one run per format cannot tell a defect from the order.
+    # The mean of three seeds per format can (its spread is about a third of that); a format that
+    # mislabels or misdecodes falls towards chance (0.1).
     common = ["data.image_size=32", "data.batch_size=16", "trainer.max_epochs=8"]
     acc = {}
     for name, root in [
@@ -195,12 +198,15 @@ def test_every_format_trains_to_the_image_folders_accuracy(packed, small_images,
         ("parquet", packed["parquet"]),
         ("webdataset", packed["webdataset"]),
     ]:
-        m, _ = train(f"data={name}", f"data.root={root}", *common)
-        assert m["val_samples"] == 50, (name, m["val_samples"])
-        acc[name] = m["val_acc"]
-    assert acc["imagefolder"] > 0.6, acc  # well above chance (0.1): the comparison means something
-    for value in acc.values():
-        assert abs(value - acc["imagefolder"]) <= 0.06, acc
+        for seed in (1, 2, 3):
+            m, _ = train(f"data={name}", f"data.root={root}", f"seed={seed}", *common)
+            assert m["val_samples"] == 50, (name, m["val_samples"])
+            acc.setdefault(name, []).append(m["val_acc"])
+    mean = {name: sum(values) / len(values) for name, values in acc.items()}
+    assert mean["imagefolder"] > 0.6, acc  # well above chance (0.1): the comparison means something
+    for name, value in mean.items():
+        assert min(acc[name]) > 0.6, acc
+        assert abs(value - mean["imagefolder"]) <= 0.06, (mean, acc)
 
 
 @pytest.mark.slow
