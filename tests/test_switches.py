@@ -346,6 +346,20 @@ def test_stop_at_acc_stops_at_the_first_epoch_that_reaches_it_and_needs_validati
         train("stop_at_acc=0.5", "trainer.limit_val_batches=0")
 
 
+def test_stop_at_acc_stops_at_an_epoch_that_meets_it_exactly(train):
+    """An epoch whose val_acc equals stop_at_acc reaches it, as the report and the tuner count it
+    (accuracies are k/N and targets round numbers): training stops there, not epochs later."""
+    full, _ = train("trainer.max_epochs=6")
+    accs = [e["val_acc"] for e in full["epochs"]]
+    # the last epoch before the final one that sets a new best: stopping there is visible
+    records = [i for i in range(1, len(accs) - 1) if accs[i] > max(accs[:i])]
+    assert records, accs
+    k = records[-1]
+    m, _ = train("trainer.max_epochs=6", f"stop_at_acc={accs[k]}")
+    assert [e["val_acc"] for e in m["epochs"]] == accs[: k + 1], (accs, k)
+    assert m["stopped_at_acc_epoch"] == k
+
+
 def test_progressive_resize_trains_each_epoch_at_its_size_and_validates_at_full_size(train, add_callbacks):
     import pytorch_lightning as pl
 

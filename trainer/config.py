@@ -352,7 +352,8 @@ class TuneConfig:
     )
     verify_epochs: int = key(
         3,
-        "the accuracy guard: the winner and the baseline each train this many full epochs",
+        "the accuracy guard: the winner and the baseline each train this many full epochs "
+        "(tune.objective=time_to_target: every probe's schedule, its trainer.max_epochs)",
         check=(lambda v: v >= 1, "at least 1"),
     )
     acc_tolerance: float = key(
@@ -400,7 +401,7 @@ class TrainSchema:
         flag=OPTIMIZATION,
     )
     ema_decay: float = key(0.999, "ema's decay per optimizer step", check=(lambda v: 0 < v < 1, "a number in (0, 1)"))
-    # Lightning's EarlyStopping(stopping_threshold=...) on the model's logged val_acc (trainer.run)
+    # callbacks.StopAtAccuracy on the val_acc metrics.json records (built in trainer.run)
     stop_at_acc: Optional[float] = key(
         None,
         "stop training once a validated epoch's val_acc reaches this (null: train every epoch)",

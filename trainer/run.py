@@ -299,7 +299,7 @@ def build_callbacks(parts: Parts) -> Callbacks:
     import pytorch_lightning as pl
 
     from . import model_transforms
-    from .callbacks import BadSampleCounter, NaNGuard, ProfilerCallback, StepLoss, SystemMonitor
+    from .callbacks import BadSampleCounter, NaNGuard, ProfilerCallback, StepLoss, StopAtAccuracy, SystemMonitor
     from .callbacks.ema import EMA
     from .checkpointing import PreemptionCallback, ResumableState, checkpoint_callbacks
     from .models.classifier import ImageClassifier
@@ -330,7 +330,7 @@ def build_callbacks(parts: Parts) -> Callbacks:
     if cfg.ema:
         found.all.append(EMA(cfg.ema_decay))
     if cfg.stop_at_acc is not None:
-        found.all.append(stop_at_accuracy(cfg.stop_at_acc))
+        found.all.append(StopAtAccuracy(cfg.stop_at_acc))
     if isinstance(parts.module, ImageClassifier):
         found.all.append(StepLoss())  # a user's module logs its own
     if cfg.profile:
@@ -342,22 +342,6 @@ def build_callbacks(parts: Parts) -> Callbacks:
         found.all += checkpoint_callbacks(cfg.checkpoint, checkpoint_dir)
     found.all = [c for c in found.all if c is not None]
     return found
-
-
-def stop_at_accuracy(threshold: float):
-    """``stop_at_acc``: Lightning's EarlyStopping, stopping on the threshold only (a patience longer than
-    any run: a plateau does not stop it; a non-finite val_acc does not either, on_nan watches the loss)."""
-    import pytorch_lightning as pl
-
-    return pl.callbacks.EarlyStopping(
-        monitor="val/acc",  # what ImageClassifier logs (metrics.json calls it val_acc)
-        mode="max",
-        stopping_threshold=threshold,
-        patience=2**31,
-        check_finite=False,
-        strict=False,  # a model of your own that logs no val_acc trains every epoch (trainer.log says so)
-        verbose=True,
-    )
 
 
 def _check_input_size(module, datamodule, cfg) -> None:
@@ -552,13 +536,10 @@ def record_of(parts: Parts, status: str, error: Optional[str], train_loss: bool 
 
 def _stopped_at_acc(found: "Callbacks | None") -> Optional[int]:
     """The epoch whose val_acc reached ``stop_at_acc`` and stopped training (None: it did not stop early)."""
-    import pytorch_lightning as pl
+    from .callbacks import StopAtAccuracy
 
-    stop = next((c for c in (found.all if found else []) if isinstance(c, pl.callbacks.EarlyStopping)), None)
-    if stop is None or getattr(getattr(stop, "stopping_reason", None), "name", "NOT_STOPPED") == "NOT_STOPPED":
-        return None
-    log.info("stop_at_acc=%g reached at epoch %d: training stopped there", stop.stopping_threshold, stop.stopped_epoch)
-    return int(stop.stopped_epoch)
+    stop = next((c for c in (found.all if found else []) if isinstance(c, StopAtAccuracy)), None)
+    return stop.stopped_epoch if stop is not None else None
 
 
 def _diagnose(parts: Parts, result: Dict[str, Any]) -> Dict[str, Any]:

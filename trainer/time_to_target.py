@@ -62,12 +62,20 @@ def curve(epochs: List[Dict[str, Any]]) -> List[Tuple[float, float]]:
     return points
 
 
+def reaches(val_acc: Optional[float], target: float) -> bool:
+    """Whether a val_acc (as metrics.json records it) reaches ``target``: the one comparison that the
+    report, the tuner and ``stop_at_acc`` share, so that an epoch counted as reaching the target is
+    also the one that stops a run. Reaching includes meeting it exactly (accuracies are k/N, targets
+    round numbers)."""
+    return val_acc is not None and val_acc >= target - 1e-12
+
+
 def reach(epochs: List[Dict[str, Any]], target: float) -> Optional[Tuple[float, int]]:
     """(time_to_target_s, epochs_to_target) for the first validated epoch with val_acc >= target; None if none."""
     ordered = sorted(epochs, key=lambda e: e["epoch"])
     timed = ordered if ordered and "elapsed_train_s" in ordered[0] else with_elapsed(ordered)
     for epoch in timed:
-        if epoch.get("val_acc") is not None and epoch["val_acc"] >= target - 1e-12:
+        if reaches(epoch.get("val_acc"), target):
             return round(epoch["elapsed_train_s"], 4), epoch["epoch"] + 1
     return None
 

@@ -67,7 +67,8 @@ def merge_epochs(previous: List[Dict[str, Any]], current: List[Dict[str, Any]]) 
 VALIDATION_KEYS = {"val_acc": ("val/acc", "val_acc"), "val_loss": ("val/loss", "val_loss")}
 
 
-def _validation_scalars(trainer) -> Dict[str, float]:
+def validation_scalars(trainer) -> Dict[str, float]:
+    """val_acc / val_loss of the validation that just ran, rounded as metrics.json records them."""
     found = {}
     for field, names in VALIDATION_KEYS.items():
         value = next((trainer.callback_metrics[n] for n in names if n in trainer.callback_metrics), None)
@@ -214,7 +215,7 @@ class EpochTimer(pl.Callback):
             "warmup": self._fresh,  # the first epoch pays for compile, autotune, worker start-up
         }
         if self._validated:  # the host reads the two scalars here, once per epoch (after the sync above)
-            epoch.update(_validation_scalars(trainer))
+            epoch.update(validation_scalars(trainer))
         if self._mid_epoch_start:
             epoch["resumed"] = True
         if self._mid_epoch_start or (
