@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, clean_env
+from conftest import ROOT, clean_env, read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -204,6 +204,7 @@ def test_time_to_target_on_the_compute_bound_case_names_its_objective_and_says_w
         "tune.objective=time_to_target",
         "tune.only=[channels_last,narrow]",
         '+tune.extra.narrow="model.width=1"',
+        "stop_at_acc=0.2",  # the user's own: the tuner decides where its runs stop
     ]
     r = _tune(*args, "tune.budget_min=0.05")
     assert r.returncode == 2 and "cannot judge a candidate within tune.budget_min=0.05" in r.stderr, r.stderr[-2000:]
@@ -211,7 +212,10 @@ def test_time_to_target_on_the_compute_bound_case_names_its_objective_and_says_w
 
     r = _tune(*args)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert len(list((run_dir / "verify").glob("*-baseline"))) == 1  # resumed from the journal
+    baseline_runs = list((run_dir / "verify").glob("*-baseline"))
+    assert len(baseline_runs) == 1  # resumed from the journal
+    # the baseline trains its whole schedule: its best val_acc sets the target
+    assert len(read_metrics(baseline_runs[0])["epochs"]) == 3
     rows = {row["candidate"]: row for row in _rows(run_dir)}
     base = rows["baseline"]
     assert base["time_to_target_s"] and 1 <= int(base["epochs_to_target"]) <= 3, base
@@ -336,12 +340,16 @@ def test_time_to_target_judges_by_epochs_times_epoch_time():
     plan = {"fast=true": (0.7, 4), "ema=true": (1.05, 1), "narrow=true": (0.5, None)}
     calls = []
 
+    missing = set()  # names of probes that, this time, do not reach the target
+
     def probe(kind, name, config, extra=()):
         calls.append((kind, name, tuple(config), tuple(extra)))
         t, reach = 1.0, 2
         for ov in config:
             factor, reach = plan[ov]
             t *= factor
+        if name in missing:
+            reach = None
         epochs = reach if kind == "target" and reach is not None else 5  # a target run stops there
         if kind == "target":
             assert extra == ("stop_at_acc=0.9",), extra  # each probe stops at the target
@@ -380,6 +388,15 @@ def test_time_to_target_judges_by_epochs_times_epoch_time():
     assert "fastest configuration to val_acc 0.900: ema=true" in out.verdict
     assert [c[0] for c in calls].count("verify") == 1  # the baseline's training is its time to target
 
+    # reaching the target is the guard, also when measured again: a winner whose final run misses it stays out
+    calls.clear()
+    missing.add("winner-final")
+    out = Search(probe, cands, ctx, {}, cfg, lambda: 0.0, target_spec=(0.9, 0.01)).run()
+    final = next(s for s in out.steps if s.candidate == "final")
+    assert final.decision == "not confirmed" and "did not reach val_acc 0.900" in final.why, final
+    assert out.winner == [] and "did not reach val_acc 0.900 when measured again" in out.verdict, out.verdict
+    missing.clear()
+
     # the same planted runs judged by epoch time: the 30%-faster epochs win
     calls.clear()
     cfg.objective = "epoch_time"
@@ -392,6 +409,8 @@ def test_time_to_target_judges_by_epochs_times_epoch_time():
     cfg.budget_min = 30
     with pytest.raises(ConfigError, match="does not reach val_acc 0.990"):
         Search(probe, cands, ctx, {}, cfg, lambda: 0.0, target_spec=(0.99, 0.01)).run()
+    with pytest.raises(ConfigError, match="is reached before any training"):  # auto: 0.9 - 1.5
+        Search(probe, cands, ctx, {}, cfg, lambda: 0.0, target_spec=("auto", 1.5)).run()
 
 
 def test_a_probe_scales_the_steps_not_the_epochs_fixed_cost(train):

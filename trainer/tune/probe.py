@@ -27,6 +27,7 @@ from statistics import median
 from typing import Any, Dict, List, Optional
 
 from ..errors import ConfigError
+from ..time_to_target import reaches
 
 log = logging.getLogger("trainer.tune")
 
@@ -61,7 +62,7 @@ class Result:
         times = []
         for time_s, acc in self.curve:
             times.append(time_s)
-            if acc is not None and acc >= target - 1e-12:
+            if reaches(acc, target):
                 return times
         return None
 
@@ -208,21 +209,21 @@ class Journal:
 
 def run_settings(kind: str, tune_cfg: Any) -> List[str]:
     """The overrides that make a run a probe (a few short epochs, no validation), a verification, or a
-    time-to-target run (the verification's schedule, validated every epoch; the search adds stop_at_acc)."""
+    time-to-target run (the verification's schedule, validated every epoch; the search adds stop_at_acc).
+    The tuner decides where its runs stop: a stop_at_acc among the user's overrides would cut the
+    baseline's training short (and with it the target it sets) and is refused on a probe, which does
+    not validate, so every run starts with none."""
+    own = ["checkpoint.enabled=false", "stop_at_acc=null"]
     if kind == "target" or (kind == "verify" and getattr(tune_cfg, "objective", None) == "time_to_target"):
-        return [
-            f"trainer.max_epochs={tune_cfg.verify_epochs}",
-            "trainer.check_val_every_n_epoch=1",
-            "checkpoint.enabled=false",
-        ]
+        return [f"trainer.max_epochs={tune_cfg.verify_epochs}", "trainer.check_val_every_n_epoch=1", *own]
     if kind == "probe":
         return [
             f"trainer.max_epochs={tune_cfg.probe_epochs}",
             f"trainer.limit_train_batches={tune_cfg.probe_batches}",
             "trainer.limit_val_batches=0",
-            "checkpoint.enabled=false",
+            *own,
         ]
-    return [f"trainer.max_epochs={tune_cfg.verify_epochs}", "checkpoint.enabled=false"]
+    return [f"trainer.max_epochs={tune_cfg.verify_epochs}", *own]
 
 
 def result_of(run_dir: Path, config: List[str]) -> Result:

@@ -78,7 +78,7 @@ class Outcome:
     path: List[List[str]] = field(default_factory=list)
     verdict: str = ""
     budget_hit: bool = False
-    unconfirmed: Optional[tuple] = None  # (speedup, interval) of a winner the final measurement did not confirm
+    unconfirmed: Optional[tuple] = None  # (speedup, interval, why) of a winner the final measurement did not confirm
     objective: str = "epoch_time"
     target: Optional[float] = None  # time_to_target: the val_acc to reach, and how it was chosen
     target_how: str = ""
@@ -182,6 +182,12 @@ class Search:
                 f"tune.objective=time_to_target needs a target val_acc, and there is none: {how}. Give report.target_acc "
                 "a number or auto, and a configuration that validates (data.val_samples, trainer.limit_val_batches)."
             )
+        if target <= 0:
+            raise ConfigError(
+                f"tune.objective=time_to_target: the target val_acc {target:.3f} ({how}) is reached before any training, "
+                "so it cannot tell configurations apart. Give report.target_acc a number in (0, 1], or a "
+                "report.target_tolerance below the configuration's best val_acc."
+            )
         if base_verify.to_target(target) is None:
             raise ConfigError(
                 f"tune.objective=time_to_target cannot judge anything on this schedule: the configuration as given does not reach "
@@ -269,7 +275,7 @@ class Search:
             raise RuntimeError(f"the baseline probe failed: {base.error} (see {base.dir})")
         first = self._add(self._step(0, "baseline", "", "", [], base))
         first.decision, first.why = "baseline", "the configuration as given"
-        log.info("probe 0 baseline: %.3f s/epoch; %s", self._epoch_s([base]), base.verdict or "no verdict")
+        log.info("probe 0 baseline: %.3f s/epoch; %s", self._epoch_s([base]) or 0.0, base.verdict or "no verdict")
 
         config: List[str] = []
         incumbent: List[Result] = [base]
@@ -378,33 +384,11 @@ class Search:
         else:  # every configuration on the path reached the target: that is its accuracy check
             winner = path[-1] if len(path) > 1 else []
             winner_verify = self.kept_results[_key(winner)] if winner else base_verify
-        speed = ci = None
-        unconfirmed = None
+        speed = ci = unconfirmed = None
         winner_probe: List[Result] = []
         if winner:
-            first = self.kept_results[_key(winner)]
-            base_again = self._measure("baseline-final", [])
-            winner_again = self._measure("winner-final", winner)
-            bases = [base] + ([base_again] if base_again.ok else [])
-            winner_probe = [first] + ([winner_again] if winner_again.ok else [])
-            speed, ci = self._compare(bases, winner_probe)
-            confirmed = ci is not None and ci[0] > 1.0
-            final = self._add(self._step(len(self.steps), "final", "", "", winner, winner_again))
-            final.decision = "final" if confirmed else "not confirmed"
-            final.why = (
-                "the winner and the baseline measured again back to back; speed-up over both measurements of each"
-                + ("" if confirmed else ": the interval reaches 1.00, so the configuration as given stays")
-            )
-            final.epoch_time_s, final.compile_s = self._epoch_s(winner_probe), first.compile_s
-            final.speedup, final.speedup_ci, final.vs_baseline = speed, ci, speed
-            final.val_acc = winner_verify.val_acc
-            if not confirmed:
-                log.info(
-                    "the winner measured again with the baseline: %.2fx%s: not a measurable speed-up, keeping the configuration as given",
-                    speed or 0.0,
-                    _fmt_ci(ci),
-                )
-                unconfirmed = (speed, ci)
+            speed, ci, winner_probe, unconfirmed = self._final_measurement(base, winner, winner_verify)
+            if unconfirmed:
                 winner, winner_verify, winner_probe, speed, ci = [], base_verify, [], None, None
         outcome = Outcome(
             winner=winner,
@@ -425,6 +409,46 @@ class Search:
         )
         outcome.verdict = verdict_text(outcome, self.cfg)
         return outcome
+
+    def _final_measurement(self, base: Result, winner: List[str], winner_verify: Result) -> tuple:
+        """The winner and the baseline measured again back to back: (speed-up over both measurements of
+        each, its interval, the winner's measurements, None if confirmed else (speed-up, interval, why))."""
+        first = self.kept_results[_key(winner)]
+        base_again = self._measure("baseline-final", [])
+        winner_again = self._measure("winner-final", winner)
+        bases = [base] + ([base_again] if base_again.ok else [])
+        winner_probe = [first] + ([winner_again] if winner_again.ok else [])
+        speed, ci = self._compare(bases, winner_probe)
+        # time_to_target: reaching the target is the accuracy guard, so it must hold when measured again
+        missed = self.target is not None and winner_again.ok and winner_again.to_target(self.target) is None
+        confirmed = ci is not None and ci[0] > 1.0 and not missed
+        final = self._add(self._step(len(self.steps), "final", "", "", winner, winner_again))
+        final.decision = "final" if confirmed else "not confirmed"
+        final.why = "the winner and the baseline measured again back to back; speed-up over both measurements of each"
+        if missed:
+            final.why += (
+                f": measured again, the winner did not reach val_acc {self.target:.3f} in "
+                f"tune.verify_epochs={self.cfg.verify_epochs} epochs, so the configuration as given stays"
+            )
+        elif not confirmed:
+            final.why += ": the interval reaches 1.00, so the configuration as given stays"
+        final.epoch_time_s, final.compile_s = self._epoch_s(winner_probe), first.compile_s
+        final.speedup, final.speedup_ci, final.vs_baseline = speed, ci, speed
+        final.val_acc = winner_verify.val_acc
+        if confirmed:
+            return speed, ci, winner_probe, None
+        why = (
+            f"it did not reach val_acc {self.target:.3f} when measured again"
+            if missed
+            else "not a measurable speed-up on this machine"
+        )
+        log.info(
+            "the winner measured again with the baseline: %.2fx%s: %s, keeping the configuration as given",
+            speed or 0.0,
+            _fmt_ci(ci),
+            why,
+        )
+        return speed, ci, winner_probe, (speed, ci, why)
 
     def _accuracy_check(self, base_verify: Result, path: List[List[str]]) -> tuple:
         """Walk back from the last kept configuration (the fastest) to the first whose val_acc is within tolerance
@@ -481,10 +505,10 @@ def _acc(value: Optional[float]) -> str:
 
 def verdict_text(o: Outcome, cfg: Any) -> str:
     if not o.winner and o.unconfirmed:
-        speed, ci = o.unconfirmed
+        speed, ci, why = o.unconfirmed
         return (
             f"keep the configuration as given: the best configuration found measured {speed or 0:.2f}x{_fmt_ci(ci)} when "
-            "measured again back to back with it, not a measurable speed-up on this machine"
+            f"measured again back to back with it: {why}"
             + (" (the budget ran out before every candidate was tried)" if o.budget_hit else "")
             + "."
         )
