@@ -32,6 +32,7 @@ def _script(*args, **env):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_gpu_check_dry_run_writes_results(tmp_path):
     # one recipe: the dry run trains the tiny CNN under either recipe, so the second one only doubled
     # the time (the recipes themselves are smoke-tested in test_e2e and the README test)

@@ -122,7 +122,7 @@ def _param(c: Command):
     if "compile=" in c.text:
         # one pytest-xdist worker runs the commands that compile a recipe, one after the other: a
         # graph the first compiled is then in Inductor's on-disk cache for the next
-        marks = [*marks, pytest.mark.xdist_group("compile")]
+        marks = [*marks, pytest.mark.xdist_group("compile"), pytest.mark.heavy]
     return pytest.param(c, id=f"{c.source}: {c.text}", marks=[pytest.mark.slow, *marks])
 
 

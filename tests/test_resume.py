@@ -60,6 +60,7 @@ def _assert_history(m: dict, epochs: int, longest_process_s: float) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_kill_9_at_five_random_points_keeps_every_epoch_once_and_matches_an_uninterrupted_run(tmp_path):
     args = [*LONG, "trainer.max_epochs=6", "checkpoint.every_n_steps=7"]
     straight, killed = tmp_path / "straight", tmp_path / "killed"

@@ -110,6 +110,7 @@ def test_a_dataset_that_sleeps_gets_loader_workers_first_and_a_killed_tune_resum
     assert "## Path taken" in (run_dir / "tune_report.md").read_text()
 
 
+@pytest.mark.heavy
 def test_compute_flags_are_kept_on_evidence_and_the_guard_rejects_a_faster_candidate_that_costs_accuracy(tmp_path):
     from trainer import hardware
 
@@ -187,6 +188,7 @@ def test_compute_flags_are_kept_on_evidence_and_the_guard_rejects_a_faster_candi
             assert f"{key.split('.')[-1]}: {value}" in cfg.stdout, (override, cfg.stdout[:2000])
 
 
+@pytest.mark.heavy
 def test_time_to_target_on_the_compute_bound_case_names_its_objective_and_says_when_the_budget_cannot_hold_it(tmp_path):
     """The planted compute-bound case tuned by time to target: a budget that cannot hold one judgement
     is said before any candidate trains; the same command with a budget resumes (the baseline's
