@@ -32,7 +32,7 @@ class StopAtAccuracy(pl.Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or self.stopped_epoch is not None:
             return
-        acc = validation_scalars(trainer).get("val_acc")
+        acc = validation_scalars(trainer).get("val_acc")  # one host read per validation, as the epoch timer's
         if acc is None and not self._said_no_acc:
             self._said_no_acc = True
             log.warning(
