@@ -20,6 +20,14 @@ pytestmark = pytest.mark.xdist_group("trackers")  # one MLflow server for these 
 EPOCH_FIGURES = ("perf/epoch_time_s", "perf/samples_per_s", "perf/data_wait_fraction", "perf/transfer_fraction")
 
 
+def test_the_tracker_tests_share_one_worker(request):
+    """Under make test's ``--dist loadgroup`` this module's tests run on one worker, with one MLflow
+    server. pytest 9.2 silently broke pytest-xdist 3.8's grouping (a node id can no longer be renamed
+    to carry its group), so the grouping itself is checked: the group is in this test's id."""
+    if request.config.getvalue("loadgroup"):  # an xdist worker under --dist loadgroup
+        assert request.node.nodeid.endswith("@trackers"), request.node.nodeid
+
+
 def _state(directory: Path) -> dict:
     return json.loads((directory / "trackers.json").read_text())
 
