@@ -126,8 +126,8 @@ def _jpeg(side: int) -> bytes:
 
 @pytest.mark.parametrize("decoder", ["pil", "turbo"])
 def test_decode_scale_decodes_a_large_jpeg_at_the_smallest_dct_scale_the_crop_allows(decoder):
-    """A 512x768 JPEG for 32 px crops: needed_side(32) = 55, so 1/8 (64 px) is allowed, 1/16 does not exist;
-    for 128 px crops (needed 217) 1/2 (256 px); off: full size."""
+    """A 512x768 JPEG for 32 px crops: needed_side(32) = 63, so 1/8 (64 px) is allowed, 1/16 does not exist;
+    for 128 px crops (needed 250) 1/2 (256 px); off: full size."""
     from trainer.data.decoders import Loader
     from trainer.data.folder import needed_side
 
@@ -138,12 +138,91 @@ def test_decode_scale_decodes_a_large_jpeg_at_the_smallest_dct_scale_the_crop_al
     def short_side(image) -> int:
         return min(image.size) if hasattr(image, "size") and not callable(image.size) else min(image.shape[-2:])
 
-    assert needed_side(32) == 55 and needed_side(128) == 217
+    assert needed_side(32) == 63 and needed_side(128) == 250
     assert short_side(Loader(decoder).decode(data)) == 512
     assert short_side(Loader(decoder, min_side=needed_side(32)).decode(data)) == 64
     assert short_side(Loader(decoder, min_side=needed_side(128)).decode(data)) == 256
     assert short_side(Loader(decoder, min_side=needed_side(300)).decode(data)) == 512  # needs more than half
     assert short_side(Loader("torchvision", min_side=needed_side(32)).decode(data)) == 512  # cannot scale
+
+
+def _worst_crop(monkeypatch, crop, image, ratio_end: int):
+    """(h, w) of the crop torchvision's RandomResizedCrop takes from ``image`` when it draws the least
+    area of its scale range and the ``ratio_end`` (0: least, 1: most) of its ratio range."""
+    draws = iter([0, ratio_end] * 10)  # make_params draws the area, then the ratio, per try
+    with monkeypatch.context() as m:
+        m.setattr(torch.Tensor, "uniform_", lambda t, lo, hi: t.fill_((lo, hi)[next(draws)]))
+        params = crop.make_params([image])
+    return params["height"], params["width"]
+
+
+def _random_resized_crop(image_size: int):
+    from torchvision.transforms import v2
+
+    from trainer.data.folder import transforms_for
+
+    crops = [t for t in transforms_for(image_size, True, True).transforms if isinstance(t, v2.RandomResizedCrop)]
+    assert len(crops) == 1
+    return crops[0]
+
+
+@pytest.mark.parametrize("image_size", [32, 64, 128, 224])
+def test_needed_side_covers_the_smallest_crop_the_train_transform_draws(monkeypatch, image_size):
+    """data.decode_scale=auto: an image decoded to needed_side has no crop smaller than image_size,
+    at the least area and at either end of the aspect-ratio range (3/4: a narrow crop, 4/3: a flat one),
+    on a square image (the least area for a short side) and a 3:2 one; one pixel less and the worst
+    crop is smaller (the bound is the true worst case, not a margin)."""
+    from trainer.data.folder import needed_side
+
+    crop = _random_resized_crop(image_size)
+    side = needed_side(image_size)
+    for h, w in [(side, side), (side, side * 3 // 2), (side * 3 // 2, side)]:
+        for end in (0, 1):
+            assert min(_worst_crop(monkeypatch, crop, torch.zeros(3, h, w), end)) >= image_size, (h, w, end)
+    smaller = side - 2
+    assert min(_worst_crop(monkeypatch, crop, torch.zeros(3, smaller, smaller), 0)) < image_size
+
+
+@pytest.mark.parametrize("decoder", ["pil", "turbo"])
+def test_decode_scale_never_decodes_so_small_that_the_worst_crop_is_upsampled(monkeypatch, decoder):
+    """A 440x440 JPEG for 32 px crops: 1/8 is 55 px, where a crop of 35% of the area at ratio 3/4 is
+    28 px wide and would be upsampled; auto decodes it at 1/4 (110 px) instead."""
+    import io
+
+    import numpy as np
+
+    from trainer.data.decoders import Loader
+    from trainer.data.folder import needed_side
+
+    if decoder == "turbo":
+        pytest.importorskip("simplejpeg")
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (440, 440, 3), dtype=np.uint8)).save(buffer, "JPEG")
+    decoded = Loader(decoder, min_side=needed_side(32)).decode(buffer.getvalue())
+    image = torch.from_numpy(np.array(decoded)).permute(2, 0, 1) if isinstance(decoded, Image.Image) else decoded
+    assert min(image.shape[-2:]) == 110
+    crop = _random_resized_crop(32)
+    for end in (0, 1):
+        assert min(_worst_crop(monkeypatch, crop, image, end)) >= 32
+
+
+def test_decode_scale_follows_the_train_transform(tmp_path):
+    """needed_side comes from the train transform as built: without augmentation (resize and center
+    crop) validation's resize is all an image needs, with it the smallest random crop."""
+    import numpy as np
+
+    from trainer.data import decoders
+    from trainer.data.folder import build_image_folders
+
+    for cls in ("a", "b"):
+        (tmp_path / cls).mkdir()
+        Image.fromarray(np.zeros((40, 40, 3), dtype=np.uint8)).save(tmp_path / cls / "0.jpg")
+    sides = {}
+    for augment in (True, False):
+        train, _, _ = build_image_folders(str(tmp_path), 32, augment, 0.0, 0, decode_scale="auto")
+        assert isinstance(train.loader, decoders.Loader)
+        sides[augment] = train.loader.min_side
+    assert sides == {True: 63, False: 36}
 
 
 def test_data_decode_scale_reaches_the_decoder_of_a_run(train, monkeypatch, tmp_path):
@@ -160,7 +239,7 @@ def test_data_decode_scale_reaches_the_decoder_of_a_run(train, monkeypatch, tmp_
     seen.clear()
     m, _ = train(*common, "data.decode_scale=auto", tiny=False)
     assert m["flags"]["data.decode_scale"] == "auto"
-    assert full == {256} and {min(s) for s in seen} == {64}  # 256 / 4: the smallest with a short side >= 55
+    assert full == {256} and {min(s) for s in seen} == {64}  # 256 / 4: the smallest with a short side >= 63
 
 
 def _recording(seen, real):

@@ -15,14 +15,46 @@ from typing import Tuple
 from ..errors import ConfigError
 from .decoders import DECODE_ERRORS
 
-MIN_CROP_SCALE = 0.35  # RandomResizedCrop's smallest area fraction
+CROP_SCALE = (0.35, 1.0)  # RandomResizedCrop's range of area fractions
+CROP_RATIO = (3 / 4, 4 / 3)  # and of aspect ratios (width / height), torchvision's default
 VAL_RESIZE = 1.14  # validation: resize the short side to this x image_size, then center-crop
 
 
-def needed_side(image_size: int) -> int:
-    """The short side a decoded image needs so that neither transform upsamples: a training crop
-    (at least MIN_CROP_SCALE of the area) and validation's resize (data.decode_scale=auto decodes no smaller)."""
-    return max(math.ceil(image_size / math.sqrt(MIN_CROP_SCALE)), int(round(image_size * VAL_RESIZE)))
+def crop_side_fraction(scale, ratio) -> float:
+    """The smallest short side of a RandomResizedCrop crop, as a fraction of the image's short side.
+
+    torchvision draws an area fraction s from ``scale`` and an aspect ratio r from ``ratio`` and
+    takes a crop of w = sqrt(s A r) by h = sqrt(s A / r), A the image's area: its short side is
+    sqrt(s A min(r, 1/r)), smallest at the least area and the most extreme ratio, and A is at
+    least the short side squared (a square image is the worst case). With (0.35, 1) and (3/4, 4/3)
+    that is 0.51 of the image's short side, not the 0.59 the area alone gives. When ten draws do
+    not fit, it falls back to a center crop of the whole image clamped to the ratio range, whose
+    short side is the image's (or 1/r0, r1 of it for a range that leaves out 1).
+    """
+    r0, r1 = ratio
+    drawn = math.sqrt(scale[0] * min(r0, 1 / r0, r1, 1 / r1))
+    return min(drawn, 1.0, 1 / r0, r1)
+
+
+def needed_side(image_size: int, scale=CROP_SCALE, ratio=CROP_RATIO) -> int:
+    """The short side a decoded image needs so that neither transform upsamples: the smallest training
+    crop (``crop_side_fraction`` of the side; ``scale=None`` where training does not crop) and
+    validation's resize. data.decode_scale=auto decodes no smaller."""
+    val = int(round(image_size * VAL_RESIZE))
+    if scale is None:
+        return val
+    return max(math.ceil(image_size / crop_side_fraction(scale, ratio)), val)
+
+
+def crop_range(transform):
+    """(scale, ratio) of the RandomResizedCrop in a transform as built, (None, None) without one:
+    what needed_side must cover is what the transform really draws."""
+    from torchvision.transforms import v2
+
+    for step in getattr(transform, "transforms", [transform]):
+        if isinstance(step, v2.RandomResizedCrop):
+            return tuple(step.scale), tuple(step.ratio)
+    return None, None
 
 
 def transforms_for(image_size: int, train: bool, augment: bool, keep_uint8: bool = False):
@@ -35,7 +67,7 @@ def transforms_for(image_size: int, train: bool, augment: bool, keep_uint8: bool
     steps = [v2.ToImage()]
     if train and augment:
         steps += [
-            v2.RandomResizedCrop(image_size, scale=(MIN_CROP_SCALE, 1.0), antialias=True),
+            v2.RandomResizedCrop(image_size, scale=CROP_SCALE, ratio=CROP_RATIO, antialias=True),
             v2.RandomHorizontalFlip(),
         ]
     else:
@@ -243,7 +275,9 @@ def build_image_folders(
         loader = BytesLoader(cache_in_memory, fs=fs)
         make_transform = _no_transform
     else:
-        min_side = needed_side(image_size) if decode_scale == "auto" else None
+        min_side = None
+        if decode_scale == "auto":
+            min_side = needed_side(image_size, *crop_range(transforms_for(image_size, True, augment, keep_uint8)))
         loader = Loader(decoder, cache_in_memory, fs=fs, min_side=min_side)
         make_transform = transforms_for
     from torch.utils.data import Subset
