@@ -199,3 +199,11 @@ class HookLightningModule(ProbeLightningModule):
     def on_after_batch_transfer(self, batch, dataloader_idx):
         HookLightningModule.hook_dtypes.append(batch[0].dtype)
         return batch
+
+
+class RankValAccModule(ProbeLightningModule):
+    """A user's own LightningModule that logs val_acc without ``sync_dist``, a different value on each
+    rank: 0.125 per epoch plus 0.5 on rank 1 (exact in binary, so the mean over ranks is too)."""
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_acc", 0.125 * self.current_epoch + 0.5 * self.global_rank)

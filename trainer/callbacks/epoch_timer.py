@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pytorch_lightning as pl
 import torch
@@ -68,13 +68,43 @@ VALIDATION_KEYS = {"val_acc": ("val/acc", "val_acc"), "val_loss": ("val/loss", "
 
 
 def validation_scalars(trainer) -> Dict[str, float]:
-    """val_acc / val_loss of the validation that just ran, rounded as metrics.json records them."""
-    found = {}
-    for field, names in VALIDATION_KEYS.items():
-        value = next((trainer.callback_metrics[n] for n in names if n in trainer.callback_metrics), None)
-        if value is not None:
-            found[field] = round(float(value), 6)
-    return found
+    """val_acc / val_loss of the validation that just ran, rounded as metrics.json records them.
+
+    With several ranks, the mean over the ranks (see ``rank_scalars``; every rank must call it at
+    the same point, as a collective)."""
+    return rank_scalars(trainer)[0]
+
+
+def rank_scalars(trainer) -> Tuple[Dict[str, float], Dict[str, List[float]]]:
+    """(the mean over ranks, each rank's value) of val_acc / val_loss, rounded as metrics.json records them.
+
+    A user's module that logs without ``sync_dist=True`` keeps each rank's own value in its
+    ``callback_metrics``; ``stop_at_acc`` decides on the value metrics.json records, so both take the
+    mean over ranks (equal shares of the validation set: the whole set's accuracy, what ``sync_dist``
+    gives). Where the model syncs it every rank holds that mean already and it is unchanged. One
+    all-gather and one host read per call.
+    """
+    found = [
+        next((trainer.callback_metrics[n] for n in names if n in trainer.callback_metrics), None)
+        for names in VALIDATION_KEYS.values()
+    ]
+    if trainer.world_size == 1:
+        means = {f: round(float(v), 6) for f, v in zip(VALIDATION_KEYS, found) if v is not None}
+        return means, {f: [v] for f, v in means.items()}
+    device = trainer.strategy.root_device
+    row = []  # per field: its value (0 where not logged), 1 where logged
+    for value in found:
+        logged = value is not None
+        value = torch.as_tensor(value if logged else 0.0, device=device).detach().float().reshape(())
+        row += [value, torch.tensor(float(logged), device=device)]
+    table = trainer.strategy.all_gather(torch.stack(row)).reshape(trainer.world_size, -1).tolist()
+    means, per_rank = {}, {}
+    for i, field in enumerate(VALIDATION_KEYS):
+        values = [r[2 * i] for r in table if r[2 * i + 1]]
+        if values:
+            means[field] = round(sum(values) / len(values), 6)
+            per_rank[field] = [round(v, 6) for v in values]
+    return means, per_rank
 
 
 def _steady_tflops(steady: List[Dict[str, Any]], flops_per_sample, samples_per_s) -> Optional[float]:
