@@ -254,3 +254,82 @@ def test_mlflow_without_a_tracking_server_is_one_paragraph_saying_how_to_set_one
     cfg = compose(*TINY, "logger=mlflow")
     with pytest.raises(ConfigError, match=r"logger=mlflow needs a tracking server: set MLFLOW_TRACKING_URI"):
         trackers.build(cfg, str(tmp_path), [], resuming=False)
+
+
+# ---- what leaves the machine
+
+PLANTED = (
+    "+data.storage_options.secret=PLANTED-SECRET",
+    "+data.storage_options.client_kwargs.aws_secret_access_key=PLANTED-AWS-KEY",
+)
+
+
+def _files_under(directory: Path) -> list:
+    """Every file below ``directory`` (symlinks followed: W&B links the files it uploads)."""
+    return [p for p in directory.rglob("*") if p.is_file()]
+
+
+@pytest.mark.slow
+def test_credentials_in_the_config_never_reach_a_tracker(tmp_path, mlflow_server):
+    """A secret under data.storage_options and a password in the tracking URI (logger.mlflow.tracking_uri):
+    masked in MLflow's params, run name and artifacts, in every W&B offline file and in the CSV logger's
+    files, while the run dir's own metrics.json and .hydra/config.yaml keep them (the user's files)."""
+    pytest.importorskip("wandb")
+    run_dir = tmp_path / "run"
+    uri = mlflow_server.uri.replace("http://", "http://alice:PLANTED-PASS@")
+    r = run_cli(
+        f"hydra.run.dir={run_dir}", *TINY, "logger=[mlflow,wandb,csv]", "profile=true", *PLANTED,
+        env_extra={"MLFLOW_TRACKING_URI": uri, "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    # planted for real: the user's own files on this machine keep every value
+    local = (run_dir / "metrics.json").read_text() + (run_dir / ".hydra" / "config.yaml").read_text()
+    assert "PLANTED-SECRET" in local and "PLANTED-AWS-KEY" in local and "PLANTED-PASS" in local
+    client = mlflow_server.client()
+    run = client.get_run(_state(run_dir)["mlflow"]["run_id"])
+    assert run.data.params["data.storage_options.secret"] == "***"
+    assert run.data.params["data.storage_options.client_kwargs.aws_secret_access_key"] == "***"
+    assert run.data.params["data.image_size"] == "16"  # the rest as it was
+    sent = [run.info.run_name, *run.data.params.values(), *run.data.tags.values()]
+    assert not [s for s in sent if "PLANTED" in s], sent
+    downloaded = tmp_path / "artifacts"
+    downloaded.mkdir()
+    client.download_artifacts(run.info.run_id, "", str(downloaded))
+    artifacts = _files_under(downloaded)
+    assert {"metrics.json", "config.yaml", "summary.html"} <= {p.name for p in artifacts}
+    assert not [p for p in artifacts if b"PLANTED" in p.read_bytes()]
+    uploaded = json.loads((downloaded / "metrics.json").read_text())
+    assert "+data.storage_options.secret=***" in uploaded["overrides"]
+    assert "secret: '***'" in (downloaded / ".hydra" / "config.yaml").read_text()
+    # W&B: its run file (name, config, metadata, console), the files it syncs, its logs
+    wandb_files = _files_under(run_dir / "wandb")
+    assert any(p.suffix == ".wandb" for p in wandb_files) and any(p.name == "metrics.json" for p in wandb_files)
+    assert not [p for p in wandb_files if b"PLANTED" in p.read_bytes()]
+    # the CSV logger's files
+    for name in ("metrics.csv", "hparams.yaml"):
+        assert "PLANTED" not in (run_dir / name).read_text(), name
+
+
+def test_what_counts_as_a_credential_and_that_no_key_of_the_product_does(compose):
+    """The names fsspec, the clouds and HTTP give credentials are masked at any depth; none of the
+    product's own keys is (a masked ``data.batch_size`` would make params useless)."""
+    from omegaconf import OmegaConf
+
+    from trainer import trackers
+
+    for name in ("secret", "key", "token", "password", "aws_secret_access_key", "aws_access_key_id", "api_key",
+                 "apiKey", "account_key", "sas_token", "client_secret", "connection_string", "credentials"):  # fmt: skip
+        assert trackers.looks_secret(f"data.storage_options.{name}"), name
+    for name in ("key_dim", "monkey", "tokenizer", "max_tokens", "author", "data.root"):
+        assert not trackers.looks_secret(name), name
+    masked = trackers.redact(
+        {"a": {"credentials": {"user": "u", "n": 3, "off": None}, "root": "s3://ak:sk@bucket/x?sig=abc&y=1"}}
+    )
+    assert masked == {
+        "a": {"credentials": {"user": "***", "n": "***", "off": None}, "root": "s3://***@bucket/x?sig=***&y=1"}
+    }
+    assert trackers.redact_text("+data.storage_options.token='a b'") == "+data.storage_options.token=***"
+    for overrides in ([], ["logger=many"], ["logger=wandb"], ["+recipe=resnet50"], ["+recipe=vit"]):
+        flat = trackers.params_of(compose(*overrides), {})
+        flat.update(trackers._flatten(OmegaConf.to_container(compose(*overrides).logger, resolve=False)))
+        assert flat and not [k for k in flat if trackers.looks_secret(k)], overrides

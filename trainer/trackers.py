@@ -17,6 +17,18 @@ what only the product knows, leaving what the user set alone:
   logger), and at the end (``finish``) the doctor's verdict as a tag and metrics.json,
   ``.hydra/config.yaml`` and the profile summary as artifacts.
 
+**Credentials never leave the machine** through a tracker (``redact``): a config may hold them
+(``data.storage_options`` for fsspec, a tracking URI with ``user:pass@``, the command line that set
+them). Masked as ``***`` in everything a tracker gets (params, run names, the uploaded files, W&B's
+record of the command line; the CSV and TensorBoard loggers' params too): the value of every key whose
+name says credential (a word ``secret``, ``password``, ``passwd``, ``passphrase``, ``token``,
+``credential(s)``, ``auth``, ``authorization``, ``cookie``, ``signature``; a last word ``key``, as in
+``key``, ``api_key``, ``aws_secret_access_key``, ``account_key``; ``..._key_id``; ``connection_string``),
+at any depth (``data.storage_options.*``, ``logger.*``), also as ``key=value`` in an override or a
+query string; and the userinfo of every URL (``https://***@host``). The run dir's own ``metrics.json``
+and ``.hydra/config.yaml`` keep the values (the user's files, on the user's machine): the trackers get
+redacted copies.
+
 Only rank 0 talks to a tracker (Lightning's loggers are rank-zero-only; ``finish`` checks the rank too).
 A missing tracker package or an unreachable tracking server is one paragraph before training starts.
 """
@@ -27,6 +39,8 @@ import json
 import logging
 import os
 import re
+import sys
+import tempfile
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -63,8 +77,9 @@ def build(cfg, out_dir: str, overrides: List[str], resuming: bool) -> List[Any]:
     entries = OmegaConf.to_container(cfg.get("logger") or {}, resolve=True)
     previous = _read(os.path.join(out_dir, STATE)) if resuming else {}
     sweep, swept = _sweep_of(out_dir)
-    job_name = ",".join(o for o in overrides if o.split("=", 1)[0].lstrip("+~") in swept) if swept else ""
-    job_name = job_name or ",".join(overrides) or cfg.get("recipe") or "train"
+    shown = [redact_text(o) for o in overrides]  # the run's name in the tracker
+    job_name = ",".join(o for o in shown if o.split("=", 1)[0].lstrip("+~") in swept) if swept else ""
+    job_name = job_name or ",".join(shown) or cfg.get("recipe") or "train"
     loggers, state = [], {}
     try:
         for name, entry in entries.items():
@@ -192,7 +207,8 @@ def _open(name: str, logger, resumed: bool) -> Dict[str, Any]:
         return {"run_id": run_id, "experiment_id": logger.experiment_id, "tracking_uri": uri}
     if kind == "wandb":
         try:
-            run = logger.experiment
+            with _redacted_argv():
+                run = logger.experiment
         except Exception as e:  # wandb's UsageError (no API key), CommError (no server) and the like
             raise ConfigError(
                 f"logger={name}: W&B could not start a run ({metrics_mod.one_line(e)}). Log in (wandb login, or "
@@ -205,7 +221,7 @@ def _open(name: str, logger, resumed: bool) -> Dict[str, Any]:
 
 def unreachable_message(name: str, uri: str, error: BaseException) -> str:
     return (
-        f"logger={name}: the MLflow tracking server at {uri} did not answer ({metrics_mod.one_line(error)}). "
+        f"logger={name}: the MLflow tracking server at {redact_text(str(uri))} did not answer ({metrics_mod.one_line(error)}). "
         "Start it (mlflow server --host 127.0.0.1 --port 5000 ...), or point MLFLOW_TRACKING_URI or "
         f"logger.{name}.tracking_uri at a reachable one; nothing was trained."
     )
@@ -252,8 +268,9 @@ def _flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
 
 
 def log_params(loggers: List[Any], params: Dict[str, Any]) -> None:
-    """Every logger gets the params; MLflow only those a resumed run does not hold yet (its params
-    cannot change, and a resume differs in ``ckpt_path``)."""
+    """Every logger gets the params, credentials masked (``redact``); MLflow only those a resumed run
+    does not hold yet (its params cannot change, and a resume differs in ``ckpt_path``)."""
+    params = redact(params)
     for logger in loggers:
         if _kind(_target_of(logger)) == "mlflow" and global_rank() == 0:
             held = logger.experiment.get_run(logger.run_id).data.params
@@ -313,19 +330,19 @@ def _finish_one(logger, tags: Dict[str, str], files: List[str], out_dir: str, st
         client, run_id = logger.experiment, logger.run_id
         for k, v in tags.items():
             client.set_tag(run_id, k, v)
-        for path in files:
-            client.log_artifact(run_id, path, artifact_path=_artifact_dir(path, out_dir))
+        _mlflow_artifacts(client, run_id, files, out_dir)
         client.set_terminated(run_id, _STATUS.get(status, "FAILED"))
         uri = logger._tracking_uri
         if uri.startswith("http"):
-            log.info("mlflow run: %s/#/experiments/%s/runs/%s", uri.rstrip("/"), logger.experiment_id, run_id)
+            # redacted: a W&B run of the same job uploads what the console shows
+            link = f"{uri.rstrip('/')}/#/experiments/{logger.experiment_id}/runs/{run_id}"
+            log.info("mlflow run: %s", redact_text(link))
     elif kind == "wandb":
         run = logger.experiment
         run.summary.update({k.replace(".", "_"): v for k, v in tags.items()})
         if tags.get("doctor.bottleneck"):
             run.tags = tuple(run.tags or ()) + (f"doctor:{tags['doctor.bottleneck']}",)
-        for path in files:
-            run.save(path, base_path=out_dir, policy="now")
+        _wandb_files(run, files, out_dir)
         run.finish(exit_code=0 if status == "ok" else 1)
     elif kind == "tensorboard":
         if tags.get("doctor.verdict"):
@@ -338,6 +355,129 @@ def _finish_one(logger, tags: Dict[str, str], files: List[str], out_dir: str, st
 def _artifact_dir(path: str, out_dir: str) -> Optional[str]:
     rel = os.path.dirname(os.path.relpath(path, out_dir))
     return rel or None
+
+
+def _mlflow_artifacts(client, run_id: str, files: List[str], base: str) -> None:
+    """The files as artifacts, at their paths relative to ``base``: redacted copies, uploaded from a temp dir."""
+    with tempfile.TemporaryDirectory(prefix="trainer-upload-") as dest:
+        for path, upload in zip(files, _uploads(files, base, dest)):
+            client.log_artifact(run_id, upload, artifact_path=_artifact_dir(path, base))
+
+
+def _wandb_files(run, files: List[str], base: str) -> None:
+    """The files in the W&B run, at their paths relative to ``base``: redacted copies written into the
+    run's own files dir (W&B uploads them from there, at the end or with ``wandb sync``); an image is
+    linked as before."""
+    for path, upload in zip(files, _uploads(files, base, run.dir)):
+        run.save(upload, base_path=run.dir if upload != path else base, policy="now")
+
+
+# ---- what leaves the machine: credentials masked
+
+
+REDACTED = "***"
+# words of a key's name that say it holds a credential (anywhere in the name: ``client_secret``,
+# ``aws_session_token``, ``credentials.user``), and those that do as the name's last word (``key``,
+# ``api_key``, ``account_key``; not ``key_dim``)
+_SECRET_WORDS = frozenset(
+    "secret secrets password passwords passwd passphrase token credential credentials creds auth authorization "
+    "bearer cookie signature sig".split()
+)
+_KEY_WORDS = frozenset("key keys apikey secretkey accesskey privatekey accountkey keyid".split())
+_URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://)[^\s/@?#'\"<>]+@")
+_OVERRIDE = re.compile(r"([+~]{0,2}[A-Za-z_][\w.\-/]*)=(.*)", re.DOTALL)
+_ASSIGNMENT = re.compile(r"([A-Za-z_][\w.\-/]*)=('[^']*'|\"[^\"]*\"|[^\s&'\"<>]*)")
+
+
+def looks_secret(name: str) -> bool:
+    """Whether a key's name (a dotted path too) says that its value is a credential."""
+    words = [w for w in re.split(r"[^a-z0-9]+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(name)).lower()) if w]
+    if not words:
+        return False
+    return (
+        bool(_SECRET_WORDS.intersection(words))
+        or words[-1] in _KEY_WORDS
+        or words[-2:]
+        in (
+            ["key", "id"],
+            ["connection", "string"],
+        )
+    )
+
+
+def _mask(value: Any) -> Any:
+    """A credential's value: every leaf masked (None, booleans and empty strings say nothing and stay)."""
+    if isinstance(value, dict):
+        return {k: _mask(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_mask(v) for v in value]
+    return value if value is None or isinstance(value, bool) or value == "" else REDACTED
+
+
+def redact(value: Any) -> Any:
+    """A config, a metrics.json or a params dict with its credentials masked: the values under keys that
+    look like one, ``user:pass@`` in URLs, and ``key=value`` (overrides, query strings) with such a key."""
+    if isinstance(value, dict):
+        return {k: _mask(v) if looks_secret(k) else redact(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact(v) for v in value]
+    if isinstance(value, str):
+        return redact_text(value)
+    return value
+
+
+def redact_text(text: str) -> str:
+    """Free text (a URL, an override, a page): URL userinfo and ``key=value`` with a credential's key masked."""
+    text = _URL_USERINFO.sub(rf"\1{REDACTED}@", text)
+    whole = _OVERRIDE.fullmatch(text)
+    if whole and looks_secret(whole.group(1)):  # one override: everything after its '=' is the value
+        return f"{whole.group(1)}={REDACTED}"
+    return _ASSIGNMENT.sub(lambda m: f"{m.group(1)}={REDACTED}" if looks_secret(m.group(1)) else m.group(0), text)
+
+
+def _redacted_text_of(path: str) -> Optional[str]:
+    """The file's text with its credentials masked (JSON and YAML by structure); None for a binary file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError:
+        return None  # an image: nothing of the config in it
+    try:
+        if path.endswith(".json"):
+            return json.dumps(redact(json.loads(text)), indent=2) + "\n"
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            return yaml.safe_dump(redact(yaml.safe_load(text)), sort_keys=False, allow_unicode=True)
+    except ValueError:  # yaml's errors are ValueErrors too
+        pass
+    return redact_text(text)
+
+
+def _uploads(files: List[str], base: str, dest: str) -> List[str]:
+    """What a tracker gets of ``files``: a redacted copy in ``dest`` (same path relative to it as to
+    ``base``) of each text file, the file itself for an image. The files in ``base`` stay as they are."""
+    out = []
+    for path in files:
+        text = _redacted_text_of(path)
+        if text is None:
+            out.append(path)
+            continue
+        copy = os.path.join(dest, os.path.relpath(path, base))
+        metrics_mod.atomic_write_text(copy, text)  # replaces a link there, never writes through it
+        out.append(copy)
+    return out
+
+
+@contextmanager
+def _redacted_argv() -> Iterator[None]:
+    """W&B records the command line in the run's metadata: it reads a copy with credentials masked."""
+    saved = list(sys.argv)
+    sys.argv[1:] = [redact_text(a) for a in saved[1:]]
+    try:
+        yield
+    finally:
+        sys.argv[:] = saved
 
 
 # ---- a sweep's grouping
@@ -401,8 +541,7 @@ def sweep_end(sweep_dir: str, finished: bool = True) -> None:
                 from mlflow.tracking import MlflowClient
 
                 client = MlflowClient(tracking_uri=entry["tracking_uri"])
-                for path in files:
-                    client.log_artifact(entry["parent_run_id"], path)
+                _mlflow_artifacts(client, entry["parent_run_id"], files, sweep_dir)
                 if finished:
                     client.set_terminated(entry["parent_run_id"], "FINISHED")
             elif entry.get("group"):
@@ -418,19 +557,20 @@ def _wandb_report_run(entry: Dict[str, Any], files: List[str], sweep_dir: str) -
 
     import wandb
 
-    run = wandb.init(
-        project=entry.get("project"),
-        group=entry["group"],
-        job_type="ab_report",
-        name="ab_report",
-        dir=sweep_dir,
-        reinit="create_new",
-    )
+    with _redacted_argv():
+        run = wandb.init(
+            project=entry.get("project"),
+            group=entry["group"],
+            job_type="ab_report",
+            name="ab_report",
+            dir=sweep_dir,
+            reinit="create_new",
+        )
+    _wandb_files(run, files, sweep_dir)
     for path in files:
-        run.save(path, base_path=sweep_dir, policy="now")
         if path.endswith(".csv"):
             with open(path, newline="") as f:
-                rows = list(csv.reader(f))
+                rows = [[redact_text(cell) for cell in row] for row in csv.reader(f)]
             if rows:
                 run.log({"ab_report": wandb.Table(columns=rows[0], data=rows[1:])})
     run.finish()
