@@ -207,3 +207,8 @@ class RankValAccModule(ProbeLightningModule):
 
     def validation_step(self, batch, batch_idx):
         self.log("val_acc", 0.125 * self.current_epoch + 0.5 * self.global_rank)
+
+
+def probe_lightning_module(num_classes: int = 10) -> ProbeLightningModule:
+    """A factory function that returns a user's LightningModule (what it is shows only once it is built)."""
+    return ProbeLightningModule(num_classes)

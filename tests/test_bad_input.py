@@ -93,6 +93,18 @@ CASES = {
         "lr_scaling=linear",
     ),
     "a limit of the wrong kind": (None, ["trainer.limit_train_batches=1.5"], 2, "'trainer.limit_train_batches'"),
+    "strategy=fsdp2 with a user's LightningModule that does not shard itself": (
+        None,
+        ["model._target_=trainer.examples.MyLightningModule", "strategy=fsdp2", "compile=true"],
+        2,
+        "MyLightningModule has none: give it a configure_model",
+    ),
+    "strategy=fsdp2 with a factory's LightningModule that does not shard itself": (
+        None,
+        ["model._target_=spies.probe_lightning_module", "strategy=fsdp2"],
+        2,
+        "ProbeLightningModule has none: give it a configure_model",
+    ),
 }
 
 
@@ -106,6 +118,27 @@ def test_bad_input_gets_one_paragraph(case, tmp_path):
     assert r.returncode == code, out[-3000:]
     assert says in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in out and "HYDRA_FULL_ERROR" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.whole_machine  # devices=2 needs two cores to pass the devices check
+def test_fsdp2_with_a_module_that_does_not_shard_itself_is_refused_before_its_ranks_start(tmp_path):
+    """The README's template module under strategy=fsdp2 devices=2: one paragraph from the launching
+    process, and no rank started (torchrun's log dir, run_dir/ranks, never made)."""
+    run_dir = tmp_path / "run"
+    r = run_cli(
+        f"hydra.run.dir={run_dir}",
+        *TINY,
+        "model._target_=trainer.examples.MyLightningModule",
+        "strategy=fsdp2",
+        "devices=2",
+        "compile=true",
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, out[-3000:]
+    assert "strategy=fsdp2 shards a model in its configure_model hook" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in out and "HYDRA_FULL_ERROR" not in out
+    assert not (run_dir / "ranks").exists()
 
 
 def test_a_recipe_with_a_yaml_error_names_the_file_and_line(tmp_path, monkeypatch, capsys):

@@ -112,6 +112,10 @@ def resolve(cfg, hw: Hardware) -> Plan:
 
 def _refuse_with_sharding(cfg) -> None:
     """Flags whose work a sharded strategy cannot do (or would undo): refused before anything is built."""
+    if cfg.strategy == "fsdp2":
+        from .models.build import refuse_unsharded_user_module
+
+        refuse_unsharded_user_module(cfg)  # a module that cannot be sharded, before its ranks start
     if cfg.strategy == "fsdp2" and cfg.channels_last:
         # FSDP1 (strategy=fsdp) keeps each parameter's strides in its flat parameter (torch >= 2.6), so
         # there channels_last weights stay channels-last; FSDP2 refuses to shard them at all

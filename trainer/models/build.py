@@ -126,17 +126,57 @@ def check_user_module(module_or_class, cfg, overrides) -> None:
         problems.append(
             f"{', '.join(own)} configure the trainer's own optimizer, schedule and loss; {name} has its own (configure_optimizers, training_step): drop them"
         )
+    unsharded = _unsharded_problem(cls, cfg)
+    if unsharded:
+        problems.append(unsharded)
     if problems:
-        from ..errors import ConfigError
-
-        raise ConfigError(
-            f"model._target_ is a LightningModule of your own ({name}), which the trainer runs as it is. "
-            + "; ".join(problems)
-            + "."
-        )
+        raise _user_module_error(name, problems)
     if cfg.get("recipe"):
         log.warning(
             "%s is your own LightningModule: the recipe's optimizer, schedule, loss and lr_scaling do not apply to it "
             "(its configure_optimizers and training_step decide); the recipe's data, model-independent flags and trainer settings do.",
             name,
         )
+
+
+def _user_module_error(name: str, problems) -> ConfigError:
+    return ConfigError(
+        f"model._target_ is a LightningModule of your own ({name}), which the trainer runs as it is. "
+        + "; ".join(problems)
+        + "."
+    )
+
+
+def _unsharded_problem(cls, cfg):
+    """strategy=fsdp2 with a user's LightningModule that has no ``configure_model``: what to do, or None.
+
+    Lightning's ModelParallelStrategy shards a model only in its ``configure_model`` hook and stops
+    with a TypeError (a traceback from every rank) where the hook is not overridden; it checks as
+    Lightning does. The trainer shards a plain nn.Module itself (``ImageClassifier.configure_model``:
+    each repeated block, then the network), but not a module of the user's own: which of its
+    submodules its steps call, and which parameters it reads outside them (sharded, they become
+    DTensors), only its author knows.
+    """
+    from lightning_utilities.core.overrides import is_overridden
+
+    if cfg.get("strategy") != "fsdp2" or is_overridden("configure_model", cls, pl.LightningModule):
+        return None
+    return (
+        f"strategy=fsdp2 shards a model in its configure_model hook (Lightning's ModelParallelStrategy requires one), "
+        f"and {cls.__name__} has none: give it a configure_model that shards its networks once, e.g. "
+        "torch.distributed.fsdp.fully_shard(self.net, mesh=self.device_mesh['data_parallel']) (its repeated blocks first, "
+        "then the whole network); or name a plain nn.Module as model._target_ (the trainer shards it itself), "
+        "or use strategy=ddp (or strategy=fsdp on GPUs, which wraps the module itself)"
+    )
+
+
+def refuse_unsharded_user_module(cfg) -> None:
+    """strategy=fsdp2: refuse a user's LightningModule class without ``configure_model`` from the config
+    alone, before torchrun starts any rank (``switchboard.resolve`` runs in the launching process);
+    a factory function's module is checked once built (``check_user_module``, in each rank)."""
+    if cfg.get("strategy") != "fsdp2" or cfg.get("model") is None:
+        return
+    cls = user_lightning_module_class(cfg)
+    problem = _unsharded_problem(cls, cfg) if cls is not None else None
+    if problem:
+        raise _user_module_error(cls.__name__, [problem])
