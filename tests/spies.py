@@ -201,6 +201,29 @@ class HookLightningModule(ProbeLightningModule):
         return batch
 
 
+class SignalNet(ProbeNet):
+    """A planted stop signal per rank: in its ``at[rank]``-th training forward the rank sends
+    ``signal_name`` to its own process, as a scheduler signals each node's step on its own clock
+    (ranks reach a given step at different times, so "a few seconds apart" is "a few steps apart")."""
+
+    def __init__(self, num_classes: int = 10, width: int = 8, signal_name: str = "SIGUSR1", at=(3,)):
+        super().__init__(num_classes, width)
+        self.signal_name = signal_name
+        self.at = list(at)
+        self.forwards = 0
+
+    def forward(self, x):
+        if self.training and torch.is_grad_enabled():
+            import os
+            import signal
+
+            self.forwards += 1
+            rank = int(os.environ.get("RANK", "0"))
+            if rank < len(self.at) and self.forwards == self.at[rank]:
+                os.kill(os.getpid(), signal.Signals[self.signal_name])
+        return super().forward(x)
+
+
 class RankValAccModule(ProbeLightningModule):
     """A user's own LightningModule that logs val_acc without ``sync_dist``, a different value on each
     rank: 0.125 per epoch plus 0.5 on rank 1 (exact in binary, so the mean over ranks is too)."""
@@ -212,3 +235,73 @@ class RankValAccModule(ProbeLightningModule):
 def probe_lightning_module(num_classes: int = 10) -> ProbeLightningModule:
     """A factory function that returns a user's LightningModule (what it is shows only once it is built)."""
     return ProbeLightningModule(num_classes)
+
+
+class StepLoopWatch(pl.Callback):
+    """Watches a rank's training steps from inside: how many ``torch.distributed.broadcast`` calls they
+    make (Lightning's per-step stop-flag read is one), how many rounds the trainer's stop agreement
+    ran and how many of its reads had to wait; with ``sync_debug`` on a GPU, any host sync in the
+    second epoch's steps raises. Writes ``step_loop_rank<N>.json`` into the run dir when training ends."""
+
+    def __init__(self, sync_debug: bool = False) -> None:
+        self.sync_debug = sync_debug
+        self.steps = 0
+        self.broadcasts = 0
+        self._original = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        import torch.distributed as dist
+
+        self._original = dist.broadcast
+
+        def counted(*args, **kwargs):
+            self.broadcasts += 1
+            return self._original(*args, **kwargs)
+
+        dist.broadcast = counted
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.steps += 1
+        if self.sync_debug and trainer.current_epoch == 1 and batch_idx == 0:
+            torch.cuda.set_sync_debug_mode("error")
+
+    def _sync_debug_off(self, *args, **kwargs) -> None:
+        if self.sync_debug:
+            torch.cuda.set_sync_debug_mode(0)
+
+    on_validation_start = on_train_epoch_end = on_exception = _sync_debug_off
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        import json
+        import os
+
+        import torch.distributed as dist
+
+        from trainer.checkpointing import PreemptionCallback
+
+        dist.broadcast = self._original
+        agreement = next(c for c in trainer.callbacks if isinstance(c, PreemptionCallback)).agreement
+        record = dict(
+            steps=self.steps, broadcasts=self.broadcasts, rounds=agreement.rounds, blocked=agreement.blocked_reads
+        )
+        path = os.path.join(trainer.default_root_dir, f"step_loop_rank{trainer.global_rank}.json")
+        with open(path, "w") as f:
+            json.dump(record, f)
+
+
+class WatchedLightningModule(ProbeLightningModule):
+    """A user's LightningModule whose steps a ``StepLoopWatch`` watches (it logs per epoch only: a
+    per-step ``self.log`` is itself a host read every ``log_every_n_steps``)."""
+
+    def __init__(self, num_classes: int = 10, lr: float = 0.01, sync_debug: bool = False):
+        super().__init__(num_classes, lr)
+        self.sync_debug = sync_debug
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self(x), y)
+        self.log("train/loss", loss, on_step=False, on_epoch=True)
+        return loss
+
+    def configure_callbacks(self):
+        return [StepLoopWatch(self.sync_debug)]

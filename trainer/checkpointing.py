@@ -12,7 +12,8 @@
 - ``ResumableState``: saves and restores the RNG states (torch, CUDA, numpy, python) with the
   checkpoint, so augmentation and dropout continue as if never interrupted.
 - ``PreemptionCallback``: SIGTERM/SIGUSR1 (what SLURM and cloud schedulers send) and Ctrl-C save
-  last.ckpt at the next step boundary and stop cleanly; ``trainer.cli`` then exits with
+  last.ckpt at a training-step boundary (with several ranks, the one step they agree on:
+  ``trainer.stop_agreement``) and stop cleanly; ``trainer.cli`` then exits with
   ``PREEMPTED_EXIT_CODE`` (a local sweep stops as a whole: ``trainer.sweep``).
 """
 
@@ -33,10 +34,9 @@ import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from .errors import ConfigError
+from .stopping import PREEMPTED_EXIT_CODE  # noqa: F401  (the run's exit code after a stop: resume with ckpt_path=last)
 
 log = logging.getLogger(__name__)
-
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: "try again later" (resume with ckpt_path=last)
 
 
 class CheckpointSaveError(RuntimeError):
@@ -291,8 +291,13 @@ def _tuples(value):
 
 
 class PreemptionCallback(pl.Callback):
-    """Checkpoint at the next step boundary after SIGTERM, SIGUSR1 or Ctrl-C (``trainer.stopping``),
+    """Checkpoint at a training-step boundary after SIGTERM, SIGUSR1 or Ctrl-C (``trainer.stopping``),
     then stop at once (the run's status says preempted; exit code 75).
+
+    With several ranks, every rank stops at the one step they agree on (``trainer.stop_agreement``),
+    whichever rank was signalled and when, and they save last.ckpt together. Lightning's own SIGTERM
+    handling (its per-step broadcast, its handler that raises at its own check points) is turned off
+    for the fit: a signal during validation or between epochs waits for the next training step's end.
 
     SIGUSR2 too where the process already handles it in Python: submitit's jobs do (Hydra's Slurm
     launcher), it is their preemption/time-limit signal. That handler (submitit's) runs after the
@@ -303,9 +308,13 @@ class PreemptionCallback(pl.Callback):
     CHAINED_ONLY = tuple(s for s in (getattr(signal, "SIGUSR2", None),) if s is not None)
 
     def __init__(self, last_path: str) -> None:
+        from .stop_agreement import StopAgreement
+
         self.last_path = last_path
         self.saved_at_step: Optional[int] = None
         self.exit_requested = False  # a chained handler (submitit's) asked the process to exit
+        self.agreement = StopAgreement()
+        self._agreed: Optional[str] = None  # the signal the ranks agreed to stop on
         self._chained: Optional[str] = None  # a SIGUSR2 for submitit
         self._signum: Optional[int] = None
         self._previous: Dict[int, Any] = {}
@@ -313,20 +322,24 @@ class PreemptionCallback(pl.Callback):
 
     @property
     def received(self) -> Optional[str]:
-        """The signal that stopped the run, if one did."""
+        """The signal that stopped the run (the agreed one: possibly another rank's), if one did."""
         from . import stopping
 
-        return self._chained or stopping.requested()
+        return self._agreed or self._chained or stopping.requested()
 
     def _handler(self, signum, frame) -> None:
         self._chained = signal.Signals(signum).name
         self._signum = signum
 
+    def setup(self, trainer, pl_module, stage) -> None:
+        from .stop_agreement import take_over_from_lightning
+
+        take_over_from_lightning(trainer)  # before fit installs Lightning's handlers
+
     def on_fit_start(self, trainer, pl_module) -> None:
         from . import stopping
 
-        # takes over from Lightning's own SIGTERM handler for the fit (Lightning restores it after);
-        # from here a stop waits for the next step boundary
+        # ours for the whole fit (Lightning's are turned off); from here a stop waits for a step boundary
         self._installed = stopping.install()
         stopping.stop_during_setup(False)
         for s in self.CHAINED_ONLY:
@@ -336,9 +349,10 @@ class PreemptionCallback(pl.Callback):
                 self._previous[s] = signal.signal(s, self._handler)
             except ValueError:  # not the main thread
                 pass
+        self.agreement.setup()
 
     def _save(self, trainer) -> None:
-        trainer.save_checkpoint(self.last_path)
+        trainer.save_checkpoint(self.last_path)  # every rank: the strategy decides who writes
         self.saved_at_step = trainer.global_step
         log.warning(
             "%s received: saved %s at step %d; stopping. Resume with ckpt_path=last.",
@@ -348,31 +362,46 @@ class PreemptionCallback(pl.Callback):
         )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.received and self.saved_at_step is None:
-            self._save(trainer)
-            # only the signals we listen to for someone else; Lightning's own SIGTERM/SIGUSR1 handlers
-            # (its SIGTERM exception, its Slurm auto-requeue with an hpc checkpoint) stay replaced
-            previous = self._previous.get(self._signum) if self._chained else None
-            if callable(previous):
-                try:
-                    previous(self._signum, None)  # e.g. submitit: requeue this job, then exit
-                except SystemExit:
-                    self.exit_requested = True
-                    raise
-            # Stop now, as Lightning does on SIGTERM: ending the epoch instead (should_stop) would run
-            # the epoch-end checkpoint, which records the cut-short epoch as finished, and the
-            # resumed run would skip the rest of it.
-            from pytorch_lightning.utilities.exceptions import SIGTERMException
+        from . import stopping
 
-            raise SIGTERMException(0)
+        if self.saved_at_step is not None:
+            return
+        self._agreed = self.agreement.decide(self._chained or stopping.requested())
+        if not self._agreed:
+            return
+        self._save(trainer)
+        # only the signals we listen to for someone else; Lightning's own SIGTERM/SIGUSR1 handlers
+        # (its SIGTERM exception, its Slurm auto-requeue with an hpc checkpoint) stay off
+        previous = self._previous.get(self._signum) if self._chained else None
+        if callable(previous):
+            try:
+                previous(self._signum, None)  # e.g. submitit: requeue this job, then exit
+            except SystemExit:
+                self.exit_requested = True
+                raise
+        # Stop now: ending the epoch instead (should_stop) would run the epoch-end checkpoint, which
+        # records the cut-short epoch as finished, and the resumed run would skip the rest of it.
+        # Lightning's SIGTERMException is a SystemExit that its loop lets through; trainer.run reads
+        # saved_at_step to tell it from a crash.
+        from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+        raise SIGTERMException(0)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.agreement.close()
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self._restore()
 
     def on_exception(self, trainer, pl_module, exception) -> None:
-        # a stop that lands after this step's check but before Lightning's next hook raised: still
-        # saved here, at a step boundary
-        if self.received and self.saved_at_step is None and isinstance(exception, SystemExit):
+        # one process, stopped by a SystemExit from elsewhere after a signal (submitit's handler
+        # exiting): still saved here, at a step boundary. Several ranks save only where they agreed.
+        if (
+            self.received
+            and self.saved_at_step is None
+            and isinstance(exception, SystemExit)
+            and not self.agreement.distributed
+        ):
             self._save(trainer)
         self._restore()
 

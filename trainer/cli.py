@@ -393,7 +393,7 @@ def _run_job(cfg, job: JobContext) -> None:
         )
         log.info("results: %s%s", os.path.join(job.out_dir, "metrics.json"), view)
     if result.get("preempted"):
-        from .checkpointing import PREEMPTED_EXIT_CODE
+        from .stopping import PREEMPTED_EXIT_CODE
 
         if not job.multirun:
             print(f"\n{result['error']} (exit code {PREEMPTED_EXIT_CODE})", file=sys.stderr)

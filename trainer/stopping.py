@@ -12,15 +12,17 @@ sweep reads between jobs, so a finished job's result is always written.
 
 Installed for a single run by ``trainer.cli``, for a whole local sweep when it starts (only where
 its jobs run in this process: a Slurm sweep's process just waits, and stops as any process does),
-and during ``fit`` by ``PreemptionCallback`` (Lightning installs its own SIGTERM handler inside
-``fit``; this one takes its place there, and Lightning restores the previous handlers when ``fit``
-ends). Nested installs restore what they replaced.
+and during ``fit`` by ``PreemptionCallback``, which also keeps Lightning from installing its own
+SIGTERM handler inside ``fit`` (``trainer.stop_agreement``): a stop is ours alone, everywhere.
+Nested installs restore what they replaced.
 """
 
 from __future__ import annotations
 
 import signal
 from typing import Any, Dict, List, Optional
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL, "try again later": a run that stopped on a signal after saving last.ckpt
 
 SIGNALS = tuple(
     s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGUSR1", None), signal.SIGINT) if s is not None

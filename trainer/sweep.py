@@ -326,8 +326,8 @@ def finish_stopped(signal_name: str) -> int:
     """After a stop: mark the plan, write the report of what finished, say what did not run and how to finish."""
     import shlex
 
-    from .checkpointing import PREEMPTED_EXIT_CODE
     from .report import write_report
+    from .stopping import PREEMPTED_EXIT_CODE
 
     sweep_dir = _state["sweep_dir"]
     if not sweep_dir:

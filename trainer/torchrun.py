@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from .stopping import PREEMPTED_EXIT_CODE
+
 TAIL_LINES = 40
 FIRST_FAILURE = "first_failure.json"  # in LOG_DIR: the failed rank's answer, for the job's metrics.json
 
@@ -60,6 +62,10 @@ def main(argv: List[str]) -> int:
         text = path.read_text(errors="replace") if path else ""
         how = _how_it_ended(failure.exitcode)
         answer = answer_of(text) if text.strip() else f"rank {rank} {how} and printed nothing to stderr"
+        if failure.exitcode == PREEMPTED_EXIT_CODE:
+            # every rank stopped at the step they agreed on and saved: rank 0's metrics.json says so
+            print(f"\n{answer}\n\n(every rank's stderr is under {log_dir})\n", file=sys.stderr, flush=True)
+            return failure.exitcode
         _write_first_failure(log_dir, rank, answer)
         print(
             f"\n{answer}\n\n(rank {rank} {how}, which stopped the job; every rank's stderr is under {log_dir})\n",
