@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import spies
 import torch
+from conftest import TINY
 from spies import training_snapshots
 
 PROBE = ["model._target_=spies.ProbeNet", "~model.width"]
@@ -319,6 +320,67 @@ def test_ema_validates_and_saves_the_averaged_weights_not_the_raw_ones(train, ad
     m, _ = train("trainer.max_epochs=1")
     assert m["validated_weights"] == "raw"
     assert all(torch.equal(a, b) for a, b in zip(seen["validated"], seen["trained"]))
+
+
+def test_sigterm_during_validation_of_an_ema_run_waits_for_a_training_step_and_resumes_the_training_weights(
+    train, add_callbacks, compose
+):
+    """Validation holds the averaged weights in the model: a stop there must not save them as the
+    training weights. SIGTERM (like SIGUSR1 and Ctrl-C) waits for the next training step's end,
+    where the model holds what training left, and a resume continues from exactly those weights."""
+    import os
+    import signal
+
+    import pytorch_lightning as pl
+
+    from trainer import stopping
+    from trainer.run import run
+
+    seen = {}
+
+    class Spy(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen["trained"] = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+            seen["step"] = trainer.global_step
+
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            if not trainer.sanity_checking and "signalled" not in seen:
+                seen["signalled"] = trainer.global_step
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        def on_train_start(self, trainer, pl_module):
+            seen["resumed"] = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+
+    add_callbacks(Spy(), first=True)  # before the stop's own batch-end hook, which raises
+    args = ["ema=true", "ema_decay=0.9", "trainer.max_epochs=3", "checkpoint.enabled=true", "data.val_samples=32"]
+    try:
+        m, out = train(*args)
+    finally:
+        stopping.clear()  # the request is process-wide (a sweep's jobs share it): this test's ends here
+    assert m["status"] == "failed" and "preempted by SIGTERM at step" in m["error"], m["error"]
+    assert seen["signalled"] == 8 and seen["step"] == 9, seen  # signalled in epoch 0's validation, stopped after step 9
+    stopped = seen["trained"]
+    ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == 9 and ckpt["weights"] == "ema"
+    for name, value in stopped.items():
+        assert torch.equal(ckpt["current_model_state"][name], value), name  # the raw weights, as trained
+    resumed_args = [*TINY, *args, "ckpt_path=last"]
+    m = run(compose(*resumed_args), str(out), resumed_args)
+    assert m["status"] == "ok", m["error"]
+    assert set(seen["resumed"]) == set(stopped)
+    for name, value in stopped.items():
+        assert torch.equal(seen["resumed"][name], value), name  # training continues from the training weights
+
+
+def test_ema_with_weights_only_checkpoints_is_refused_up_front(compose):
+    """Lightning skips callbacks on weights-only saves, so such a file would hold the raw weights while
+    metrics.json says validation used the average."""
+    from trainer import hardware, switchboard
+    from trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'ema=true' with 'checkpoint.save_weights_only=true'"):
+        switchboard.resolve(compose("ema=true", "checkpoint.save_weights_only=true"), hardware.detect("cpu"))
+    switchboard.resolve(compose("ema=true"), hardware.detect("cpu"))
 
 
 def test_ema_with_a_sharded_strategy_is_refused_up_front(train, monkeypatch):

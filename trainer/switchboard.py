@@ -130,6 +130,14 @@ def _refuse_with_sharding(cfg) -> None:
             f"'ema=true' keeps an unsharded copy of the whole model, which strategy={cfg.strategy} exists to avoid "
             "(Lightning's EMAWeightAveraging does not shard). Allowed: ema=true with strategy=auto or ddp, or ema=false."
         )
+    if cfg.ema and cfg.checkpoint.enabled and cfg.checkpoint.save_weights_only:
+        # Lightning skips callbacks' on_save_checkpoint on weights-only saves, where EMA puts its average
+        raise ConfigError(
+            "'ema=true' with 'checkpoint.save_weights_only=true': a weights-only checkpoint would hold the raw weights "
+            "(Lightning leaves callbacks out of weights-only saves, the average among them) while validation used the "
+            "average. Allowed: checkpoint.save_weights_only=false (the checkpoint's state_dict is then the average, "
+            "the raw weights beside it), or ema=false."
+        )
 
 
 def _no_effect_here(cfg, accelerator: str) -> List[str]:
