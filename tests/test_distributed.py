@@ -194,8 +194,9 @@ def test_ddp_knobs_reach_the_strategy(compose):
     from trainer.hardware import Hardware
 
     cfg = compose(
-        "strategy=ddp", "devices=2", "ddp.static_graph=true", "ddp.gradient_as_bucket_view=true", "ddp.bucket_cap_mb=5"
-    )
+        "strategy=ddp", "devices=2", "ddp.static_graph=true", "ddp.gradient_as_bucket_view=true", "ddp.bucket_cap_mb=5",
+        "ddp.broadcast_buffers=false",
+    )  # fmt: skip
     hw = Hardware("cpu", "cpu", 1, 2, False, False)
     plan = switchboard.resolve(cfg, hw)
     strategy = switchboard.build_strategy(cfg, plan, hw, torch.nn.Linear(2, 2))
@@ -203,6 +204,7 @@ def test_ddp_knobs_reach_the_strategy(compose):
         "static_graph": True,
         "gradient_as_bucket_view": True,
         "find_unused_parameters": False,
+        "broadcast_buffers": False,
         "bucket_cap_mb": 5,
     }
     assert switchboard.trainer_kwargs(cfg, plan)["sync_batchnorm"] is False

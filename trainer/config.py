@@ -253,6 +253,10 @@ class DDPConfig:
     gradient_as_bucket_view: bool = False
     bucket_cap_mb: Optional[float] = None  # null: torch's default (25 MB)
     find_unused_parameters: bool = False
+    # DDP copies rank 0's buffers (BatchNorm's running statistics) to every rank before each forward:
+    # one collective per step. Needed where the ranks' buffers drift apart (BatchNorm without
+    # sync_batchnorm); false saves it where they agree anyway (sync_batchnorm, no BatchNorm)
+    broadcast_buffers: bool = True
 
 
 @dataclass

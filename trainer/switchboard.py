@@ -190,6 +190,7 @@ def build_strategy(cfg, plan: Plan, hw: Hardware, module: torch.nn.Module) -> An
             "static_graph": cfg.ddp.static_graph,
             "gradient_as_bucket_view": cfg.ddp.gradient_as_bucket_view,
             "find_unused_parameters": cfg.ddp.find_unused_parameters,
+            "broadcast_buffers": cfg.ddp.broadcast_buffers,
         }
         if cfg.ddp.bucket_cap_mb is not None:
             kwargs["bucket_cap_mb"] = cfg.ddp.bucket_cap_mb

@@ -115,3 +115,25 @@ def test_host_reads_arrive_without_a_wait():
         got,
         reads.dropped,
     )
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_no_host_sync_in_the_steps_of_a_two_gpu_ddp_run(tmp_path):
+    """Two ranks under DDP (NCCL): the second epoch's steps run under sync debug mode "error" in each
+    rank, so Lightning's per-step SIGTERM broadcast (a ``.item()``) or any other host wait fails the
+    run; the stop agreement runs over gloo on CPU tensors and must not trip it."""
+    import json
+
+    from conftest import run_cli
+
+    run_dir = tmp_path / "run"
+    r = run_cli(
+        f"hydra.run.dir={run_dir}", "accelerator=gpu", "model._target_=spies.WatchedLightningModule", "~model.width",
+        "+model.sync_debug=true", "strategy=ddp", "devices=2", "data.num_samples=512", "data.batch_size=16",
+        "data.image_size=32", "trainer.max_epochs=2", "trainer.limit_val_batches=0", "data.val_samples=0",
+        "checkpoint.enabled=false",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for rank in (0, 1):
+        seen = json.loads((run_dir / f"step_loop_rank{rank}.json").read_text())
+        assert seen["steps"] == 32 and seen["broadcasts"] == 0, seen
