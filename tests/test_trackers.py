@@ -317,8 +317,8 @@ def test_what_counts_as_a_credential_and_that_no_key_of_the_product_does(compose
 
     from trainer import trackers
 
-    for name in ("secret", "key", "token", "password", "aws_secret_access_key", "aws_access_key_id", "api_key",
-                 "apiKey", "account_key", "sas_token", "client_secret", "connection_string", "credentials"):  # fmt: skip
+    names = ("secret", "key", "token", "password", "aws_secret_access_key", "aws_access_key_id", "api_key")
+    for name in (*names, "apiKey", "account_key", "sas_token", "client_secret", "connection_string", "credentials"):
         assert trackers.looks_secret(f"data.storage_options.{name}"), name
     for name in ("key_dim", "monkey", "tokenizer", "max_tokens", "author", "data.root"):
         assert not trackers.looks_secret(name), name
@@ -333,3 +333,28 @@ def test_what_counts_as_a_credential_and_that_no_key_of_the_product_does(compose
         flat = trackers.params_of(compose(*overrides), {})
         flat.update(trackers._flatten(OmegaConf.to_container(compose(*overrides).logger, resolve=False)))
         assert flat and not [k for k in flat if trackers.looks_secret(k)], overrides
+
+
+def test_wandb_plots_the_epoch_figures_against_the_epoch(train, monkeypatch):
+    """W&B's x axis for Lightning's metrics is ``trainer/global_step``: the epoch figures carry their
+    epoch under ``epoch``, defined as their step metric, instead of passing the epoch off as a global step."""
+    wandb = pytest.importorskip("wandb")
+    from wandb_records import read_run, records
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    m, out = train("logger=wandb", "trainer.max_epochs=2")
+    wandb.teardown()  # W&B's service writes the run file behind the run: done once the service has stopped
+    (run_file,) = out.glob("wandb/offline-run-*/run-*.wandb")
+    defined = {
+        r.metric.name: r.metric.step_metric for r in records(run_file) if r.WhichOneof("record_type") == "metric"
+    }
+    for key in EPOCH_FIGURES:
+        assert defined.get(key) == "epoch", (key, defined)
+    rows = [row for row in read_run(run_file)["history"] if "perf/epoch_time_s" in row]
+    assert [row["epoch"] for row in rows] == [e["epoch"] for e in m["epochs"]] == [0, 1]
+    assert [row["perf/epoch_time_s"] for row in rows] == pytest.approx([e["time_s"] for e in m["epochs"]], abs=1e-4)
+    assert not [row for row in rows if "trainer/global_step" in row]  # not an epoch filed as a step
+    # Lightning's own metrics keep the global step (an epoch's end is logged at its last step's index)
+    last_steps = [8 * (e["epoch"] + 1) - 1 for e in m["epochs"]]  # 64 samples in batches of 8
+    assert [row["trainer/global_step"] for row in read_run(run_file)["history"] if "val/acc" in row] == last_steps

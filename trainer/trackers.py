@@ -13,9 +13,9 @@ what only the product knows, leaving what the user set alone:
   run and a W&B group are recorded in ``<sweep dir>/trackers.json``; each job is a nested run / group
   member, and ``sweep_end`` attaches the A/B report (md, csv, png) to the parent run / group;
 - **what is logged**: ``log_params`` (the resolved config under the same flat names as metrics.json's
-  ``flags``), the per-epoch figures and system readings (``EpochTimer``, ``SystemMonitor`` log to every
-  logger), and at the end (``finish``) the doctor's verdict as a tag and metrics.json,
-  ``.hydra/config.yaml`` and the profile summary as artifacts.
+  ``flags``), the per-epoch figures (``EpochTimer``, through ``log_epoch_metrics``: against the epoch,
+  in W&B too) and system readings (``SystemMonitor``) to every logger, and at the end (``finish``) the
+  doctor's verdict as a tag and metrics.json, ``.hydra/config.yaml`` and the profile summary as artifacts.
 
 **Credentials never leave the machine** through a tracker (``redact``): a config may hold them
 (``data.storage_options`` for fsspec, a tracking URI with ``user:pass@``, the command line that set
@@ -41,6 +41,7 @@ import os
 import re
 import sys
 import tempfile
+import weakref
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -221,7 +222,8 @@ def _open(name: str, logger, resumed: bool) -> Dict[str, Any]:
 
 def unreachable_message(name: str, uri: str, error: BaseException) -> str:
     return (
-        f"logger={name}: the MLflow tracking server at {redact_text(str(uri))} did not answer ({metrics_mod.one_line(error)}). "
+        f"logger={name}: the MLflow tracking server at {redact_text(str(uri))} did not answer "
+        f"({metrics_mod.one_line(error)}). "
         "Start it (mlflow server --host 127.0.0.1 --port 5000 ...), or point MLFLOW_TRACKING_URI or "
         f"logger.{name}.tracking_uri at a reachable one; nothing was trained."
     )
@@ -292,6 +294,43 @@ def log_metrics(trainer, metrics: Dict[str, float], step: int) -> None:
         return
     for logger in trainer.loggers:
         logger.log_metrics(metrics, step=step)
+
+
+def log_epoch_metrics(trainer, metrics: Dict[str, float], epoch: int) -> None:
+    """Rank 0: one epoch's figures to every logger, plotted against the epoch.
+
+    The files, TensorBoard and MLflow take the epoch as the step. W&B's x axis for Lightning's metrics
+    is ``trainer/global_step`` (WandbLogger logs ``step=`` under that key, and defines it as the x axis
+    of every metric): passing the epoch there would put the epoch figures at global steps 0, 1, 2, ...
+    So W&B gets the epoch as its own column, ``epoch``, defined as these figures' step metric."""
+    if trainer is None or not trainer.is_global_zero:
+        return
+    for logger in trainer.loggers:
+        if _kind(_target_of(logger)) == "wandb":
+            _wandb_log_epoch(logger, metrics, epoch)
+        else:
+            logger.log_metrics(metrics, step=epoch)
+
+
+EPOCH_STEP = "epoch"  # W&B's step metric of the epoch figures (Lightning logs it with its own metrics too)
+_wandb_defined: "weakref.WeakKeyDictionary[Any, set]" = weakref.WeakKeyDictionary()  # per WandbLogger
+
+
+def _wandb_log_epoch(logger, metrics: Dict[str, float], epoch: int) -> None:
+    # one definition per name, not a glob: W&B matches a name against its globs in no set order, so
+    # "perf/*" could lose to WandbLogger's "*". ``overwrite``: Lightning's rows carry "epoch" before the
+    # first epoch figures, and W&B has by then filed it under "*" (x axis trainer/global_step, synced into
+    # every row that has it); merged, that definition would pull trainer/global_step into these rows
+    prefix, join = getattr(logger, "_prefix", ""), getattr(logger, "LOGGER_JOIN_CHAR", "-")  # WandbLogger(prefix=)
+    prefixed = (lambda key: f"{prefix}{join}{key}") if prefix else (lambda key: key)
+    defined = _wandb_defined.setdefault(logger, set())
+    run = logger.experiment
+    for key in [EPOCH_STEP, *metrics]:
+        if key not in defined:
+            step = None if key == EPOCH_STEP else prefixed(EPOCH_STEP)
+            run.define_metric(prefixed(key), step_metric=step, overwrite=True)
+            defined.add(key)
+    logger.log_metrics({**metrics, EPOCH_STEP: epoch})  # no step: it would go under trainer/global_step
 
 
 def flush(trainer) -> None:

@@ -278,7 +278,7 @@ class EpochTimer(pl.Callback):
             utilization = mfu(tflops, self.peak_flops, trainer.world_size)
             if utilization is not None:
                 scalars["perf/mfu"] = utilization
-        trackers.log_metrics(trainer, scalars, step=trainer.current_epoch)
+        trackers.log_epoch_metrics(trainer, scalars, epoch=trainer.current_epoch)
         trackers.flush(trainer)  # with the journal below: a kill loses at most the epoch in flight
         if trainer.is_global_zero:
             log.info(
