@@ -11,6 +11,14 @@ then queues the step. Here a producer thread per loader iteration does both ahea
   wait for its event (the GPU waits, the host does not), and ``record_stream``-s every tensor on the
   compute stream, so the caching allocator does not reuse its memory while a step still reads it.
 
+``side`` is one stream per device for the whole process (``side_stream``), not one per iteration:
+the caching allocator reuses a freed block only for allocations on the stream it was allocated on,
+so a fresh stream per epoch (torch hands them out round-robin from a pool) left every epoch's
+batches, and nvJPEG's output buffers, reserved and unusable by the next epoch, and the memory
+readings (``peak_memory_reserved_mb``, the doctor's) grew with the epochs. One per device rather
+than one per loader: the validation loader's freed blocks serve training, and the next job of a
+local sweep (the same process) reuses the same blocks.
+
 Why a thread and not just one batch ahead in the same thread: torchvision's batched nvJPEG decode
 ends in a ``cudaStreamSynchronize`` of its decoder stream, so decoding batch N+1 in the step loop
 blocked the host before batch N was handed over, and the GPU ran out of queued work while the host
@@ -39,7 +47,7 @@ import queue
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader
@@ -55,6 +63,21 @@ def tensors_in(batch: Any) -> Iterator[torch.Tensor]:
     elif isinstance(batch, (list, tuple)):
         for v in batch:
             yield from tensors_in(v)
+
+
+_SIDE_STREAMS: Dict[int, "torch.cuda.Stream"] = {}
+_SIDE_LOCK = threading.Lock()
+
+
+def side_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The process's one copy stream for ``device``, made on first use and reused by every loader
+    and epoch after (see the module's docstring: the caching allocator keeps blocks per stream)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _SIDE_LOCK:
+        stream = _SIDE_STREAMS.get(index)
+        if stream is None:
+            stream = _SIDE_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
+        return stream
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
@@ -108,7 +131,7 @@ class _Producer:
             side = None
             if cuda:
                 torch.cuda.set_device(self.device)  # the current device is per thread
-                side = torch.cuda.Stream(self.device)
+                side = side_stream(self.device)
             while not self.stop.is_set():
                 t0 = time.perf_counter()
                 host = next(self.host_batches, _END)
