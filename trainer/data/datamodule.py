@@ -365,6 +365,16 @@ class ImageDataModule(pl.LightningDataModule):
 
         close_all()  # data.device_prefetch: no producer thread outlives the fit (a sweep's next job runs in this process)
 
+    def on_exception(self, exception: BaseException) -> None:
+        """A fit that fails or is stopped (a crash, on_nan=stop, a stop signal): Lightning calls
+        ``teardown`` only after a fit that ends well, and its own clean-up after a failure may not
+        get as far as the loader's iterator (it raises again after a CUDA error), so the
+        data.device_prefetch threads, the device batches they hold and their loader's workers are
+        stopped here, before the next job of a local sweep starts in this process."""
+        from .prefetch import close_all
+
+        close_all()
+
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         # Lightning's hook; a prefetched batch is already there, and moving it again does nothing
         return self.to_device(batch, device)

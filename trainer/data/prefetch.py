@@ -97,17 +97,32 @@ _LIVE: "weakref.WeakSet[_Producer]" = weakref.WeakSet()  # for close_all()
 
 
 def close_all() -> None:
-    """Stop every producer thread still running (the datamodule's teardown: a loop cut short leaves
-    its iterator, and with it a thread and the loader's workers, behind)."""
+    """Stop every producer thread still running, drop the device batches it prepared and shut down
+    its loader's worker processes.
+
+    Called by the datamodule when a fit ends (``teardown``) and when it fails or is stopped
+    (``on_exception``): a loop cut short leaves its iterator, and with it a thread and the
+    loader's workers, behind. After a failure Lightning's own teardown, which would drop that
+    iterator, may not run at all (it raises again after a CUDA error), and the error a local
+    sweep keeps for its report holds the whole fit: its next job would run beside them.
+    """
     for producer in list(_LIVE):
-        producer.close()
+        producer.close(shutdown_workers=True)
 
 
 class _Producer:
     """One iteration's thread: host batches in, device batches (with their copy's event and timing) out."""
 
-    def __init__(self, host_batches: Iterator[Any], device: torch.device, transfer: Callable, depth: int) -> None:
+    def __init__(
+        self,
+        host_batches: Iterator[Any],
+        device: torch.device,
+        transfer: Callable,
+        depth: int,
+        loader: Optional[DataLoader] = None,
+    ) -> None:
         self.host_batches = host_batches
+        self.loader = weakref.ref(loader) if loader is not None else None  # whose iterator this is
         self.device = device
         self.transfer = transfer
         self.queue: "queue.Queue" = queue.Queue(maxsize=depth)
@@ -153,8 +168,10 @@ class _Producer:
         except BaseException as e:  # a loader or decode error belongs to the step loop
             self._put(e)
 
-    def close(self) -> None:
-        """Stop the thread and wait for it (it may finish the fetch in flight first)."""
+    def close(self, shutdown_workers: bool = False) -> None:
+        """Stop the thread and wait for it (it may finish the fetch in flight first), then drop the
+        batches it left in the queue (device memory). ``shutdown_workers``: also stop the loader's
+        worker processes (not between epochs: persistent workers keep serving the next one)."""
         self.stop.set()
         while self.thread.is_alive():
             try:
@@ -162,6 +179,19 @@ class _Producer:
             except queue.Empty:
                 pass
             self.thread.join(timeout=0.1)
+        while True:
+            try:
+                self.queue.get_nowait()
+            except queue.Empty:
+                break
+        if shutdown_workers:
+            from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+            if isinstance(self.host_batches, _MultiProcessingDataLoaderIter):
+                self.host_batches._shutdown_workers()
+            loader = self.loader() if self.loader is not None else None
+            if loader is not None and getattr(loader, "_iterator", None) is self.host_batches:
+                loader._iterator = None  # persistent workers: the next iteration starts new ones
 
 
 class DevicePrefetchLoader(DataLoader):
@@ -204,7 +234,7 @@ def _hand_out(loader: DevicePrefetchLoader, host_batches: Iterator[Any]) -> Iter
     random crops inside that block, and the restore at its end undid them, so batches repeated a
     crop or not depending on timing (a run was not reproducible; an in-process test caught it).
     """
-    producer = _Producer(host_batches, loader.device, loader.transfer, loader.depth)
+    producer = _Producer(host_batches, loader.device, loader.transfer, loader.depth, loader)
     loader._producer = producer
     device, clock = loader.device, loader.clock
     try:
