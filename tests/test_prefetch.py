@@ -4,11 +4,16 @@ GPU can show (streams, record_stream, reserved memory) is in tests/gpu/test_cuda
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import multiprocessing
 import threading
+from collections.abc import Mapping
 
 import pytest
 import torch
+
+from trainer.errors import ConfigError
 
 PREFETCH_THREAD = "trainer-device-prefetch"
 
@@ -57,3 +62,74 @@ def test_a_failed_fit_leaves_no_prefetch_thread_or_loader_worker_behind(train, m
     assert failed == [2] and error.value is not None  # failed in its third step; the error is still held
     assert not _prefetch_threads()
     assert not multiprocessing.active_children()  # the loader's worker process
+
+
+@dataclasses.dataclass
+class _Pair:
+    images: torch.Tensor
+    labels: torch.Tensor
+    note: str = "dataclass"
+
+
+_Named = collections.namedtuple("_Named", "x extra")
+
+
+class _ReadOnly(Mapping):
+    """A mapping that is not a dict (as a tokenizer's batch is a UserDict)."""
+
+    def __init__(self, **items):
+        self._items = items
+
+    def __getitem__(self, key):
+        return self._items[key]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self):
+        return len(self._items)
+
+
+def test_every_tensor_of_a_batch_is_found_in_the_containers_lightning_moves():
+    """record_stream reaches only the tensors this walk finds: one it misses can be overwritten by the
+    next copy while the step reads it. Lightning moves tensors inside mappings, namedtuples, other
+    sequences and dataclasses (and a dataclass batch arrives on the device that way)."""
+    from trainer.data.prefetch import tensors_in
+
+    t = [torch.full((2,), float(i)) for i in range(8)]
+    batch = {
+        "pair": _Pair(t[0], t[1]),
+        "named": _Named(t[2], [t[3], (t[4], "text", 3, None)]),
+        "mapping": _ReadOnly(a=t[5], nested=_Pair(t[6], t[7])),
+    }
+    assert sorted(int(x[0]) for x in tensors_in(batch)) == list(range(8))
+
+
+class _Opaque:
+    """A batch type that Lightning moves with its own .to(), its tensors out of sight."""
+
+    def __init__(self, x):
+        self._x = x
+
+    def to(self, *args, **kwargs):
+        return _Opaque(self._x.to(*args, **kwargs))
+
+
+def test_a_batch_that_hides_its_tensors_behind_to_is_refused_in_one_paragraph():
+    from trainer.data.prefetch import DevicePrefetchLoader
+
+    loader = DevicePrefetchLoader(
+        [torch.zeros(2)] * 4,
+        batch_size=2,
+        device=torch.device("cpu"),
+        collate_fn=lambda items: _Opaque(torch.stack(items)),
+    )
+    with pytest.raises(ConfigError) as refused:
+        next(iter(loader))
+    message = str(refused.value)
+    assert "_Opaque" in message and "data.device_prefetch=false" in message and "\n" not in message
+    assert not _prefetch_threads()  # the producer stopped with the refusal
+    pair = DevicePrefetchLoader(
+        [torch.zeros(2)] * 4, batch_size=2, device=torch.device("cpu"), collate_fn=lambda b: _Pair(*b)
+    )
+    assert [type(b) for b in pair] == [_Pair, _Pair]  # a dataclass batch is welcome

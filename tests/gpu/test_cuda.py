@@ -7,6 +7,8 @@ benchmark in the same script measures speed.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from spies import training_snapshots
@@ -123,6 +125,40 @@ def test_device_prefetch_copies_on_one_stream_and_reuses_its_memory_every_epoch(
         reserved.append(torch.cuda.memory_reserved(device))
     assert len(set(streams)) == 1 and streams[0] != torch.cuda.default_stream(device).cuda_stream
     assert max(reserved) - reserved[0] < 2 * samples[0].nbytes, [r >> 20 for r in reserved]
+
+
+@dataclasses.dataclass
+class _PairBatch:
+    images: torch.Tensor
+    labels: torch.Tensor
+
+
+def test_device_prefetch_marks_every_tensor_of_a_dataclass_batch_as_used_by_the_step(monkeypatch):
+    """Lightning moves the tensors of a dataclass batch; each of them must be record_stream-ed on the
+    compute stream, or the next copy may reuse its memory while the step reads it."""
+    from trainer.data.prefetch import DevicePrefetchLoader
+
+    marked = []
+    real = torch.Tensor.record_stream
+
+    def record_stream(self, stream):
+        marked.append((self.data_ptr(), stream.cuda_stream))
+        return real(self, stream)
+
+    monkeypatch.setattr(torch.Tensor, "record_stream", record_stream)
+    device = torch.device("cuda", torch.cuda.current_device())
+    items = [(torch.rand(3, 8, 8), i) for i in range(8)]
+    loader = DevicePrefetchLoader(
+        items,
+        batch_size=4,
+        device=device,
+        collate_fn=lambda b: _PairBatch(torch.stack([x for x, _ in b]), torch.tensor([y for _, y in b])),
+    )
+    for batch in loader:
+        compute = torch.cuda.current_stream(device).cuda_stream
+        assert isinstance(batch, _PairBatch) and batch.images.is_cuda and batch.labels.is_cuda
+        assert set(marked) == {(batch.images.data_ptr(), compute), (batch.labels.data_ptr(), compute)}
+        marked.clear()
 
 
 def test_gpu_normalize_ships_uint8_to_the_gpu(train, monkeypatch):

@@ -10,6 +10,9 @@ then queues the step. Here a producer thread per loader iteration does both ahea
 - the batch waits in a small queue (``depth``); the step loop takes it, makes the compute stream
   wait for its event (the GPU waits, the host does not), and ``record_stream``-s every tensor on the
   compute stream, so the caching allocator does not reuse its memory while a step still reads it.
+  That needs every tensor of the batch in sight: ``tensors_in`` walks what Lightning's own move
+  walks (mappings, sequences, namedtuples, dataclasses) and refuses an object that hides its
+  tensors behind a ``.to()`` method of its own.
 
 ``side`` is one stream per device for the whole process (``side_stream``), not one per iteration:
 the caching allocator reuses a freed block only for allocations on the stream it was allocated on,
@@ -43,26 +46,49 @@ without streams (this is what the CPU tests exercise); the datamodule only uses 
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
 import weakref
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader
 
+from ..errors import ConfigError
+
 
 def tensors_in(batch: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in a (nested) batch."""
+    """Every tensor in a (nested) batch: the containers Lightning's ``move_data_to_device`` walks
+    (mappings, namedtuples and other sequences, dataclasses), all the way down.
+
+    A tensor missed here gets no ``record_stream``, and the next copy may overwrite its memory while
+    the step still reads it: a silent race. So an object that Lightning moves with its own ``.to()``
+    (its tensors out of sight) is refused rather than guessed at.
+    """
     if isinstance(batch, torch.Tensor):
         yield batch
-    elif isinstance(batch, dict):
+    elif isinstance(batch, Mapping):
         for v in batch.values():
             yield from tensors_in(v)
-    elif isinstance(batch, (list, tuple)):
+    elif isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)):
         for v in batch:
             yield from tensors_in(v)
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        for field in dataclasses.fields(batch):
+            yield from tensors_in(getattr(batch, field.name))
+    elif callable(getattr(batch, "to", None)) and not isinstance(batch, type):
+        kind = f"{type(batch).__module__}.{type(batch).__qualname__}"
+        raise ConfigError(
+            f"data.device_prefetch=true cannot hand out batches of type {kind}: it copies each batch to the GPU "
+            "on a side stream and must mark every tensor in it as in use by the training step, so that the next "
+            f"copy cannot reuse that memory while the step still reads it, and a {type(batch).__name__} is moved "
+            "by its own .to() method, which keeps its tensors out of sight. Return tensors, or dicts, lists, "
+            "tuples, namedtuples or dataclasses of them, from the dataset or collate_fn; or set "
+            "data.device_prefetch=false."
+        )
 
 
 _SIDE_STREAMS: Dict[int, "torch.cuda.Stream"] = {}
@@ -247,6 +273,9 @@ def _hand_out(loader: DevicePrefetchLoader, host_batches: Iterator[Any]) -> Iter
             if isinstance(item, BaseException):
                 raise item
             batch, ready, fetching, copying = item
+            # walked on every device, so that a batch type this cannot protect is refused the same way
+            # on the CPU (where the tests run this loader) as on the GPU
+            tensors = list(tensors_in(batch))
             if clock is not None:
                 clock.add_prefetch_transfer(overlap(waited, copying))  # the rest of the wait is data wait
             if ready is not None:
@@ -260,7 +289,7 @@ def _hand_out(loader: DevicePrefetchLoader, host_batches: Iterator[Any]) -> Iter
                     clock.add_device_transfer(stall_start, stall_end)
                 else:
                     compute.wait_event(ready)
-                for t in tensors_in(batch):
+                for t in tensors:
                     if t.device.type == "cuda":
                         t.record_stream(compute)
             yield batch
