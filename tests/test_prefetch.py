@@ -11,6 +11,7 @@ import threading
 from collections.abc import Mapping
 
 import pytest
+import pytorch_lightning as pl
 import torch
 
 from trainer.errors import ConfigError
@@ -133,3 +134,103 @@ def test_a_batch_that_hides_its_tensors_behind_to_is_refused_in_one_paragraph():
         [torch.zeros(2)] * 4, batch_size=2, device=torch.device("cpu"), collate_fn=lambda b: _Pair(*b)
     )
     assert [type(b) for b in pair] == [_Pair, _Pair]  # a dataclass batch is welcome
+
+
+class _Crops(pl.Callback):
+    """The images of every training batch, by (epoch, batch index); stops the fit at ``stop_at``."""
+
+    def __init__(self, stop_at=None):
+        self.seen, self.stop_at = {}, stop_at
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        at = (trainer.current_epoch, batch_idx)
+        if at == self.stop_at:
+            raise RuntimeError("stopped mid-epoch on purpose")
+        self.seen[at] = batch[0].clone()
+
+
+@pytest.mark.parametrize(
+    "prefetch, decode",
+    [(True, "pil"), (False, "pil"), (True, "nvjpeg")],
+    ids=["device_prefetch", "plain", "device_prefetch-device_decode"],
+)
+def test_a_run_resumed_mid_epoch_sees_the_crops_of_the_uninterrupted_run(
+    train, monkeypatch, add_callbacks, tmp_path, prefetch, decode
+):
+    """Random crops and flips drawn in this process, stopped after a mid-epoch checkpoint and resumed.
+    With data.device_prefetch the producer thread has drawn the crops of the batches it prepared
+    ahead by the time the checkpoint is saved; without it, the resumed fit makes a new loader
+    iterator (which draws its base seed) before its first batch: either way the saved RNG state no
+    longer matched the next batch's draws, and the resumed run trained on other crops. With
+    data.decoder=nvjpeg the crops are drawn on the host in the transfer (the prefetch thread's),
+    after the loader workers."""
+    from trainer.data import datamodule as dm_mod
+
+    if prefetch:
+        monkeypatch.setattr(dm_mod.ImageDataModule, "_prefetch_device", lambda self: torch.device("cpu"))
+    if decode == "nvjpeg":  # the data.decoder=nvjpeg path with torchvision's CPU decoder
+        from trainer.data import decoders
+
+        real = decoders.resolve_decoder
+        monkeypatch.setattr(
+            decoders, "resolve_decoder", lambda name, accelerator: name if name == "nvjpeg" else real(name, accelerator)
+        )
+    args = [
+        "data=builtin",
+        "data.images_per_class=8",
+        "data.stored_size=40",
+        "data.batch_size=4",
+        # with the device decode the crops are drawn in the transfer, in the prefetch thread, workers or not
+        f"data.num_workers={1 if decode == 'nvjpeg' else 0}",
+        f"data.decoder={decode}",
+        "data.augment=true",
+        "trainer.max_epochs=2",
+        f"data.device_prefetch={str(prefetch).lower()}",
+        "checkpoint.enabled=true",
+        "checkpoint.every_n_steps=5",
+    ]
+    straight = _Crops()
+    add_callbacks(straight)
+    assert train(*args)[0]["status"] == "ok"
+    add_callbacks(_Crops(stop_at=(0, 7)))  # two steps after the checkpoint of step 5
+    with pytest.raises(RuntimeError, match="on purpose"):
+        train(*args)
+    resumed = _Crops()
+    add_callbacks(resumed)
+    assert train(*args, f"ckpt_path={tmp_path / 'run2' / 'checkpoints' / 'last.ckpt'}")[0]["status"] == "ok"
+    assert min(resumed.seen) == (0, 5) and max(resumed.seen) == max(straight.seen) == (1, len(straight.seen) // 2 - 1)
+    differ = [at for at, x in resumed.seen.items() if not torch.equal(x, straight.seen[at])]
+    assert not differ, differ
+
+
+class _Draws(torch.utils.data.Dataset):
+    """A sample is what the global RNGs give at the time it is fetched (as random transforms draw)."""
+
+    def __len__(self):
+        return 100
+
+    def __getitem__(self, index):
+        import random
+
+        import numpy as np
+
+        return (torch.rand(()).item(), random.random(), float(np.random.rand()))
+
+
+def test_seeded_samples_draw_by_epoch_and_index_and_leave_the_process_rngs_as_they_were():
+    import random
+
+    import numpy as np
+
+    from trainer.data.datamodule import SeededSamples
+
+    epoch = [0]
+    data = SeededSamples(_Draws(), seed=7, epoch_of=lambda: epoch[0])
+    before = torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy()
+    first = data.__getitems__([3, 4, 5])
+    after = torch.get_rng_state(), random.getstate(), np.random.get_state()[1]
+    assert torch.equal(before[0], after[0]) and before[1] == after[1] and (before[2] == after[2]).all()
+    assert data.__getitems__([5, 9]) == [first[2], data[9]]  # a sample's draws: its own, whatever else is fetched
+    assert len({v for sample in first for v in sample}) == 9  # samples, and the three RNGs, all differ
+    epoch[0] = 1
+    assert all(a != b for a, b in zip(data.__getitems__([3, 4, 5]), first))  # and a new epoch draws anew

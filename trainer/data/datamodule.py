@@ -7,12 +7,15 @@ ahead, ``prefetch``) and ``data.decoder=nvjpeg`` (decode and transform on the de
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import random
+import zlib
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..errors import ConfigError
 from ..rank import world_size
@@ -24,6 +27,91 @@ from .prefetch import DevicePrefetchLoader, move_to_device
 log = logging.getLogger(__name__)
 
 BLOCK_FORMATS = ("parquet", "webdataset")  # read by blocks (row groups, tar shards) with shards.BlockSampler
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """A 64-bit seed of (data seed, epoch, sample index), well mixed: neighbouring samples and epochs
+    get unrelated random streams."""
+    h = _splitmix64(seed & _MASK64)
+    h = _splitmix64(h ^ (epoch & _MASK64))
+    return _splitmix64(h ^ (index & _MASK64))
+
+
+@contextlib.contextmanager
+def own_rngs():
+    """Inside the block the process's RNGs (torch's CPU generator, ``random``, numpy's) are the
+    block's to seed with ``seed_rngs``; after it they are as they were."""
+    import numpy as np
+
+    cpu = torch.default_generator
+    saved = cpu.get_state(), random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        cpu.set_state(saved[0])
+        random.setstate(saved[1])
+        np.random.set_state(saved[2])
+
+
+def seed_rngs(seed: int) -> None:
+    import numpy as np
+
+    torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that reseeds the CUDA generators too
+    random.seed(seed)
+    np.random.seed(seed & 0xFFFFFFFF)
+
+
+class SeededSamples(Dataset):
+    """The training set with no loader workers: each sample's random augmentation is drawn from a
+    seed of (data seed, epoch, sample index), and the process's RNGs (torch's CPU generator,
+    ``random``, numpy's) are put back as they were after each batch.
+
+    Why: the transforms draw from those global RNGs. In the main process their draws used to follow
+    the process's stream, so what a batch drew depended on everything drawn before it: a mid-epoch
+    resume restored the stream at the checkpoint, but the resumed fit made a new loader iterator
+    (which draws its base seed) before its first batch, and with ``data.device_prefetch`` the
+    producer thread had drawn for the batches it prepared ahead, so the resumed run trained on
+    other crops than the run it continued. A seed per sample makes a batch's draws a function of
+    the data alone: the same after a resume, with or without the prefetch thread, however far
+    ahead it is. Putting the RNGs back keeps the model's own CPU draws apart from the data's.
+    Loader workers each have their own RNGs and are left as they are.
+    """
+
+    def __init__(self, dataset, seed: int, epoch_of) -> None:
+        self.dataset = dataset
+        self.seed = seed
+        self.epoch_of = epoch_of  # () -> the epoch being trained (read at each batch)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getattr__(self, name):
+        # everything else is the dataset's (classes, sizes, ...); "dataset" itself is not, while unpickling
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __getitems__(self, indices):
+        """One batch (the DataLoader's batched fetch): the RNGs are saved and put back once per batch."""
+        epoch = int(self.epoch_of())
+        samples = []
+        with own_rngs():
+            for index in indices:
+                seed_rngs(sample_seed(self.seed, epoch, int(index)))
+                samples.append(self.dataset[index])
+        return samples
+
+    def __getitem__(self, index):
+        return self.__getitems__([index])[0]
 
 
 class ImageDataModule(pl.LightningDataModule):
@@ -266,6 +354,9 @@ class ImageDataModule(pl.LightningDataModule):
             from .device_decode import encoded_collate
 
             collate = functools.partial(encoded_collate, train=train)
+        if train and workers == 0 and c.name != "synthetic" and not isinstance(dataset, IterableDataset):
+            # (synthetic images draw nothing)
+            dataset = SeededSamples(dataset, self.seed, functools.partial(self._epoch_now, sampler))
         kwargs = dict(
             batch_size=c.batch_size,
             sampler=sampler,
@@ -282,6 +373,13 @@ class ImageDataModule(pl.LightningDataModule):
         # an asynchronous copy needs page-locked host memory
         kwargs["pin_memory"] = kwargs["pin_memory"] or device.type == "cuda"
         return DevicePrefetchLoader(dataset, device=device, transfer=self.to_device, clock=self.step_clock, **kwargs)
+
+    def _epoch_now(self, sampler) -> int:
+        """The epoch being trained: the fit's (a distributed sampler wrapping ours leaves our epoch
+        as it was), else the sampler's, when the loader is used on its own."""
+        if self.trainer is not None:
+            return self.trainer.current_epoch
+        return getattr(sampler, "epoch", 0)
 
     def _train_sampler(self, length: int):
         from .sampler import EpochShuffleSampler
@@ -324,11 +422,23 @@ class ImageDataModule(pl.LightningDataModule):
         return self.trainer.strategy.root_device
 
     def to_device(self, batch, device: torch.device):
-        """Host batch -> device batch: decoded there with data.decoder=nvjpeg, else copied (non_blocking)."""
+        """Host batch -> device batch: decoded there with data.decoder=nvjpeg, else copied (non_blocking).
+
+        The device decode's training crops and flips draw their parameters from the host's RNGs here,
+        after the loader workers and, with data.device_prefetch, in its thread ahead of the step: they
+        are drawn from a seed of the epoch and the batch's files (as ``SeededSamples`` does for the
+        transforms in the main process), so a resumed run decodes the crops the run it continues did.
+        """
         from .device_decode import EncodedBatch
 
         if isinstance(batch, EncodedBatch):
-            return self.device_decoders[batch.train](batch, device)
+            decode = self.device_decoders[batch.train]
+            if not batch.train:
+                return decode(batch, device)
+            files = zlib.crc32("\0".join(batch.paths).encode())
+            with own_rngs():
+                seed_rngs(sample_seed(self.seed, self._epoch_now(None), files))
+                return decode(batch, device)
         return move_to_device(batch, device)
 
     def on_after_batch_transfer(self, batch, dataloader_idx):

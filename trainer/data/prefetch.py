@@ -33,11 +33,14 @@ producer was doing meanwhile: fetching from the loader is **data wait**, copying
 the step needed it) is **transfer**, measured with CUDA events and read once per epoch. A producer
 that keeps ahead costs neither: the GPU never waited for the batch.
 
-Randomness: with no loader workers the producer thread runs the dataset's random transforms, so
-they draw from the process's global RNG while the step loop runs. The order of draws is the plain
-loader's as long as the step loop draws from the CPU's global RNG itself only between epochs (the
-built-in models do; CUDA's generator is apart); a model that draws on the CPU inside its step makes
-that order depend on timing. Loader workers have a generator each, seeded per epoch, and avoid it.
+Randomness: with no loader workers the producer thread runs the dataset's random transforms ahead
+of the step. The datamodule seeds them per sample (``datamodule.SeededSamples``: a seed of data
+seed, epoch and sample index, the process's RNG put back after each batch), so what a batch draws
+does not depend on how far ahead the producer is, and a mid-epoch resume sees the crops the
+uninterrupted run saw. While the producer fetches, the process's CPU generator holds the sample's
+seed: a model that draws from the CPU's global RNG inside its step (the built-in models do not;
+CUDA's generator is apart) makes its own draws depend on timing. Loader workers have a generator
+each and avoid it.
 
 The loader stays a ``DataLoader`` (a subclass), so Lightning can still swap in its distributed
 sampler, call ``set_epoch`` and take ``len``. On a device that is not CUDA the same thread runs
