@@ -40,7 +40,9 @@ does not depend on how far ahead the producer is, and a mid-epoch resume sees th
 uninterrupted run saw. While the producer fetches, the process's CPU generator holds the sample's
 seed: a model that draws from the CPU's global RNG inside its step (the built-in models do not;
 CUDA's generator is apart) makes its own draws depend on timing. Loader workers have a generator
-each and avoid it.
+each and avoid it. ``data.decoder=nvjpeg`` draws its training crops in the transfer, in this thread
+with workers or without: those are seeded the same way, per epoch and batch of files
+(``ImageDataModule.to_device``).
 
 The loader stays a ``DataLoader`` (a subclass), so Lightning can still swap in its distributed
 sampler, call ``set_epoch`` and take ``len``. On a device that is not CUDA the same thread runs
