@@ -4,7 +4,8 @@ Lightning's CSV writer deletes ``metrics.csv`` when its directory is not empty (
 experiment); a job resumed with ``ckpt_path=last`` or requeued after a preemption writes into the
 same run dir, and would lose every epoch before the resume. This writer reads the existing header
 instead, so new rows append under it (and a new column rewrites the file with the old rows kept,
-as Lightning's own writer does).
+as Lightning's own writer does). A requeued job that starts over from epoch 0 (no checkpoint yet)
+does not append: ``trackers.build`` first moves the earlier attempt's file aside.
 """
 
 from __future__ import annotations

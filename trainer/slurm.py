@@ -5,7 +5,8 @@ requeue``, nor submitit's requeue of a preempted or timed-out job, nor ``sbatch 
 ``ckpt_path=last``. Slurm says that a run is a rerun (``SLURM_RESTART_COUNT`` >= 1), and the run
 dir is the same (the sweep job's, or the batch script's ``outputs/slurm-<job id>``), so the rerun
 resumes from that dir's newest checkpoint, or starts over in it when the first run was stopped
-before it saved one. Nothing else may reuse a dir that holds a run (see trainer/outputs.py).
+before it saved one; either way it continues the first run's tracker runs (trainer/trackers.py).
+Nothing else may reuse a dir that holds a run (see trainer/outputs.py).
 """
 
 from __future__ import annotations

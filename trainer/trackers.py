@@ -8,7 +8,9 @@ what only the product knows, leaving what the user set alone:
 
 - **where and which run**: files in the run dir; the tracker run's id kept in ``<run dir>/trackers.json``,
   so a resumed job (``ckpt_path=last``, a requeued preemption) continues the same tracker run instead
-  of opening a new one per attempt;
+  of opening a new one per attempt; so does a job Slurm requeued before its first checkpoint, which
+  trains from epoch 0 again (the run is tagged as started over, and the CSV file starts again, its
+  earlier rows set aside);
 - **a sweep's grouping**: at the sweep's start (``sweep_start``, from ``trainer.sweep``) an MLflow parent
   run and a W&B group are recorded in ``<sweep dir>/trackers.json``; each job is a nested run / group
   member, and ``sweep_end`` attaches the A/B report (md, csv, png) to the parent run / group;
@@ -59,6 +61,10 @@ PACKAGES = {"mlflow": "mlflow", "wandb": "wandb"}  # the trackers whose package 
 ARTIFACTS = ("metrics.json", ".hydra/config.yaml", "profiler/summary.html", "profiler/breakdown.png")
 REPORT_FILES = ("ab_report.md", "ab_report.csv", "ab_report.png")
 _STATUS = {"ok": "FINISHED", "failed": "FAILED"}
+_STARTED_OVER = (  # MLflow's tag on a run whose job trained again from epoch 0
+    "Slurm restart {restart} came before any checkpoint: trained again from epoch 0; each step's last value is this "
+    "training's"
+)
 # MLflow 3 refuses the ./mlruns file store unless told otherwise, and its SQLite store needs the full
 # mlflow package: a tracking server is the one setup that works with the client alone
 NO_SERVER = (
@@ -72,11 +78,20 @@ NO_SERVER = (
 
 
 def build(cfg, out_dir: str, overrides: List[str], resuming: bool) -> List[Any]:
-    """The job's Lightning loggers, one per ``cfg.logger`` entry (an entry set to null is off)."""
+    """The job's Lightning loggers, one per ``cfg.logger`` entry (an entry set to null is off).
+
+    ``resuming``: from a checkpoint (the tracker runs in trackers.json go on). A job Slurm requeued
+    before its first checkpoint starts over in its dir (``slurm.resume_if_requeued``) and continues its
+    tracker runs too: one run per job, not per attempt.
+    """
     from hydra.utils import instantiate
 
+    from .slurm import restart_count
+
     entries = OmegaConf.to_container(cfg.get("logger") or {}, resolve=True)
-    previous = _read(os.path.join(out_dir, STATE)) if resuming else {}
+    restart = restart_count()
+    started_over = restart if restart and not resuming else 0  # the Slurm restart that trains from epoch 0 again
+    previous = _read(os.path.join(out_dir, STATE)) if resuming or restart else {}
     sweep, swept = _sweep_of(out_dir)
     shown = [redact_text(o) for o in overrides]  # the run's name in the tracker
     job_name = ",".join(o for o in shown if o.split("=", 1)[0].lstrip("+~") in swept) if swept else ""
@@ -95,7 +110,9 @@ def build(cfg, out_dir: str, overrides: List[str], resuming: bool) -> List[Any]:
                 name, entry, cfg, out_dir, job_name, previous.get(name) or {}, sweep.get(name) or {}
             )
             logger = _instantiate(instantiate, name, entry, extra)
-            state[name] = _open(name, logger, resumed=bool(previous.get(name)))
+            if started_over and _kind(entry) == "csv":
+                _set_aside_csv(logger, started_over)
+            state[name] = _open(name, logger, resumed=bool(previous.get(name)), started_over=started_over)
             loggers.append(logger)
     except BaseException:
         _abandon(loggers)  # a later entry failed: the runs opened before it do not stay RUNNING
@@ -187,9 +204,33 @@ def _instantiate(instantiate, name: str, entry: Dict[str, Any], extra: Dict[str,
         ) from None
 
 
-def _open(name: str, logger, resumed: bool) -> Dict[str, Any]:
+def _set_aside_csv(logger, restart: int) -> None:
+    """A requeued job starting over trains from epoch 0 again: its ``metrics.csv`` starts again with
+    it (as metrics.json does), and the earlier attempts' rows are kept beside it as
+    ``metrics.before-restart-<N>.csv`` (appended to, the file would hold two trainings' epochs under the
+    same steps; Lightning's own CSV writer would delete them)."""
+    directory = getattr(logger, "log_dir", None)
+    path = os.path.join(directory, "metrics.csv") if directory else ""
+    if global_rank() != 0 or not os.path.isfile(path):
+        return
+    stem, n = os.path.join(directory, f"metrics.before-restart-{restart}"), 1
+    target = stem + ".csv"
+    while os.path.exists(target):  # never over a file already there
+        n += 1
+        target = f"{stem}.{n}.csv"
+    os.rename(path, target)
+    log.warning(
+        "requeued before a checkpoint: this attempt trains from epoch 0 again; %s starts again, the earlier "
+        "rows are in %s",
+        path,
+        os.path.basename(target),
+    )
+
+
+def _open(name: str, logger, resumed: bool, started_over: int = 0) -> Dict[str, Any]:
     """Start the tracker run now (rank 0), so an unreachable server stops the job before training,
-    and return what a resume needs to find it again."""
+    and return what a resume needs to find it again. ``started_over``: the Slurm restart that continues
+    the run while training from epoch 0 again (marked on the run)."""
     if global_rank() != 0:
         return {}
     kind = _kind({"_target_": type(logger).__module__ + "." + type(logger).__name__})
@@ -203,6 +244,8 @@ def _open(name: str, logger, resumed: bool) -> Dict[str, Any]:
                 run_id = logger.run_id
                 if resumed:
                     client.update_run(run_id, status="RUNNING")  # a killed or preempted attempt left it KILLED
+                if resumed and started_over:
+                    client.set_tag(run_id, "trainer.started_over", _STARTED_OVER.format(restart=started_over))
             except Exception as e:
                 raise ConfigError(unreachable_message(name, uri, e)) from None
         return {"run_id": run_id, "experiment_id": logger.experiment_id, "tracking_uri": uri}
@@ -216,6 +259,8 @@ def _open(name: str, logger, resumed: bool) -> Dict[str, Any]:
                 "WANDB_API_KEY), or run offline with WANDB_MODE=offline (wandb sync uploads later), or choose another "
                 "logger; nothing was trained."
             ) from None
+        if resumed and started_over:
+            run.tags = tuple(run.tags or ()) + (f"started-over:restart-{started_over}",)
         return {"id": run.id, "project": run.project, "dir": getattr(run, "dir", None)}
     return {}
 
