@@ -24,7 +24,8 @@ def test_the_tracker_tests_share_one_worker(request):
     """Under make test's ``--dist loadgroup`` this module's tests run on one worker, with one MLflow
     server. pytest 9.2 silently broke pytest-xdist 3.8's grouping (a node id can no longer be renamed
     to carry its group), so the grouping itself is checked: the group is in this test's id."""
-    if request.config.getvalue("loadgroup"):  # an xdist worker under --dist loadgroup
+    worker = getattr(request.config, "workerinput", None)  # an xdist worker (its own --dist option reads "no")
+    if worker and any("loadgroup" in arg for arg in worker.get("mainargv", [])):  # under --dist loadgroup
         assert request.node.nodeid.endswith("@trackers"), request.node.nodeid
 
 
@@ -113,11 +114,11 @@ def test_a_sweep_reaches_mlflow_wandb_and_csv_with_params_histories_and_the_repo
     assert {"ab_report.md", "ab_report.csv", "ab_report.png"} <= set(report_run["files"])
 
 
-def _start(run_dir: Path, *extra: str, uri: str) -> subprocess.Popen:
+def _start(run_dir: Path, *extra: str, uri: str, **env: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", *extra],
         cwd=ROOT,
-        env=clean_env(MLFLOW_TRACKING_URI=uri),
+        env=clean_env(MLFLOW_TRACKING_URI=uri, **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -161,6 +162,65 @@ def test_a_run_killed_with_sigkill_and_resumed_continues_its_mlflow_run_and_csv_
     # the CSV file was appended to, not replaced (Lightning's writer deletes it on a resume)
     assert _last_per_step((int(r["step"]), float(r["perf/epoch_time_s"])) for r in rows) == pytest.approx(
         journal, abs=1e-4
+    )
+
+
+def _kill_after_epochs(proc: subprocess.Popen, run_dir: Path, epochs: int) -> list:
+    """SIGKILL (a node lost: no checkpoint, no clean-up) once ``epochs`` are in the journal; its epochs."""
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if (run_dir / "metrics.json").is_file() and len(read_metrics(run_dir)["epochs"]) >= epochs:
+            break
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    return read_metrics(run_dir)["epochs"]
+
+
+@pytest.mark.slow
+def test_a_slurm_requeue_before_any_checkpoint_keeps_its_tracker_runs_and_sets_the_old_csv_rows_aside(
+    tmp_path, mlflow_server
+):
+    """A job Slurm requeues before its first checkpoint trains again from epoch 0 in its own dir
+    (trainer/slurm.py): it stays one MLflow run and one W&B run, marked as started over; metrics.csv
+    starts again with this training, as metrics.json does, and keeps the first attempt's rows beside it."""
+    pytest.importorskip("wandb")
+    from wandb_records import read_run
+
+    run_dir, epochs = tmp_path / "run", 6
+    args = [*TINY, "data.num_samples=512", f"trainer.max_epochs={epochs}", "logger=[mlflow,wandb,csv]"]
+    assert "checkpoint.enabled=false" in args
+    slurm = {"SLURM_JOB_ID": "4242", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    first_epochs = _kill_after_epochs(_start(run_dir, *args, uri=mlflow_server.uri, **slurm), run_dir, 2)
+    assert len(first_epochs) < epochs, "the run finished before it was killed: nothing was tested"
+    first = _state(run_dir)
+    # the rerun Slurm starts: the same command, SLURM_RESTART_COUNT=1
+    r = run_cli(
+        f"hydra.run.dir={run_dir}", *args,
+        env_extra={"MLFLOW_TRACKING_URI": mlflow_server.uri, **slurm, "SLURM_RESTART_COUNT": "1"},
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "before a checkpoint was saved: starting over" in r.stdout + r.stderr
+    journal = read_metrics(run_dir)["epochs"]
+    assert [e["epoch"] for e in journal] == list(range(epochs))  # trained from scratch
+    # one tracker run each, continued
+    client = mlflow_server.client()
+    runs = client.search_runs([first["mlflow"]["experiment_id"]], f"tags.`trainer.run_dir` = '{run_dir.resolve()}'")
+    assert [run.info.run_id for run in runs] == [first["mlflow"]["run_id"]]
+    assert runs[0].info.status == "FINISHED" and "restart 1" in runs[0].data.tags["trainer.started_over"]
+    assert _state(run_dir)["wandb"]["id"] == first["wandb"]["id"]
+    attempts = sorted(run_dir.glob("wandb/offline-run-*"))
+    assert len(attempts) == 2 and {p.name.rsplit("-", 1)[1] for p in attempts} == {first["wandb"]["id"]}
+    (rerun_file,) = attempts[-1].glob("run-*.wandb")  # the first attempt's file ends where it was killed
+    assert "started-over:restart-1" in read_run(rerun_file)["tags"]
+    # the CSV: this training's epochs, and the first attempt's rows set aside
+    rows = [row for row in _csv_rows(run_dir / "metrics.csv") if row["perf/epoch_time_s"]]
+    assert [int(row["step"]) for row in rows] == list(range(epochs))
+    assert [float(row["perf/epoch_time_s"]) for row in rows] == pytest.approx([e["time_s"] for e in journal], abs=1e-4)
+    old = [row for row in _csv_rows(run_dir / "metrics.before-restart-1.csv") if row["perf/epoch_time_s"]]
+    assert [float(row["perf/epoch_time_s"]) for row in old] == pytest.approx(
+        [e["time_s"] for e in first_epochs], abs=1e-4
     )
 
 
