@@ -305,3 +305,17 @@ class WatchedLightningModule(ProbeLightningModule):
 
     def configure_callbacks(self):
         return [StepLoopWatch(self.sync_debug)]
+
+
+class PoolNet(nn.Module):
+    """A network whose graph any input size can run: a per-pixel layer, then a global average. A
+    compiler that turns a second size into a dynamic graph runs every later size on it (a conv
+    net on the CPU does not show this: its convolutions specialize on the input size anyway)."""
+
+    def __init__(self, num_classes: int = 10, width: int = 8):
+        super().__init__()
+        self.pixel = nn.Linear(3, width)
+        self.fc = nn.Linear(width, num_classes)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.pixel(x.movedim(1, -1))).mean((1, 2)))

@@ -144,7 +144,7 @@ def test_compiled_checkpoints_have_clean_keys_and_load_either_way(train, tmp_pat
     import torch._dynamo
 
     torch._dynamo.reset()
-    compiled, out_c = train("compile=true", "checkpoint.enabled=true")
+    compiled, out_c = train("compile=true", "compile_cache=shared", "checkpoint.enabled=true")
     state = torch.load(out_c / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
     assert state and not any("_orig_mod" in k for k in state)
     eager, out_e = train(
@@ -156,6 +156,7 @@ def test_compiled_checkpoints_have_clean_keys_and_load_either_way(train, tmp_pat
     assert eager["status"] == "ok" and eager["epochs"][-1]["epoch"] == 1
     again, _ = train(
         "compile=true",
+        "compile_cache=shared",
         "checkpoint.enabled=true",
         f"ckpt_path={out_e / 'checkpoints' / 'last.ckpt'}",
         "trainer.max_epochs=3",

@@ -74,7 +74,9 @@ def test_compile_compiles_the_model(train, monkeypatch):
     monkeypatch.setattr(torch, "compile", spy)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    metrics, _ = train("compile=true", "compile_mode=max-autotune-no-cudagraphs", "model.width=4")
+    metrics, _ = train(
+        "compile=true", "compile_cache=shared", "compile_mode=max-autotune-no-cudagraphs", "model.width=4"
+    )
     assert modes == ["max-autotune-no-cudagraphs"]
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1  # dynamo really captured graphs
     assert metrics["status"] == "ok" and metrics["flags"]["compile"] is True
@@ -82,6 +84,7 @@ def test_compile_compiles_the_model(train, monkeypatch):
 
 COMPILE = [
     "compile=true",
+    "compile_cache=shared",  # warm across tests: the cache's own test below compiles cold
     "model.width=4",
     "data.num_samples=64",
     "data.val_samples=32",
@@ -111,6 +114,98 @@ def test_a_sweeps_second_compile_job_compiles_as_if_it_ran_alone(train):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
 
 
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_progressive_resize_with_compile_compiles_a_static_graph_per_size_and_counts_every_compile(train):
+    """Sizes 8, 12, 16: each new size compiles a static graph of its own in its epoch's first step
+    (dynamo's automatic dynamic shapes would have compiled 12 as a dynamic graph and run the final
+    full-size epoch on it, compiling nothing there: shown with a network any size can run, as GPU
+    conv nets can; on the CPU Inductor's convolutions specialize on the size anyway), and
+    compile_time_s counts every compiling step, not the first one alone; time to target counts what
+    the run paid before its first epoch."""
+    m, _ = train(
+        "compile=true", "compile_cache=shared", "model._target_=spies.PoolNet", "model.width=4",
+        "progressive_resize=true", "progressive.start_size=8",
+        "progressive.bucket=4", "progressive.end_epoch=2", "trainer.max_epochs=3", "trainer.limit_train_batches=3",
+        "trainer.limit_val_batches=0", "data.val_samples=0",
+    )  # fmt: skip
+    assert m["status"] == "ok", m["error"]
+    epochs = m["epochs"]
+    assert [e["image_size"] for e in epochs] == [8, 12, 16]
+    assert [e.get("compiling_steps", 0) for e in epochs] == [1, 1, 1]  # the full size got its own graph
+    assert all(e["compile_s"] > 0 for e in epochs)
+    assert m["compile_time_s"] == pytest.approx(sum(e["compile_s"] for e in epochs), abs=2e-3)
+    assert m["compile_time_s"] > epochs[0]["compile_s"]  # the recompiles count too
+    assert m["compile_cache"] == "shared" and m["compile_warmup_s"] > 0
+    assert epochs[0]["setup_s"] >= m["compile_warmup_s"]  # the warm-up is paid inside fit, before epoch 0
+    assert epochs[0]["elapsed_train_s"] == pytest.approx(epochs[0]["time_s"] + epochs[0]["setup_s"], abs=1e-3)
+
+
+def test_the_compiler_warm_up_runs_on_the_given_device_and_draws_no_random_numbers(train, add_callbacks, monkeypatch):
+    """The warm-up compiles on the rank's device as the strategy knows it (under srun no LOCAL_RANK says
+    which GPU is the rank's), and leaves the job's random state as it found it."""
+    import pytorch_lightning as pl
+
+    from trainer import model_transforms
+
+    seen = []
+    real = model_transforms.warm_up_compiler
+
+    def spy(device):
+        seen.append(device)
+        return real(device)
+
+    class Root(pl.Callback):
+        def on_fit_start(self, trainer, pl_module):
+            seen.append(trainer.strategy.root_device)
+
+    monkeypatch.setattr(model_transforms, "warm_up_compiler", spy)
+    add_callbacks(Root(), first=True)
+    m, _ = train(*COMPILE, "data.batch_size=16")
+    assert m["status"] == "ok" and len(seen) == 2 and seen[1] == seen[0], seen
+
+    torch.manual_seed(0)
+    real(torch.device("cpu"))
+    after_warm_up = torch.rand(3)
+    torch.manual_seed(0)
+    assert torch.equal(torch.rand(3), after_warm_up)
+
+
+@pytest.mark.slow
+def test_each_compile_job_compiles_cold_in_its_own_cache_and_a_resume_finds_its_graphs(train, compose, add_callbacks):
+    """Inductor's on-disk cache survives torch.compiler.reset(): two identical jobs in one process (a
+    local sweep's repeats) shared it, so the second read its graphs from the first's files. Each job
+    has its own (<run dir>/compile_cache): the second compiles cold, a resume of the first finds them."""
+    import pytorch_lightning as pl
+    from torch._dynamo.utils import counters
+
+    from trainer.run import run
+
+    def hits() -> int:
+        return counters["inductor"]["fxgraph_cache_hit"]
+
+    class Hits(pl.Callback):  # after the compiler's warm-up (whose throwaway graphs use the shared cache)
+        def on_fit_start(self, trainer, pl_module):
+            self.before = hits()
+
+        def on_fit_end(self, trainer, pl_module):
+            self.job = hits() - self.before
+
+    watch = Hits()
+    add_callbacks(watch)
+    args = [c for c in COMPILE if not c.startswith("compile_cache")] + ["data.batch_size=16", "checkpoint.enabled=true"]
+    first, first_dir = train(*args)
+    second, second_dir = train(*args)
+    assert first["status"] == second["status"] == "ok"
+    assert first["compile_cache"] == second["compile_cache"] == "cold"
+    assert watch.job == 0  # nothing of the first job's graphs came from disk
+    assert any((second_dir / "compile_cache").iterdir()) and any((first_dir / "compile_cache").iterdir())
+    resumed_args = [*TINY, *args, "ckpt_path=last", "trainer.max_epochs=2"]
+    resumed = run(compose(*resumed_args), str(first_dir), resumed_args)
+    assert resumed["status"] == "ok" and resumed["compile_cache"] == "warm"
+    assert watch.job > 0  # the resumed job's graphs came from its own cache
+
+
 def test_compile_reaches_a_users_lightning_module_under_fsdp2(train):
     """strategy=fsdp2: the user's configure_model shards, then the trainer compiles the network in place."""
     import torch._dynamo
@@ -124,6 +219,7 @@ def test_compile_reaches_a_users_lightning_module_under_fsdp2(train):
             "strategy=fsdp2",
             "devices=1",
             "compile=true",
+            "compile_cache=shared",
         )
     finally:
         if torch.distributed.is_initialized():

@@ -196,14 +196,16 @@ def test_val_samples_counts_what_the_last_validation_saw(train):
 
 def test_each_epoch_record_carries_its_own_validation_and_the_time_elapsed(train):
     """val_acc per epoch in the journal, only for epochs that validated (never the last epoch's value
-    carried over), and the training and validation time since the run started."""
+    carried over), and the training and validation time since the run started: the epochs' times
+    plus what the process paid before its first epoch (setup_s, on that epoch only)."""
     m, _ = train("trainer.max_epochs=4", "trainer.check_val_every_n_epoch=2")
     epochs = m["epochs"]
     assert [("val_acc" in e, "val_loss" in e) for e in epochs] == [(False, False), (True, True)] * 2
     assert all(0.0 <= e["val_acc"] <= 1.0 for e in epochs if "val_acc" in e)
     assert epochs[-1]["val_acc"] == pytest.approx(m["val_acc"], abs=1e-6)
+    assert epochs[0]["setup_s"] > 0 and not any("setup_s" in e for e in epochs[1:])
     running = 0.0
     for e in epochs:
-        running += e["time_s"]
+        running += e["time_s"] + e.get("setup_s", 0.0)
         assert e["elapsed_train_s"] == pytest.approx(running, abs=1e-3)
     assert epochs[-1]["elapsed_val_s"] == pytest.approx(sum(e["val_time_s"] for e in epochs), abs=1e-3)

@@ -395,6 +395,13 @@ class TrainSchema:
         choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
         flag=OPTIMIZATION,
     )
+    compile_cache: str = key(
+        "job",
+        "compile's on-disk cache: job (the run dir's own: every job compiles cold, a resume finds its graphs) "
+        "or shared (Inductor's default dir: warm across jobs and processes)",
+        choices=("job", "shared"),
+        flag=SETTING,
+    )
     channels_last: bool = key(False, "NHWC memory format for weights and inputs", flag=OPTIMIZATION)
     progressive_resize: bool = key(
         False, "train at a low resolution early, growing to data.image_size (progressive.*)", flag=OPTIMIZATION

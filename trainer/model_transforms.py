@@ -16,8 +16,10 @@ The order, and why:
    (``fully_shard`` then compile), and under DDP dynamo splits the graph at the gradient buckets
    only when it is compiled inside DDP's forward. ``CompileAfterSetup`` calls it from
    ``on_fit_start``, which Lightning runs after the strategy has set the model up. The compiler's
-   per-process start-up is paid before that, in setup (``warm_up_compiler``), so that the first
-   step's extra time (``compile_time_s``) is this job's graphs, in a sweep as alone.
+   per-process start-up is paid just before, on the rank's device (``warm_up_compiler``), so that
+   the compiling steps' extra time (``compile_time_s``) is this job's graphs, in a sweep as alone.
+   ``compile_scope`` gives each job its own on-disk compile cache and, with progressive_resize,
+   static shapes per size.
 
 Flags 2 and 4 act on the model's *networks*: the LightningModule's direct submodules that hold
 parameters (the built-in classifier's ``net``; a user's own LightningModule's ``self.model``,
@@ -31,7 +33,8 @@ parameters (the built-in classifier's ``net``; a user's own LightningModule's ``
 from __future__ import annotations
 
 import logging
-from typing import List
+from contextlib import contextmanager, nullcontext
+from typing import Any, Dict, Iterator, List, Optional
 
 import pytorch_lightning as pl
 import torch
@@ -132,44 +135,145 @@ def apply_compile(module: nn.Module, cfg) -> List[str]:
     return names
 
 
-def warm_up_compiler(cfg, accelerator: str) -> None:
-    """``compile=true``: pay the compiler's per-process start-up now, in setup, not in the first step.
+def warm_up_compiler(device: torch.device) -> float:
+    """Pay the compiler's per-process start-up before the job's own graphs; returns the seconds it took.
 
     The first compile in a process also hashes torch's and Triton's sources, loads Inductor and its
     caches, and warms dynamo's tracing of common modules (about 2 s on a 2-core CPU). A later job
     of a local sweep finds all that done, so without this its ``compile_time_s`` read about a second
     shorter than the same job's run alone. A small conv net compiled forward and backward on the
-    run's device, then forgotten (``torch.compiler.reset``), leaves only this job's graphs in the
-    timed first step.
+    rank's device (the strategy's: under ``srun`` no ``LOCAL_RANK`` says which GPU is this rank's),
+    then forgotten (``torch.compiler.reset``), leaves only this job's graphs in its compiling steps.
+    It draws no random numbers from the job's generators (``fork_rng``): a compile=true run starts
+    from the same state as a compile=false one. Its throwaway kernels go to the shared on-disk cache
+    (not the job's own, ``compile_scope``), so that no job pays to generate them again.
     """
-    if not cfg.compile:
-        return
-    import os
+    import time
     from types import SimpleNamespace
 
-    device = (
-        torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if accelerator == "cuda" else torch.device("cpu")
-    )
-    holder = nn.Module()  # its one network: the small conv net, compiled whole
-    holder.net = nn.Sequential(
-        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2)
-    )
-    holder.to(device)
-    apply_compile(
-        holder, SimpleNamespace(compile=True, compile_mode="default")
-    )  # default mode: no autotuning of a throwaway net
-    holder.net(torch.randn(2, 3, 8, 8, device=device)).sum().backward()
+    start = time.perf_counter()
+    with (
+        _inductor_cache_dir(_shared_cache_dir[-1] if _shared_cache_dir else None),
+        torch.random.fork_rng(devices=[device] if device.type == "cuda" else []),
+    ):
+        holder = nn.Module()  # its one network: the small conv net, compiled whole
+        holder.net = nn.Sequential(
+            nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 2)
+        )
+        holder.to(device)
+        # default mode: no autotuning of a throwaway net
+        apply_compile(holder, SimpleNamespace(compile=True, compile_mode="default"))
+        holder.net(torch.randn(2, 3, 8, 8, device=device)).sum().backward()
     torch.compiler.reset()
+    return time.perf_counter() - start
+
+
+def compiled_graphs() -> int:
+    """How many graphs dynamo has compiled in this process since its last reset (its own counter;
+    0 where this torch does not keep it). A training step during which it grows compiled."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"]["unique_graphs"])
+    except Exception:
+        return 0
+
+
+COMPILE_CACHE = "compile_cache"  # in the run dir: Inductor's and Triton's on-disk caches of this job
+_shared_cache_dir: List[Optional[str]] = []  # inside compile_scope: the cache dir outside it (None: Inductor's default)
+
+
+@contextmanager
+def _inductor_cache_dir(directory: Optional[str]) -> Iterator[None]:
+    """Inductor's on-disk cache dir (None: its default) for the block; Inductor reads
+    ``TORCHINDUCTOR_CACHE_DIR`` at each use (Triton's dir lies under it), and its in-memory caches of
+    what it loaded are cleared on both switches, as torch's own ``temporary_cache_dir`` does."""
+    import os
+
+    saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if directory is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = directory
+    _clear_inductor_caches()
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = saved
+        _clear_inductor_caches()
+
+
+@contextmanager
+def compile_scope(cfg, out_dir: str) -> Iterator[Dict[str, Any]]:
+    """``compile=true``: the compiler's process-wide settings for one job, restored when it ends.
+
+    - **Its own on-disk cache**, ``<run dir>/compile_cache``: Inductor's FX graph and AOTAutograd
+      caches, its generated kernels and Triton's, are on disk and on by default, and
+      ``torch.compiler.reset()`` does not empty them; with the shared default dir a job's
+      ``compile_time_s`` and first epoch depended on whether an earlier job or process had compiled
+      the same graphs. Per run dir, every job of a sweep compiles cold, as it would alone on a fresh
+      machine, and a resumed job (same dir) finds its own graphs: what it pays is what a restart of
+      that job pays. The yielded record (``compile_cache`` in metrics.json) says which: ``cold`` or
+      ``warm``. ``compile_cache=shared`` keeps Inductor's own dir (faster repeated runs of the same
+      model; their compile times then depend on what ran before, and metrics.json says ``shared``).
+    - **Static shapes for progressive_resize**: dynamo's ``automatic_dynamic_shapes`` recompiles the
+      second input size as a dynamic graph, which every later size then runs, the final full-size
+      epochs included, unlike the baseline's static graph. Off for the job, so each bucket's size gets
+      a static graph of its own (the buckets keep the count small: the recompile limit is raised to
+      hold them, where dynamo would otherwise fall back to running eagerly).
+    """
+    if not cfg.compile:
+        yield {}
+        return
+    import os
+
+    from torch._dynamo import config as dynamo_config
+
+    if cfg.compile_cache == "shared":
+        directory = os.environ.get("TORCHINDUCTOR_CACHE_DIR")  # as it is: Inductor's default, or the user's
+        record = {"dir": directory, "state": "shared"}
+    else:
+        directory = os.path.abspath(os.path.join(out_dir, COMPILE_CACHE))
+        record = {"dir": directory, "state": "warm" if os.path.isdir(directory) and os.listdir(directory) else "cold"}
+    patches: Dict[str, Any] = {}
+    if cfg.progressive_resize:
+        # train sizes (at most one per epoch) + validation's full size, in train and eval mode
+        limit = max(8, 2 * int(cfg.trainer.max_epochs or 1) + 2)
+        name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+        patches = {"automatic_dynamic_shapes": False, name: max(getattr(dynamo_config, name), limit)}
+    _shared_cache_dir.append(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+    try:
+        with _inductor_cache_dir(directory), dynamo_config.patch(patches) if patches else nullcontext():
+            yield record
+    finally:
+        _shared_cache_dir.pop()
+
+
+def _clear_inductor_caches() -> None:
+    """Inductor's in-memory caches of what it loaded from the cache dir (what torch's own
+    ``temporary_cache_dir`` clears when it switches dirs)."""
+    try:
+        from torch._inductor.utils import clear_caches
+
+        clear_caches()
+    except Exception:
+        pass
 
 
 class CompileAfterSetup(pl.Callback):
-    """Calls ``apply_compile`` once the strategy has wrapped or sharded the model (see step 4)."""
+    """Warms the compiler up on the rank's device, then calls ``apply_compile`` once the strategy has
+    wrapped or sharded the model (see step 4)."""
 
     def __init__(self, cfg) -> None:
         self.cfg = cfg
         self.compiled: List[str] = []
+        self.warmup_s: float | None = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if not self.compiled:
+            self.warmup_s = warm_up_compiler(trainer.strategy.root_device)
             self.compiled = apply_compile(pl_module, self.cfg)
             log.info("compile: %s compiled in place (compile_mode=%s)", ", ".join(self.compiled), self.cfg.compile_mode)

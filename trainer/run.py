@@ -11,6 +11,7 @@ import os
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -114,8 +115,9 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
     status, error = "ok", None
     stopping.stop_during_setup(True)  # until the first step: a stop signal ends the run at once
     try:
-        build(parts)
-        status, error = fit(parts)
+        with _compile_scope(parts):
+            build(parts)
+            status, error = fit(parts)
     except BaseException as e:
         status, error = _failure(parts, e)
         raise
@@ -124,6 +126,17 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
         final = record(parts, status, error)
         trackers.finish(parts.loggers, parts.out_dir, final)  # after metrics.json: a tracker never costs it
     return final
+
+
+@contextmanager
+def _compile_scope(parts: Parts):
+    """compile=true: the job's own compile cache and shape settings (``model_transforms.compile_scope``)."""
+    from .model_transforms import compile_scope
+
+    with compile_scope(parts.cfg, parts.out_dir) as cache:
+        if cache:
+            parts.notes["compile_cache"] = cache["state"]
+        yield
 
 
 # ---- building the parts, in order
@@ -142,7 +155,7 @@ def _plan(parts: Parts) -> None:
     """Check the config, see the hardware, decide precision and strategy, set process-wide state."""
     import pytorch_lightning as pl
 
-    from . import hardware, model_transforms, switchboard
+    from . import hardware, switchboard
     from .checkpointing import resolve_ckpt_path
     from .console import quiet_known_warnings
 
@@ -168,7 +181,6 @@ def _plan(parts: Parts) -> None:
     warnings.filterwarnings("ignore", message=".*overridden `on_after_batch_transfer` in both.*")
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     switchboard.apply_global_settings(cfg)
-    model_transforms.warm_up_compiler(cfg, parts.plan.accelerator)
 
 
 def _trackers(parts: Parts) -> None:
@@ -267,6 +279,7 @@ def _trainer(parts: Parts) -> None:
 
     cfg, plan = parts.cfg, parts.plan
     parts.timer.flops_per_sample = training_flops_per_sample(cfg)
+    parts.timer.track_compiles = bool(cfg.compile)
     parts.peak_flops, parts.notes["peak_flops_source"] = peak_flops_of(plan.accelerator, plan.precision, bool(cfg.tf32))
     parts.timer.peak_flops = parts.peak_flops  # each epoch's MFU in the trackers
     parts.strategy = switchboard.build_strategy(cfg, plan, parts.hw, parts.module)
@@ -523,6 +536,7 @@ def record_of(parts: Parts, status: str, error: Optional[str], train_loss: bool 
             "val_samples": earlier.get("val_samples") if earlier else timer.val_samples,
             "grad_scale": _grad_scale(trainer),
             "stopped_at_acc_epoch": _stopped_at_acc(found),
+            "compile_warmup_s": _compile_warmup(found),
             **parts.notes,
             "overrides": parts.overrides,
             "data": {k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers")},
@@ -532,6 +546,15 @@ def record_of(parts: Parts, status: str, error: Optional[str], train_loss: bool 
             "wall_time_s": round(time.time() - parts.started, 2),
         },
     )
+
+
+def _compile_warmup(found: "Callbacks | None") -> Optional[float]:
+    """compile=true: the seconds the compiler's per-process warm-up took (in the first epoch's ``setup_s``)."""
+    from .model_transforms import CompileAfterSetup
+
+    compile_step = found.find(CompileAfterSetup) if found else None
+    seconds = compile_step.warmup_s if compile_step is not None else None
+    return round(seconds, 3) if seconds is not None else None
 
 
 def _stopped_at_acc(found: "Callbacks | None") -> Optional[int]:

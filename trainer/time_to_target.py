@@ -10,8 +10,13 @@ records every epoch, so the report can say the same for the user's own model:
   resume that started mid-epoch only timed its tail) counts as a full epoch of the run's median
   step time, and says so (``elapsed_estimated``);
 - ``reach`` finds the first epoch whose ``val_acc`` reaches the target: ``time_to_target_s`` is the
-  training time up to its end (validation time apart: the same clock as the epoch times, warm-up
-  and compile included, as a user pays them), ``epochs_to_target`` its count;
+  training time up to its end, ``epochs_to_target`` its count. Training time, the same for every
+  row: each epoch's time (the clock of the epoch times: its steps, its compiling steps, its
+  loader's start), plus what each process paid from the start of ``fit`` to its first epoch
+  (``setup_s``: the compiler's warm-up, a checkpoint's restore, the sanity check's validation and
+  compile, the first loader iterator's workers). Not counted: validation during training (kept
+  apart, ``elapsed_val_s``), and what comes before ``fit`` (reading or copying the data, building
+  the model, the batch-size search), which no switch of a row changes the way it changes these;
 - ``resolve_target`` turns ``report.target_acc`` (a number, or ``auto``: the baseline's best
   val_acc minus ``report.target_tolerance``) into the number, with the sentence that says how;
 - ``speedup_interval`` bootstraps the ratio of median times over repeats (one number per job: a
@@ -45,7 +50,7 @@ def with_elapsed(epochs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             # the steps before the resume ran in a process that was killed before the epoch ended
             time_s = max(time_s, step_time * steps_per_epoch)
             record["elapsed_estimated"] = True
-        train += time_s
+        train += time_s + (epoch.get("setup_s") or 0.0)
         val += epoch.get("val_time_s") or 0.0
         record["elapsed_train_s"] = round(train, 4)
         record["elapsed_val_s"] = round(val, 4)

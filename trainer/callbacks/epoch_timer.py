@@ -12,6 +12,17 @@ the part of the epoch outside its steps: ``startup_s`` before the first step (th
 iterator, starting its workers unless they persist, the first fetch) and the time after the last
 step; it does not grow with the number of steps (the tuner scales only the rest).
 
+What a process pays before its first epoch starts is ``setup_s`` on that epoch's record: from the
+start of ``fit`` (the model already on its device) to the epoch's first clock reading, that is the
+compiler's warm-up, restoring a checkpoint, the sanity check's validation (and its compile), and
+making the training loader's first iterator (starting its workers). Time to target counts it
+(``time_to_target.with_elapsed``); epoch times do not.
+
+``compile=true`` (``track_compiles``): a training step during which dynamo compiled a graph (its
+graph counter grew: the first step, and each new input size of progressive_resize) is a compiling
+step; its time beyond the epoch's median plain step is that epoch's ``compile_s``, and
+``compile_time_s`` sums them.
+
 History across resumes: ``previous`` holds the epochs the run dir's metrics.json already recorded;
 ``history()`` merges them with this process's epochs, one entry per epoch number (a full epoch
 beats a partial one, a newer record beats an older one of the same kind). After a mid-epoch resume
@@ -131,8 +142,10 @@ class EpochTimer(pl.Callback):
         self.full_size: int | None = None
         # samples the last validation saw, all ranks (the report judges accuracy differences by it)
         self.val_samples: int | None = None
+        self.track_compiles = False  # set by run() with compile=true
         self._val_count = 0
         self._fresh = True  # the first epoch this process runs is warm-up (also after a resume)
+        self._fit_t0: float | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -146,6 +159,9 @@ class EpochTimer(pl.Callback):
         self._last_step_end: float | None = None
         self._val_at_last_step = 0.0
         self._validated = False  # a validation ran in this epoch (its val/acc is this epoch's)
+        self._graphs_before = 0
+        self._plain_steps: List[float] = []  # step durations, compile=true only
+        self._compiling_steps: List[float] = []
         self.clock.reset()
 
     def _start(self, trainer) -> None:
@@ -154,6 +170,9 @@ class EpochTimer(pl.Callback):
         root = trainer.strategy.root_device
         self.clock.cuda_device = root if root.type == "cuda" else None
         self.clock.active = True
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._fit_t0 = time.perf_counter()  # first among the callbacks: before the compiler's warm-up
 
     # ---- training epoch boundaries
     def on_train_epoch_start(self, trainer, pl_module) -> None:
@@ -172,12 +191,21 @@ class EpochTimer(pl.Callback):
         if self._steps == 0:
             # creating the loader's iterator (starting its workers unless they persist) and the first fetch
             self._startup = now - self._t0
+        if self.track_compiles:
+            from ..model_transforms import compiled_graphs
+
+            self._graphs_before = compiled_graphs()
         self._step_start = now
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         now = time.perf_counter()
         if self.first_step_s is None:
             self.first_step_s = now - self._step_start
+        if self.track_compiles:
+            from ..model_transforms import compiled_graphs
+
+            compiled = compiled_graphs() > self._graphs_before
+            (self._compiling_steps if compiled else self._plain_steps).append(now - self._step_start)
         self._samples += _batch_size(batch)
         self._steps += 1
         self._last_step_end, self._val_at_last_step = now, self._val
@@ -244,6 +272,9 @@ class EpochTimer(pl.Callback):
             "val_time_s": round(self._val, 4),
             "warmup": self._fresh,  # the first epoch pays for compile, autotune, worker start-up
         }
+        if self._fresh and self._fit_t0 is not None:
+            epoch["setup_s"] = round(self._t0 - self._fit_t0, 4)  # this process's, before its first epoch
+        epoch.update(self._compiles())
         if self._validated:  # the host reads the two scalars here, once per epoch (after the sync above)
             epoch.update(validation_scalars(trainer))
         if self._mid_epoch_start:
@@ -264,6 +295,16 @@ class EpochTimer(pl.Callback):
         self._t0 = None
         self.epochs.append(epoch)
         self._publish(trainer, epoch, elapsed, wait, transfer, tflops)
+
+    def _compiles(self) -> Dict[str, Any]:
+        """compile=true: this epoch's compiling steps and their time beyond its median plain step."""
+        if not self._compiling_steps:
+            return {}
+        typical = statistics.median(self._plain_steps) if self._plain_steps else 0.0
+        return {
+            "compile_s": round(sum(max(0.0, d - typical) for d in self._compiling_steps), 4),
+            "compiling_steps": len(self._compiling_steps),
+        }
 
     def _publish(self, trainer, epoch: Dict[str, Any], elapsed: float, wait: float, transfer: float, tflops) -> None:
         """Rank 0: the epoch's scalars to every logger (trackers), its line to the log, the journal written."""
@@ -304,8 +345,9 @@ class EpochTimer(pl.Callback):
     def summary(self, compiled: bool = False) -> Dict[str, Any]:
         """Medians over the steady epochs (all full epochs when none is steady), as metrics.json wants them.
 
-        With ``compiled``, ``compile_time_s`` is the first step's time beyond a steady step's: the
-        first forward and backward are where torch.compile traces and generates code.
+        With ``compiled``, ``compile_time_s`` is the time of this process's compiling steps beyond
+        a plain step's (see the module docstring): the first step, where torch.compile traces and
+        generates code, and every later step that compiled again.
         """
         full = [e for e in self.history() if not e.get("partial")]
         steady = [e for e in full if not e["warmup"]] or full
@@ -315,7 +357,9 @@ class EpochTimer(pl.Callback):
         median_time = statistics.median(e["time_s"] for e in steady)
         steps = max(1, statistics.median(e["steps"] for e in steady))
         compile_time = None
-        if compiled and self.first_step_s is not None:
+        if compiled and any("compile_s" in e for e in self.epochs):
+            compile_time = round(sum(e.get("compile_s", 0.0) for e in self.epochs), 3)
+        elif compiled and self.first_step_s is not None:  # no graph counter in this torch: the first step's
             compile_time = round(max(0.0, self.first_step_s - median_time / steps), 3)
         samples_per_s = statistics.median(e["samples_per_s"] for e in steady)
 
