@@ -304,6 +304,40 @@ def test_the_prefetch_wait_is_attributed_by_what_the_producer_was_doing(loader_s
         assert waited_transfer + waited_data < 0.2 * 12 * (loader_s + transfer_s), (waited_transfer, waited_data)
 
 
+class _DeviceTime:
+    """A CUDA timing event as StepClock reads it: a moment on the device's clock (seconds here)."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def elapsed_time(self, other: "_DeviceTime") -> float:
+        return (other.t - self.t) * 1000.0  # milliseconds, as CUDA events answer
+
+
+def test_prefetch_transfer_on_cuda_is_what_the_device_waited_not_what_the_host_waited():
+    """One definition for the prefetch row and the plain row: the time the device's steps waited for
+    their batch, on the device's clock. The host waited 10 ms for a batch, 6 of them while the thread
+    copied it: with the GPU idle 4 ms of that wait and then stalled 2 ms on the copy, transfer is
+    60% of the idle time plus the stall; with the GPU busy throughout (no idle, no stall) it is
+    nothing, whatever the host waited. Data wait stays the host's wait on the loader (4 ms)."""
+    from trainer.callbacks.step_clock import StepClock
+
+    clock = StepClock()
+    clock.active, clock.cuda_device = True, torch.device("cuda", 0)  # read only as "steps run on CUDA"
+    share = clock.add_prefetch_wait((0.0, 0.010), (0.004, 0.012))
+    assert share == pytest.approx(0.6)
+    clock.add_device_wait((_DeviceTime(0.0), _DeviceTime(0.004)), share, (_DeviceTime(0.004), _DeviceTime(0.006)))
+    clock.fetch_s = 0.010
+    assert clock.transfer_s() == pytest.approx(0.6 * 0.004 + 0.002)
+    assert clock.data_wait_s() == pytest.approx(0.004)
+
+    busy = StepClock()
+    busy.active, busy.cuda_device = True, torch.device("cuda", 0)
+    share = busy.add_prefetch_wait((0.0, 0.010), (0.0, 0.010))
+    busy.add_device_wait((_DeviceTime(1.0), _DeviceTime(1.0)), share, (_DeviceTime(1.0), _DeviceTime(1.0)))
+    assert busy.transfer_s() == 0.0  # the host's 10 ms cost the device nothing
+
+
 def test_a_prefetch_thread_lets_go_of_the_loader_between_epochs_and_passes_errors_on():
     from trainer.data.prefetch import DevicePrefetchLoader
 

@@ -8,6 +8,7 @@ benchmark in the same script measures speed.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -452,3 +453,33 @@ def test_nvjpeg_decode_overlaps_the_step_with_device_prefetch(train, compose, tm
         m["transfer_fraction"],
         m["data_wait_fraction"],
     )
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["gpu-idle", "gpu-busy"])
+def test_prefetch_transfer_counts_only_the_time_the_gpu_waited_for_its_batch(busy):
+    """A producer whose copy takes 10 ms of host time per batch: with light steps the GPU idles while
+    the host waits, and that is transfer; with 30 ms steps the GPU always has queued work while the
+    host waits, and transfer is about nothing (it was counted in full when the host's wait was)."""
+    from trainer.callbacks.step_clock import StepClock
+    from trainer.data.prefetch import DevicePrefetchLoader
+
+    def slow_copy(batch, device):
+        time.sleep(0.010)
+        return batch.to(device, non_blocking=True)
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    clock = StepClock()
+    clock.active, clock.cuda_device = True, device
+    data = torch.utils.data.TensorDataset(torch.randn(24, 256))
+    loader = DevicePrefetchLoader(data, batch_size=1, device=device, transfer=slow_copy, clock=clock, pin_memory=True)
+    weights = torch.randn(2048, 2048, device=device)
+    per_step = 100 if busy else 1  # tens of ms of fp32 matmuls per step on an H100, or almost nothing
+    for (x,) in loader:
+        for _ in range(per_step):
+            weights = torch.tanh(weights @ weights + x.mean()) * 0.5
+    torch.cuda.synchronize(device)
+    transfer = clock.transfer_s()
+    if busy:
+        assert transfer < 0.1 * 24 * 0.010, transfer
+    else:
+        assert transfer > 0.5 * 24 * 0.010, transfer

@@ -14,14 +14,25 @@ every later callback's batch-end work (checkpoint saves, profiler export), Light
 the transfer itself (which, from pageable memory, waits for the GPU to finish the previous step), so
 compute landed in "data wait" and the doctor prescribed loader workers for compute-bound runs.
 
-On CUDA the transfer is timed with CUDA events on the compute stream (read once per epoch, after the
-epoch's one synchronize), so a host thread blocked on a pageable copy -- which is waiting for the
-previous step's kernels -- is not counted as transfer. On CPU it is host time.
+**Transfer, one definition for every row**: the time the device's step work waited for its batch
+to be copied or decoded, on the clock of the device that runs the steps. On CUDA that is the
+compute stream's clock, read with CUDA events once per epoch (after the epoch's one synchronize):
 
-``data.device_prefetch`` copies (and decodes) batches in a thread of its own; the step loop's wait
-for a batch is split there by what that thread was doing (``add_prefetch_transfer``: the copying
-part moves from data wait to transfer), and the compute stream's stalls on a batch not yet copied
-are timed with CUDA events (``add_device_transfer``). Only actions inside a training epoch and
+- without ``data.device_prefetch``, the copy and the device-side transforms run on the compute
+  stream itself, in line with the steps: their time there (events around ``batch_to_device``). A
+  host thread blocked on a pageable copy, which is waiting for the previous step's kernels, is not
+  counted;
+- with it, a thread copies (and decodes) on a side stream while the steps run, and the steps wait
+  for a batch in two ways: the compute stream idles while the host waits for the thread to hand
+  the batch over, and it stalls on the batch's copy event. Both are timed with events on the
+  compute stream (``add_device_wait``); of the idle part, the share of the host's wait during which
+  the thread was copying or decoding counts (the rest of that wait was the loader's: data wait). A
+  host wait while the GPU still had queued work idles nothing and costs nothing.
+
+On the CPU the device's clock is the host's: transfer is the host time of ``batch_to_device``, or
+the copying share of the step loop's wait for a prefetched batch. Data wait is host time blocked
+on the loader in every case (the SPEC's ``data_wait_fraction``), less the part of a prefetched
+batch's wait that was copying (``add_prefetch_wait``). Only actions inside a training epoch and
 outside validation count (``active``).
 """
 
@@ -52,8 +63,10 @@ class StepClock(Profiler):
     def reset(self) -> None:
         self.fetch_s = 0.0
         self.transfer_host_s = 0.0
-        self.prefetch_transfer_s = 0.0
+        self.prefetch_copy_wait_s = 0.0  # host time the step loop waited while the prefetch thread copied
         self._events: List[Tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        # prefetch on CUDA: (compute stream idle while the host waited, copying share of that wait, stall on the copy)
+        self._waits: List[Tuple[Tuple[torch.cuda.Event, torch.cuda.Event], float, Tuple[torch.cuda.Event, ...]]] = []
         self._fetch_t0: Optional[float] = None
         self._transfer_t0: Optional[float] = None
         self._event0: Optional[torch.cuda.Event] = None
@@ -87,22 +100,32 @@ class StepClock(Profiler):
         return ""  # nothing to print at teardown: the numbers go into metrics.json via EpochTimer
 
     # ---- fed by data.device_prefetch (trainer.data.prefetch), whose copies happen off the step loop
-    def add_prefetch_transfer(self, seconds: float) -> None:
-        """Host time the step loop waited for a batch while it was being copied or decoded (the rest of its wait is data wait)."""
+    def add_prefetch_wait(self, waited: Tuple[float, float], copying: Tuple[float, float]) -> float:
+        """The step loop waited for a prefetched batch over ``waited`` while the thread copied or decoded
+        it over ``copying`` (host clock): that overlap is not data wait. Returns its share of the wait."""
+        copy_wait = max(0.0, min(waited[1], copying[1]) - max(waited[0], copying[0]))
         if self.active:
-            self.prefetch_transfer_s += seconds
+            self.prefetch_copy_wait_s += copy_wait
+        span = waited[1] - waited[0]
+        return copy_wait / span if span > 0 else 0.0
 
-    def add_device_transfer(self, start: "torch.cuda.Event", end: "torch.cuda.Event") -> None:
-        """A stretch of the compute stream spent waiting for a prefetched batch's copy (read at epoch end)."""
+    def add_device_wait(self, idle: tuple, copying_share: float, stall: tuple) -> None:
+        """CUDA, prefetch: events on the compute stream around the host's wait for a batch (``idle``) and
+        around its wait for the batch's copy event (``stall``); read at epoch end."""
         if self.active:
-            self._events.append((start, end))
+            self._waits.append((idle, copying_share, stall))
 
     # ---- read by EpochTimer once per epoch, after the device was synchronized
     def data_wait_s(self) -> float:
-        return max(0.0, self.fetch_s - self.prefetch_transfer_s)
+        return max(0.0, self.fetch_s - self.prefetch_copy_wait_s)
 
     def transfer_s(self) -> float:
-        if self.cuda_device is not None and self._events:
-            device_s = sum(a.elapsed_time(b) for a, b in self._events) / 1000.0
-            return device_s + self.prefetch_transfer_s
-        return self.transfer_host_s + self.prefetch_transfer_s
+        """See the module docstring: the device's clock (CUDA events) on CUDA, the host's on the CPU."""
+        if self.cuda_device is None:
+            return self.transfer_host_s + self.prefetch_copy_wait_s
+        in_line = sum(a.elapsed_time(b) for a, b in self._events)
+        waited = sum(
+            share * idle[0].elapsed_time(idle[1]) + stall[0].elapsed_time(stall[1])
+            for idle, share, stall in self._waits
+        )
+        return (in_line + waited) / 1000.0

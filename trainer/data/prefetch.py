@@ -27,11 +27,12 @@ ends in a ``cudaStreamSynchronize`` of its decoder stream, so decoding batch N+1
 blocked the host before batch N was handed over, and the GPU ran out of queued work while the host
 waited. In the producer thread that wait blocks nobody (the decode call releases the GIL).
 
-Honest attribution (``StepClock``): the step loop's wait for the queue is split by what the
-producer was doing meanwhile: fetching from the loader is **data wait**, copying or decoding is
-**transfer**; and the time the compute stream stalls on a batch's event (a copy not finished when
-the step needed it) is **transfer**, measured with CUDA events and read once per epoch. A producer
-that keeps ahead costs neither: the GPU never waited for the batch.
+Honest attribution (``StepClock``, whose docstring states the one definition of transfer): the
+step loop's wait for the queue is split by what the producer was doing meanwhile: its fetching from
+the loader is **data wait** (host time); its copying or decoding is **transfer** as far as the
+device's steps waited for it, timed with CUDA events on the compute stream (the stream's idle time
+while the host waited, for the copying share of that wait, and its stall on the batch's copy event),
+read once per epoch. A producer that keeps ahead costs neither: the GPU never waited for the batch.
 
 Randomness: with no loader workers the producer thread runs the dataset's random transforms ahead
 of the step. The datamodule seeds them per sample (``datamodule.SeededSamples``: a seed of data
@@ -57,7 +58,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch
 from torch.utils.data import DataLoader
@@ -111,16 +112,18 @@ def side_stream(device: torch.device) -> "torch.cuda.Stream":
         return stream
 
 
+def _event(device: torch.device) -> "torch.cuda.Event":
+    """A timing event recorded on ``device``'s current (compute) stream now; never waits."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
 def move_to_device(batch: Any, device: torch.device) -> Any:
     """Lightning's own move: ``non_blocking=True`` on CUDA."""
     from lightning_fabric.utilities.apply_func import move_data_to_device
 
     return move_data_to_device(batch, device)
-
-
-def overlap(a: Tuple[float, float], b: Tuple[float, float]) -> float:
-    """Seconds two intervals of ``time.perf_counter()`` have in common."""
-    return max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
 
 
 _END = object()
@@ -270,6 +273,8 @@ def _hand_out(loader: DevicePrefetchLoader, host_batches: Iterator[Any]) -> Iter
     device, clock = loader.device, loader.clock
     try:
         while True:
+            # the compute stream's clock when the host starts waiting (StepClock: transfer on the device's clock)
+            idle_start = _event(device) if clock is not None and clock.active and device.type == "cuda" else None
             w0 = time.perf_counter()
             item = producer.queue.get()
             waited = (w0, time.perf_counter())
@@ -281,17 +286,13 @@ def _hand_out(loader: DevicePrefetchLoader, host_batches: Iterator[Any]) -> Iter
             # walked on every device, so that a batch type this cannot protect is refused the same way
             # on the CPU (where the tests run this loader) as on the GPU
             tensors = list(tensors_in(batch))
-            if clock is not None:
-                clock.add_prefetch_transfer(overlap(waited, copying))  # the rest of the wait is data wait
+            copying_share = clock.add_prefetch_wait(waited, copying) if clock is not None else 0.0
             if ready is not None:
                 compute = torch.cuda.current_stream(device)
-                if clock is not None and clock.active:
-                    stall_start = torch.cuda.Event(enable_timing=True)
-                    stall_start.record(compute)
+                if idle_start is not None:
+                    idle_end = _event(device)  # runs once the host is back: the GPU idled since idle_start, if at all
                     compute.wait_event(ready)  # the GPU waits for the copy, the host does not
-                    stall_end = torch.cuda.Event(enable_timing=True)
-                    stall_end.record(compute)
-                    clock.add_device_transfer(stall_start, stall_end)
+                    clock.add_device_wait((idle_start, idle_end), copying_share, (idle_end, _event(device)))
                 else:
                     compute.wait_event(ready)
                 for t in tensors:
