@@ -226,6 +226,33 @@ def test_nan_loss_stops_with_the_step_and_last_checkpoint(train):
         train("on_nan=stop", "model._target_=spies.ProbeNet", "~model.width", "+model.nan_after=1")
 
 
+def test_nan_loss_is_found_by_the_deferred_read_and_never_reaches_a_checkpoint(train, clear_spies, tmp_path):
+    """The guard's values reach the host only through its deferred reads (every log_every_n_steps steps,
+    a copy read once it has arrived; the same path as on a GPU): a NaN at step 2 with reads every 4
+    steps stops the run at step 3, naming step 2; a checkpoint save reads the flag outright first, so
+    one due in between is not written with the NaN in it."""
+    import spies
+
+    from trainer.errors import TrainingStopped
+
+    with pytest.raises(TrainingStopped, match=r"non-finite training loss \(nan\) at step 2;") as stopped:
+        train(
+            "on_nan=stop", "model._target_=spies.ProbeNet", "~model.width", "+model.nan_after=2",
+            "trainer.log_every_n_steps=4", "trainer.max_epochs=2",
+        )  # fmt: skip
+    assert len(spies.training_snapshots()) == 4  # steps 0-3 ran: found at the read after step 3, not at once
+    assert "Last good checkpoint: none saved yet" in str(stopped.value)
+
+    spies.SEEN.clear()
+    with pytest.raises(TrainingStopped, match=r"at step 2;"):
+        train(
+            "on_nan=stop", "model._target_=spies.ProbeNet", "~model.width", "+model.nan_after=2",
+            "trainer.log_every_n_steps=8", "checkpoint.enabled=true", "checkpoint.every_n_steps=3",
+        )  # fmt: skip
+    assert len(spies.training_snapshots()) == 3  # the save due after step 2 read the flag and stopped there
+    assert not list((tmp_path / "run2").glob("checkpoints/*.ckpt"))  # nothing was saved with the NaN in it
+
+
 def test_nan_loss_skip_skips_the_steps(train):
     m, _ = train("on_nan=skip", "model._target_=spies.ProbeNet", "~model.width", "+model.nan_after=3")
     assert m["status"] == "ok" and m["nan_skipped_steps"] == 8 - 3

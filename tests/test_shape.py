@@ -117,16 +117,54 @@ def long_functions_without_a_reason(root: Path = TRAINER) -> list:
     return found
 
 
-def _compiles(node: ast.AST, names_of_torch_compile: set) -> bool:
-    """``x.compile(...)`` (not ``re.compile``), ``compile(...)`` imported from torch, ``torch._dynamo.optimize(...)``,
-    or ``@torch.compile`` as a bare decorator."""
+def _aliases(tree: ast.AST) -> tuple:
+    """Names a module binds to ``torch.compile`` and to ``torch._dynamo`` by importing them."""
+    compile_names, dynamo_names = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "torch":
+            for alias in node.names:
+                if alias.name == "compile":
+                    compile_names.add(alias.asname or alias.name)
+                if alias.name == "_dynamo":
+                    dynamo_names.add(alias.asname or alias.name)
+        if isinstance(node, ast.Import):
+            dynamo_names |= {a.asname for a in node.names if a.name == "torch._dynamo" and a.asname}
+    return compile_names, dynamo_names
+
+
+def _compiles(node: ast.AST, compile_names: set, dynamo_names: set) -> bool:
+    """A place that compiles, or takes hold of the compiler so that it can be called elsewhere:
+
+    - ``x.compile(...)`` called (not ``re.compile``), and ``torch.compile`` referred to at all
+      (``fn = torch.compile; fn(net)``, a decorator), or ``@x.compile`` as a decorator;
+    - ``torch.compile`` imported under any name (``from torch import compile as c``), and that name used;
+    - ``torch._dynamo.optimize`` referred to, also through an alias of ``torch._dynamo``
+      (``import torch._dynamo as d``, ``from torch import _dynamo``) or imported itself;
+    - ``getattr(x, "compile")`` or ``getattr(x, "optimize")`` with the name written out.
+
+    Where it stops: a name built at run time (``getattr(torch, "com" + "pile")``), ``exec``/``eval``,
+    ``importlib``, or a module object passed around; those hide from any reading of the source and
+    would be deliberate, which review catches.
+    """
     if isinstance(node, ast.Call):
         func = node.func
         if isinstance(func, ast.Attribute) and func.attr == "compile":
             return not (isinstance(func.value, ast.Name) and func.value.id == "re")
-        if isinstance(func, ast.Name) and func.id in names_of_torch_compile:
+        if isinstance(func, ast.Name) and func.id == "getattr" and len(node.args) >= 2:
+            name = node.args[1]
+            return isinstance(name, ast.Constant) and name.value in ("compile", "optimize")
+        return False
+    if isinstance(node, ast.Attribute):
+        if node.attr == "compile" and isinstance(node.value, ast.Name) and node.value.id == "torch":
             return True
-        return isinstance(func, ast.Attribute) and func.attr == "optimize" and "_dynamo" in ast.unparse(func.value)
+        if node.attr == "optimize":
+            value = node.value
+            return "_dynamo" in ast.unparse(value) or (isinstance(value, ast.Name) and value.id in dynamo_names)
+        return False
+    if isinstance(node, ast.Name):
+        return node.id in compile_names and isinstance(node.ctx, ast.Load)
+    if isinstance(node, ast.ImportFrom):
+        return node.module == "torch._dynamo" and any(a.name == "optimize" for a in node.names)
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return any(isinstance(d, ast.Attribute) and d.attr == "compile" for d in node.decorator_list)
     return False
@@ -141,17 +179,11 @@ def compile_calls_outside_the_one_place(root: Path = TRAINER) -> list:
         for name, node in _functions(tree):
             if (str(path.relative_to(root)), name) == COMPILE_SITE:
                 allowed |= {id(n) for n in ast.walk(node)}
-        from_torch = {
-            alias.asname or alias.name
-            for node in ast.walk(tree)
-            if isinstance(node, ast.ImportFrom) and node.module == "torch"
-            for alias in node.names
-            if alias.name == "compile"
-        }
+        compile_names, dynamo_names = _aliases(tree)
         for node in ast.walk(tree):
-            if _compiles(node, from_torch) and id(node) not in allowed:
+            if _compiles(node, compile_names, dynamo_names) and id(node) not in allowed:
                 found.append(f"{path.relative_to(root.parent)}:{node.lineno}")
-    return found
+    return sorted(set(found), key=lambda site: (site.split(":")[0], int(site.split(":")[1])))
 
 
 def test_no_function_in_trainer_is_over_60_lines_without_saying_why():
@@ -176,15 +208,28 @@ def test_the_shape_checks_find_what_they_look_for(tmp_path):
         "import torch\nfrom torch import compile as c\n\n\n@torch.compile\ndef g(x):\n    return c(x)\n\n\n"
         "def h(m):\n    return torch._dynamo.optimize('inductor')(m)\n"
     )
+    (pkg / "aliases.py").write_text(
+        "import torch\nimport torch._dynamo as dyn\nfrom torch import _dynamo\n\n\n"
+        "def a(net):\n    fn = torch.compile\n    return fn(net)\n\n\n"
+        "def b(net):\n    return getattr(torch, 'compile')(net)\n\n\n"
+        "def c(net):\n    return dyn.optimize('inductor')(net)\n\n\n"
+        "def d(net):\n    opt = _dynamo.optimize\n    return opt('inductor')(net)\n\n\n"
+        "def e(cfg):\n    return cfg.compile and torch.compiler.reset()\n"
+    )
     (pkg / "model_transforms.py").write_text("def apply_compile(net):\n    net.compile()\n")
     (pkg / "sub").mkdir()
     (pkg / "sub" / "model_transforms.py").write_text("def apply_compile(net):\n    net.compile()\n")
     assert long_functions_without_a_reason(pkg) == [f"trainer/long.py:1 too_long ({MAX_LINES + 1} lines)"]
     assert compile_calls_outside_the_one_place(pkg) == [
+        "trainer/aliases.py:7",  # fn = torch.compile
+        "trainer/aliases.py:12",  # getattr(torch, 'compile')
+        "trainer/aliases.py:16",  # dyn.optimize (import torch._dynamo as dyn)
+        "trainer/aliases.py:20",  # _dynamo.optimize (from torch import _dynamo); not e's cfg.compile
         "trainer/compiles.py:7",
         "trainer/compiles.py:8",
-        "trainer/other.py:6",
-        "trainer/other.py:7",
+        "trainer/other.py:5",  # @torch.compile: torch.compile referred to ...
+        "trainer/other.py:6",  # ... and the function it decorates
+        "trainer/other.py:7",  # c(x), c imported as torch.compile
         "trainer/other.py:11",
         "trainer/sub/model_transforms.py:2",
     ]

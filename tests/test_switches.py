@@ -171,6 +171,59 @@ def test_the_compiler_warm_up_runs_on_the_given_device_and_draws_no_random_numbe
     assert torch.equal(torch.rand(3), after_warm_up)
 
 
+_FIRST_STEP_IMPORTS = """
+import json, sys
+import pytorch_lightning as pl
+from trainer import run as run_mod
+from trainer.compose import compose_for_run
+
+seen = {}
+
+
+class Imports(pl.Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        seen.setdefault("before", set(sys.modules))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        seen.setdefault("after", set(sys.modules))
+
+
+real = run_mod.build_callbacks
+run_mod.build_callbacks = lambda parts: (lambda found: (found.all.append(Imports()), found)[1])(real(parts))
+args = sys.argv[2:]
+m = run_mod.run(compose_for_run(args), sys.argv[1], args)
+# the compiler's own modules; not the job's generated code, which Inductor loads as modules under compile_tasks
+new = sorted(
+    n for n in seen["after"] - seen["before"]
+    if n.startswith(("torch._inductor", "torch._dynamo")) and not n.startswith("torch._inductor.runtime.compile_tasks.")
+)
+print(json.dumps({"status": m["status"], "error": m["error"], "first_step_imports": new}))
+"""
+
+
+@pytest.mark.slow
+def test_the_compiler_warm_up_leaves_only_the_jobs_graphs_to_its_first_step(tmp_path):
+    """The warm-up's effect, in a fresh process (where the compiler has not started): by the first
+    training step the compiler's per-process start-up is done, so that step loads none of dynamo's or
+    Inductor's modules (without the warm-up it loads dozens: time that the same job run after
+    another one in a local sweep would not pay, and compile_time_s would differ between the two)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import clean_env
+
+    args = [*__import__("conftest").TINY, *COMPILE, "data.batch_size=16"]
+    r = subprocess.run(
+        [sys.executable, "-c", _FIRST_STEP_IMPORTS, str(tmp_path / "run"), *args],
+        capture_output=True, text=True, env=clean_env(), timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen["status"] == "ok", seen["error"]
+    assert seen["first_step_imports"] == [], seen["first_step_imports"]
+
+
 @pytest.mark.slow
 def test_each_compile_job_compiles_cold_in_its_own_cache_and_a_resume_finds_its_graphs(train, compose, add_callbacks):
     """Inductor's on-disk cache survives torch.compiler.reset(): two identical jobs in one process (a

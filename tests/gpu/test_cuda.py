@@ -483,3 +483,12 @@ def test_prefetch_transfer_counts_only_the_time_the_gpu_waited_for_its_batch(bus
         assert transfer < 0.1 * 24 * 0.010, transfer
     else:
         assert transfer > 0.5 * 24 * 0.010, transfer
+
+
+def test_a_nan_on_the_gpu_is_found_by_the_deferred_read(train):
+    """on_nan=stop on a GPU: the flag reaches the host by a non-blocking copy read once it has arrived
+    (no step waits for it), and the stop names the first bad step."""
+    from trainer.errors import TrainingStopped
+
+    with pytest.raises(TrainingStopped, match=r"non-finite training loss \(nan\) at step 2;"):
+        train(*PROBE, "on_nan=stop", "+model.nan_after=2", "trainer.log_every_n_steps=4", "trainer.max_epochs=2")

@@ -4,9 +4,9 @@ Reading the loss on the host every step would force a device sync per step on a 
 is kept on the device (the first bad step is recorded there without a sync); every
 ``log_every_n_steps`` steps that record is copied to the host without waiting (``HostReads``) and
 looked at once it has arrived, a few steps later; at epoch end and before every checkpoint save it
-is read outright, so a NaN never reaches a checkpoint. On CPU the read is free and happens every
-step. The message names the first bad step and the last good checkpoint. ``on_nan=off`` removes
-the check.
+is read outright, so a NaN never reaches a checkpoint. The same path runs on a CPU (where the
+copy arrives at once), so the CPU suite runs what a GPU runs. The message names the first bad step
+and the last good checkpoint. ``on_nan=off`` removes the check.
 
 With ``on_nan=skip`` the built-in classifier skips the step instead (its training_step returns
 None, so Lightning does no backward and no optimizer step; deciding that needs the value on the
@@ -48,9 +48,6 @@ class NaNGuard(pl.Callback):
         newly_bad = (~torch.isfinite(loss)) & (self._first_bad < 0)
         self._first_bad = torch.where(newly_bad, torch.full_like(self._first_bad, trainer.global_step), self._first_bad)
         self._bad_value = torch.where(newly_bad, loss, self._bad_value)
-        if loss.device.type == "cpu":
-            self._raise_if_bad(trainer)
-            return
         if (trainer.global_step + 1) % max(1, trainer.log_every_n_steps) == 0:
             self._reads.push("first_bad", self._first_bad)
         for _, step in self._reads.ready():  # copies asked for earlier that have arrived
