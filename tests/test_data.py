@@ -146,6 +146,35 @@ def test_decode_scale_decodes_a_large_jpeg_at_the_smallest_dct_scale_the_crop_al
     assert short_side(Loader("torchvision", min_side=needed_side(32)).decode(data)) == 512  # cannot scale
 
 
+def test_turbo_asks_simplejpeg_for_a_size_only_where_a_smaller_dct_scale_exists(monkeypatch):
+    """Asked for a minimum size, simplejpeg decodes about 8% slower even at full scale: data.decoder=turbo
+    passes min_height/min_width only for a JPEG at least twice the needed side. Seen on the arguments
+    that reach simplejpeg's own decode_jpeg (wrapped, still decoding). Asked for 257 px of a 512 px
+    image, libjpeg-turbo would also pick its 5/8 scale (320 px), which PIL's draft has not: the two
+    decoders would decode the same file at different sizes."""
+    simplejpeg = pytest.importorskip("simplejpeg")
+    from trainer.data.decoders import Loader
+    from trainer.data.folder import needed_side
+
+    calls = []
+    real = simplejpeg.decode_jpeg
+
+    def spy(data, *args, **kwargs):
+        calls.append(kwargs)
+        return real(data, *args, **kwargs)
+
+    monkeypatch.setattr(simplejpeg, "decode_jpeg", spy)
+    data = _jpeg(512)  # 512 x 768
+    no_smaller = Loader("turbo", min_side=257).decode(data)  # 1/2 would be 256 px: too small, full size it is
+    scaled = Loader("turbo", min_side=needed_side(32)).decode(data)
+    Loader("turbo").decode(data)  # decode_scale=off
+    assert len(calls) == 3, calls
+    sized = [{k: v for k, v in c.items() if k in ("min_height", "min_width")} for c in calls]
+    assert sized == [{}, {"min_height": 63, "min_width": 63}, {}]
+    assert all(c["fastdct"] and c["fastupsample"] for c in calls)
+    assert no_smaller.shape[-2:] == (512, 768) and scaled.shape[-2:] == (64, 96)
+
+
 def _worst_crop(monkeypatch, crop, image, ratio_end: int):
     """(h, w) of the crop torchvision's RandomResizedCrop takes from ``image`` when it draws the least
     area of its scale range and the ``ratio_end`` (0: least, 1: most) of its ratio range."""
