@@ -466,6 +466,40 @@ def test_prefetch_is_reachable_when_the_user_set_loader_workers():
     )
 
 
+def _offered(objective: str, data_name: str = "imagefolder") -> tuple:
+    """(the candidates the search offers in turn on an input-bound run with nothing kept, why each
+    other one is not offered) for ``tune.objective``, with the context built as the tuner builds it."""
+    from types import SimpleNamespace
+
+    from trainer.tune.candidates import CATALOGUE, Context
+    from trainer.tune.search import Search
+
+    hw = SimpleNamespace(accelerator="cpu", bf16_native=True, capability="", cpu_cores=4)
+    run_cfg = SimpleNamespace(data=SimpleNamespace(name=data_name), tune=SimpleNamespace(objective=objective))
+    tune_cfg = SimpleNamespace(
+        budget_min=30, horizon_epochs=10, verify_epochs=1, acc_tolerance=0.02, objective=objective
+    )
+    search = Search(None, CATALOGUE, Context.of(hw, run_cfg), {"data.decoder": "pil"}, tune_cfg, lambda: 0.0)
+    offered = []
+    while (cand := search._next("input pipeline", [], [], set(offered))) is not None:
+        offered.append(cand.name)
+    return offered, {c.name: search._eligible(c, [], []) for c in CATALOGUE if c.name not in offered}
+
+
+def test_progressive_resize_and_ema_are_offered_only_when_judged_by_the_time_to_target():
+    """They change how many epochs reach the accuracy, not (ema) or not only (progressive_resize) an
+    epoch's time: judged by epoch time, progressive_resize would be kept for its cheap small epochs
+    whatever they cost in accuracy's epochs, and ema never. Under time_to_target they come after the
+    bottleneck's groups, in the catalogue's order."""
+    by_epoch, why_not = _offered("epoch_time")
+    assert by_epoch and "workers" in by_epoch and "decode_scale" in by_epoch  # the list is there at all
+    assert "progressive_resize" not in by_epoch and "ema" not in by_epoch
+    for name in ("progressive_resize", "ema"):
+        assert "tried with tune.objective=time_to_target" in why_not[name], why_not[name]
+    to_target, _ = _offered("time_to_target")
+    assert to_target == by_epoch + ["progressive_resize", "ema"]
+
+
 def test_a_journal_cut_mid_line_resumes_and_a_foreign_one_is_refused(tmp_path):
     from trainer.errors import ConfigError
     from trainer.tune.probe import Journal, Result
