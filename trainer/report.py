@@ -499,13 +499,17 @@ def _label(row: dict, varied: List[str]) -> str:
     return "\n".join(textwrap.wrap(", ".join(parts), 48)) if parts else row["job"]
 
 
-def to_png(path: Path, columns: List[str], rows: List[dict], curves: Optional[List[list]] = None, goal=None) -> None:
-    """Horizontal bars of epoch time per configuration, the speedup written on each bar; with
-    ``curves`` (per row: (training time so far, val_acc) points) a second panel of accuracy vs time."""
-    import matplotlib
+def chart(jobs: List[Job], columns: List[str], rows: List[dict], goal: Optional[float] = None):
+    """The figure of ``ab_report.png``: horizontal bars of epoch time per configuration, the speedup
+    written on each bar; with a target (``goal``) a second panel of val_acc against training time,
+    one line per row (the row's first job), the target dashed. Returned rather than saved so that
+    what it shows can be read back from its data (``save_png`` writes it)."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    curves = None
+    if goal is not None:
+        folded = fold_repeats(jobs, varied_keys(jobs))  # the rows of build_rows, in the same order
+        curves = [ttt.curve(row.first.metrics.get("epochs") or []) for row in folded]
 
     varied = [
         c
@@ -517,12 +521,13 @@ def to_png(path: Path, columns: List[str], rows: List[dict], curves: Optional[Li
     lines = sum(max(1, label.count("\n") + 1) for label in labels)
     height = 0.32 * lines + 0.25 * len(rows) + 1.6
     with_curves = bool(curves) and any(curves)
+    # a Figure of its own, not pyplot's: no process-wide figure registry or backend to set
     if with_curves:
-        fig, (ax, curve_ax) = plt.subplots(
-            2, 1, figsize=(11, height + 4.2), gridspec_kw={"height_ratios": [height, 4.2]}
-        )
+        fig = Figure(figsize=(11, height + 4.2))
+        ax, curve_ax = fig.subplots(2, 1, gridspec_kw={"height_ratios": [height, 4.2]})
     else:
-        fig, ax = plt.subplots(figsize=(11, height))
+        fig = Figure(figsize=(11, height))
+        ax = fig.subplots()
     ypos = range(len(rows))
     colors = [
         "#9e9e9e" if "baseline" in r["notes"] else ("#d9534f" if r["status"] != "ok" else "#4c72b0") for r in rows
@@ -555,8 +560,11 @@ def to_png(path: Path, columns: List[str], rows: List[dict], curves: Optional[Li
     if with_curves:
         _accuracy_curves(curve_ax, rows, labels, curves, goal)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def save_png(path: Path, figure) -> None:
+    figure.savefig(path, dpi=110)
 
 
 def _accuracy_curves(ax, rows: List[dict], labels: List[str], curves: List[list], goal) -> None:
@@ -625,9 +633,7 @@ def write_report(
     atomic_write_text(out / "ab_report.md", markdown)
     atomic_write_text(out / "ab_report.csv", to_csv(columns, rows))
     try:
-        folded = fold_repeats(jobs, varied_keys(jobs))
-        curves = [ttt.curve(row.first.metrics.get("epochs") or []) for row in folded]
-        to_png(out / "ab_report.png", columns, rows, curves if goal is not None else None, goal)
+        save_png(out / "ab_report.png", chart(jobs, columns, rows, goal))
     except Exception as e:  # the chart is a convenience; the table is the product
         log.warning("could not draw ab_report.png: %s", e)
     if echo:
