@@ -319,3 +319,23 @@ class PoolNet(nn.Module):
 
     def forward(self, x):
         return self.fc(torch.relu(self.pixel(x.movedim(1, -1))).mean((1, 2)))
+
+
+class SignalWatchedModule(WatchedLightningModule):
+    """A ``WatchedLightningModule`` that also plants a stop signal per rank, as ``SignalNet`` does."""
+
+    def __init__(self, num_classes: int = 10, lr: float = 0.01, signal_name: str = "SIGUSR1", at=()):
+        super().__init__(num_classes, lr)
+        self.signal_name = signal_name
+        self.at = list(at)
+        self.steps = 0
+
+    def training_step(self, batch, batch_idx):
+        import os
+        import signal
+
+        self.steps += 1
+        rank = int(os.environ.get("RANK", "0"))
+        if rank < len(self.at) and self.steps == self.at[rank]:
+            os.kill(os.getpid(), signal.Signals[self.signal_name])
+        return super().training_step(batch, batch_idx)
