@@ -289,3 +289,68 @@ def test_elapsed_time_counts_a_resumed_partial_epoch_as_a_full_one():
     assert [e["elapsed_train_s"] for e in timed] == [2.0, pytest.approx(4.1), pytest.approx(6.3)]
     assert timed[1]["elapsed_estimated"] and [e["elapsed_val_s"] for e in timed] == [0.5, 1.0, 1.5]
     assert reach(epochs, 0.6) == (pytest.approx(4.1), 2) and reach(epochs, 0.95) is None
+
+
+def _sweep_to_a_target(root):
+    """Two jobs whose val_acc reaches 0.75 at epoch 2, 0.89 at epoch 3 and 0.9 at epoch 4 (2 s and 1 s epochs)."""
+    sweep = root / "sweep"
+    for name, flags, epoch_s in (("0", {}, 2.0), ("1", {"amp": True}, 1.0)):
+        _job(sweep, name, flags, [epoch_s] * 4, accs=[0.5, 0.8, 0.895, 0.9])
+    return sweep
+
+
+def _baseline_time_to_target(sweep):
+    import csv
+
+    with open(sweep / "ab_report.csv") as f:
+        return float(next(csv.DictReader(f))["time_to_target_s"])
+
+
+@pytest.mark.parametrize(
+    "settings, said, seconds",
+    [
+        (["report.target_acc=0.75"], "target val_acc 0.750 (report.target_acc)", 4.0),
+        (["report.target_tolerance=0"], "the baseline's best 0.900 minus 0.0 (report.target_acc=auto)", 8.0),
+        ([], "the baseline's best 0.900 minus 0.01 (report.target_acc=auto)", 6.0),
+    ],
+)
+def test_a_sweeps_report_settings_reach_its_ab_report(tmp_path, settings, said, seconds):
+    """report.target_acc and report.target_tolerance of a sweep's command line decide the target of the
+    A/B report its end writes (Hydra's on_multirun_end, with the config Hydra composes); a tolerance
+    of 0 is the baseline's best itself, not the default's 0.01 below it."""
+    from hydra import compose, initialize_config_dir
+
+    from trainer.compose import CONFIG_DIR, prepare_hydra
+    from trainer.sweep import SweepCallback
+
+    sweep = _sweep_to_a_target(tmp_path)
+    prepare_hydra()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        config = compose(
+            config_name="train", overrides=[f"hydra.sweep.dir={sweep}", *settings], return_hydra_config=True
+        )
+    SweepCallback().on_multirun_end(config)
+    assert said in (sweep / "ab_report.md").read_text()
+    assert _baseline_time_to_target(sweep) == seconds
+
+
+def test_cli_target_acc_and_tolerance_choose_the_target_and_a_bad_value_is_one_paragraph(tmp_path):
+    sweep = _sweep_to_a_target(tmp_path)
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "trainer.report", str(sweep), *args], capture_output=True, text=True
+        )
+
+    r = cli("--target-acc", "0.75")
+    assert r.returncode == 0, r.stderr
+    assert "target val_acc 0.750" in (sweep / "ab_report.md").read_text() and _baseline_time_to_target(sweep) == 4.0
+    r = cli("--target-tolerance", "0")
+    assert r.returncode == 0, r.stderr
+    assert "best 0.900 minus 0.0 " in (sweep / "ab_report.md").read_text() and _baseline_time_to_target(sweep) == 8.0
+    for bad in ("high", "1.5", "0"):
+        r = cli("--target-acc", bad)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (bad, r.stderr)
+        assert r.stderr.strip() == f"error: --target-acc {bad!r}: allowed are auto, off or a number in (0, 1]"
+    r = cli("--target-tolerance", "-0.1")
+    assert r.returncode == 2 and r.stderr.strip() == "error: --target-tolerance -0.1: allowed is a number in [0, 1)"

@@ -679,12 +679,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.target_acc not in (ttt.AUTO, "off"):
         try:
-            args.target_acc = float(args.target_acc)
+            value = float(args.target_acc)
         except ValueError:
+            value = math.nan
+        if not 0 < value <= 1:  # the range report.target_acc allows (NaN fails it too)
             print(
                 f"error: --target-acc {args.target_acc!r}: allowed are auto, off or a number in (0, 1]", file=sys.stderr
             )
             return 2
+        args.target_acc = value
+    if not 0 <= args.target_tolerance < 1:
+        print(f"error: --target-tolerance {args.target_tolerance:g}: allowed is a number in [0, 1)", file=sys.stderr)
+        return 2
     missing = [d for d in args.dirs if not os.path.exists(d)]
     if missing:
         print(f"error: no such dir: {', '.join(missing)}", file=sys.stderr)

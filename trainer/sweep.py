@@ -408,12 +408,14 @@ class SweepCallback(_HydraCallback):
 
 
 def report_settings(config) -> Dict[str, Any]:
-    """``report.target_acc`` and ``report.target_tolerance`` of the sweep's config, as write_report takes them."""
+    """``report.target_acc`` and ``report.target_tolerance`` of the sweep's config, as write_report takes them
+    (the defaults only where the config has no such key: a tolerance of 0 is the baseline's best itself)."""
     from .time_to_target import AUTO, DEFAULT_TOLERANCE
 
+    target_acc, tolerance = _select(config, "report.target_acc"), _select(config, "report.target_tolerance")
     return {
-        "target_acc": _select(config, "report.target_acc") or AUTO,
-        "tolerance": _select(config, "report.target_tolerance") or DEFAULT_TOLERANCE,
+        "target_acc": AUTO if target_acc is None else target_acc,
+        "tolerance": DEFAULT_TOLERANCE if tolerance is None else tolerance,
     }
 
 
