@@ -587,18 +587,34 @@ def test_progressive_resize_trains_each_epoch_at_its_size_and_validates_at_full_
     add_callbacks(Spy())
     m, _ = train(
         "progressive_resize=true", "data.image_size=32", "trainer.max_epochs=5", "progressive.start_size=16",
-        "channels_last=true",
+        "progressive.start_epoch=1", "progressive.end_epoch=4", "channels_last=true",
     )  # fmt: skip
-    # 16 px, then growing in steps of 8 px to 32 at epoch 3 (the last fifth at full size: from epoch 4 by default,
-    # here end_epoch=ceil(0.8*5)-1 = 3), validation always at 32
+    # 16 px to epoch 1, then growing over 3 epochs in steps of 8 px (16 + 16/3 rounds down to 16, 16 + 32/3 to 24),
+    # full size from epoch 4; validation always at 32. (Without the keys: [16, 16, 24, 32, 32]; start_epoch
+    # ignored: [16, 16, 24, 24, 32])
     trained = sorted({(epoch, size) for epoch, training, size in seen if training})
-    assert trained == [(0, 16), (1, 16), (2, 24), (3, 32), (4, 32)], trained
+    assert trained == [(0, 16), (1, 16), (2, 16), (3, 24), (4, 32)], trained
     assert {size for _, training, size in seen if not training} == {32}
-    assert [e["image_size"] for e in m["epochs"]] == [16, 16, 24, 32, 32]
+    assert [e["image_size"] for e in m["epochs"]] == [16, 16, 16, 24, 32]
     assert m["epochs"][0]["tflops"] < m["epochs"][-1]["tflops"] * 0.5  # a 16 px step is a quarter of a 32 px one's math
     seen.clear()
     m, _ = train("data.image_size=32", "trainer.max_epochs=2")
     assert {size for _, _, size in seen} == {32} and "image_size" not in m["epochs"][0]
+
+
+def test_progressive_schedule_keys_shape_the_sizes_per_epoch():
+    """progressive.start_epoch holds start_size through that epoch, progressive.end_epoch is the first at
+    full size, growth is linear between them, rounded down to progressive.bucket; by default growth
+    starts at once and full size is reached at epoch ceil(0.8 * max_epochs) - 1."""
+    from trainer.data.progressive import schedule
+
+    assert schedule(32, 10, 16, bucket=4) == [16, 16, 20, 20, 24, 24, 28, 32, 32, 32]  # full from ceil(8) - 1 = 7
+    assert schedule(32, 8, 16, start_epoch=2, end_epoch=6, bucket=4) == [16, 16, 16, 20, 24, 28, 32, 32]
+    assert schedule(32, 8, 16, end_epoch=2, bucket=4) == [16, 24, 32, 32, 32, 32, 32, 32]
+    assert schedule(32, 8, 16, start_epoch=5, bucket=4) == [16, 16, 16, 16, 16, 16, 32, 32]  # end: ceil(6.4) - 1 = 6
+    assert schedule(32, 8, 16, start_epoch=3, end_epoch=3, bucket=4) == [16, 16, 16, 32, 32, 32, 32, 32]
+    assert schedule(32, 4, 16, start_epoch=1, end_epoch=9, bucket=4) == [16, 16, 16, 20]  # full size past the run
+    assert schedule(32, 6, None, start_epoch=1, end_epoch=3) == [16, 16, 24, 32, 32, 32]  # start: half of 32
 
 
 def test_progressive_resize_is_refused_for_a_model_that_cannot_take_its_start_size(train):
