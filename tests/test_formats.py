@@ -252,3 +252,40 @@ def test_a_shard_the_index_lists_but_the_store_lacks_is_one_paragraph_from_a_wor
         list(dm.train_dataloader())
     text = str(e.value)
     assert "shard-000003.tar" in text and "Traceback" not in text and "\n" not in text, text
+
+
+def test_decode_scale_decodes_every_format_at_the_image_folders_size(compose, tmp_path):
+    """data.decode_scale=auto with data=parquet and data=webdataset: each sample is decoded at the size the
+    image folder it was packed from decodes it at. 304 px JPEGs for 32 px crops: 1/4 (76 px; 1/8, 38 px,
+    is below the 63 the smallest crop needs); with data.augment=false validation's resize needs 36 px,
+    so 1/8. Off: full size. Seen on what each format's dataset decodes, the transform set aside."""
+    import numpy as np
+    from PIL import Image
+
+    from trainer.pack import pack
+
+    images = tmp_path / "images"
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 3), ("val", 1)):
+        for cls in ("a", "b"):
+            (images / split / cls).mkdir(parents=True)
+            for j in range(count):
+                pixels = rng.integers(0, 255, (304, 352, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(images / split / cls / f"{j}.jpg")
+    roots = {"imagefolder": str(images)}
+    for fmt in BLOCK_FORMATS:
+        pack(str(images), str(tmp_path / fmt), fmt=fmt)
+        roots[fmt] = str(tmp_path / fmt)
+
+    def short_sides(fmt: str, *overrides: str) -> set:
+        cfg = compose(f"data={fmt}", f"data.root={roots[fmt]}", "data.image_size=32", "data.batch_size=2", *overrides)
+        dm = ImageDataModule(cfg.data)
+        dm.build()
+        dm.train_set.transform = None  # the decoded image itself
+        assert len(dm.train_set) == 6
+        return {min(dm.train_set[i][0].size) for i in range(len(dm.train_set))}
+
+    for fmt in roots:
+        assert short_sides(fmt, "data.decode_scale=off") == {304}, fmt
+        assert short_sides(fmt, "data.decode_scale=auto") == {76}, fmt
+        assert short_sides(fmt, "data.decode_scale=auto", "data.augment=false") == {38}, fmt

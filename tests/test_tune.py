@@ -500,6 +500,13 @@ def test_progressive_resize_and_ema_are_offered_only_when_judged_by_the_time_to_
     assert to_target == by_epoch + ["progressive_resize", "ema"]
 
 
+def test_decode_scale_is_offered_for_every_format_that_decodes_jpegs():
+    for data in ("imagefolder", "builtin", "parquet", "webdataset"):
+        assert "decode_scale" in _offered("epoch_time", data)[0], data
+    offered, why_not = _offered("epoch_time", "synthetic")
+    assert "decode_scale" not in offered and why_not["decode_scale"] == "data=synthetic decodes no images"
+
+
 def test_a_journal_cut_mid_line_resumes_and_a_foreign_one_is_refused(tmp_path):
     from trainer.errors import ConfigError
     from trainer.tune.probe import Journal, Result

@@ -240,16 +240,11 @@ class ImageDataModule(pl.LightningDataModule):
             root, key = ensure_builtin(c.cache_dir, c.images_per_class, c.stored_size), "data.cache_dir"
         else:
             root, key = self._local_root(c.root), "data.root"
-        from .decoders import SCALED_DECODERS, resolve_decoder
+        from .decoders import resolve_decoder
         from .folder import build_image_folders
 
         self.decoder = resolve_decoder(c.decoder, self.accelerator)
-        if c.decode_scale == "auto" and self.decoder not in SCALED_DECODERS:
-            log.warning(
-                "data.decode_scale=auto changes nothing with data.decoder=%s (torchvision's decoders cannot decode "
-                "at a reduced size yet): use data.decoder=pil or turbo",
-                self.decoder,
-            )
+        self._check_decode_scale()
         self.train_set, self.val_set, self.classes = build_image_folders(
             root,
             c.image_size,
@@ -281,6 +276,16 @@ class ImageDataModule(pl.LightningDataModule):
             )
         return len(self.classes)
 
+    def _check_decode_scale(self) -> None:
+        from .decoders import SCALED_DECODERS
+
+        if self.cfg.decode_scale == "auto" and self.decoder not in SCALED_DECODERS:
+            log.warning(
+                "data.decode_scale=auto changes nothing with data.decoder=%s (torchvision's decoders cannot decode "
+                "at a reduced size yet): use data.decoder=pil or turbo",
+                self.decoder,
+            )
+
     def _build_blocks(self) -> int:
         """data=parquet / data=webdataset: samples in blocks (row groups, tar shards), read by BlockSampler's plan."""
         c = self.cfg
@@ -291,6 +296,7 @@ class ImageDataModule(pl.LightningDataModule):
         from .decoders import resolve_decoder
 
         self.decoder = resolve_decoder(c.decoder, self.accelerator)
+        self._check_decode_scale()
         if c.name == "parquet":
             from .parquet import build_parquet as build
         else:
@@ -306,6 +312,7 @@ class ImageDataModule(pl.LightningDataModule):
             c.on_bad_sample,
             c.shuffle_window,
             c.get("storage_options"),
+            decode_scale=c.decode_scale,
         )
         per_rank = -(-len(self.train_set) // max(1, world_size()))
         if c.drop_last and isinstance(c.batch_size, int) and per_rank < c.batch_size:

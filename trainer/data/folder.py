@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Tuple
+from typing import Optional, Tuple
 
 from ..errors import ConfigError
 from .decoders import DECODE_ERRORS
@@ -55,6 +55,14 @@ def crop_range(transform):
         if isinstance(step, v2.RandomResizedCrop):
             return tuple(step.scale), tuple(step.ratio)
     return None, None
+
+
+def decode_min_side(decode_scale: str, image_size: int, augment: bool, keep_uint8: bool = False) -> Optional[int]:
+    """data.decode_scale: the short side the decoder may reduce a JPEG to (None: full size), the same
+    for every format that decodes encoded images (image folders, Parquet, WebDataset shards)."""
+    if decode_scale != "auto":
+        return None
+    return needed_side(image_size, *crop_range(transforms_for(image_size, True, augment, keep_uint8)))
 
 
 def transforms_for(image_size: int, train: bool, augment: bool, keep_uint8: bool = False):
@@ -275,9 +283,7 @@ def build_image_folders(
         loader = BytesLoader(cache_in_memory, fs=fs)
         make_transform = _no_transform
     else:
-        min_side = None
-        if decode_scale == "auto":
-            min_side = needed_side(image_size, *crop_range(transforms_for(image_size, True, augment, keep_uint8)))
+        min_side = decode_min_side(decode_scale, image_size, augment, keep_uint8)
         loader = Loader(decoder, cache_in_memory, fs=fs, min_side=min_side)
         make_transform = transforms_for
     from torch.utils.data import Subset

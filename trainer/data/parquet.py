@@ -137,9 +137,10 @@ def build_parquet(
     on_bad_sample: str,
     window: int,
     storage_options=None,
+    decode_scale: str = "off",
 ) -> Tuple[BlockImages, Optional[BlockImages], list]:
     from .decoders import Loader
-    from .folder import transforms_for
+    from .folder import decode_min_side, transforms_for
     from .storage import open_root
 
     require_root(root, "parquet", "Parquet files")
@@ -152,7 +153,7 @@ def build_parquet(
     blocks, sizes, columns, names = _index(fs, splits["train"], root)
     if not blocks:
         raise ConfigError(f"'data.root' ({root}): its Parquet files hold no rows.")
-    decode = Loader(decoder).decode
+    decode = Loader(decoder, min_side=decode_min_side(decode_scale, image_size, augment, keep_uint8)).decode
     reader = RowGroups(fs, splits["train"], blocks, *columns)
     if names is None:
         names = _label_classes(fs, splits["train"], columns[1])

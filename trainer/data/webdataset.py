@@ -125,9 +125,10 @@ def build_webdataset(
     on_bad_sample: str,
     window: int,
     storage_options=None,
+    decode_scale: str = "off",
 ) -> Tuple[BlockImages, Optional[BlockImages], list]:
     from .decoders import Loader
-    from .folder import transforms_for
+    from .folder import decode_min_side, transforms_for
     from .storage import open_root
 
     require_root(root, "webdataset", "tar shards")
@@ -140,7 +141,7 @@ def build_webdataset(
             classes = classes or names
     if "train" not in splits:  # no index: count the samples by reading each shard once
         splits.update(_counted_shards(fs, base, root))
-    decode = Loader(decoder).decode
+    decode = Loader(decoder, min_side=decode_min_side(decode_scale, image_size, augment, keep_uint8)).decode
     if not sum(splits["train"][1]):
         raise ConfigError(f"'data.root' ({root}): its training shards hold no samples.")
     if classes is None:

@@ -135,8 +135,8 @@ def _bigger_batch(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
 
 
 def _decode_scale(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
-    if ctx.data_name not in IMAGE_FILES:
-        return f"data={ctx.data_name} decodes no image files"
+    if ctx.data_name not in ENCODED:
+        return f"data={ctx.data_name} decodes no images"
     decoder = cfg.get("data.decoder", "pil")
     return (
         None if decoder in ("pil", "turbo") else f"data.decoder={decoder} has no reduced-size decode (pil and turbo do)"
