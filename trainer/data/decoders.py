@@ -10,9 +10,10 @@
 
 With ``data.decode_scale=auto`` a JPEG (a file, or a sample of a Parquet or WebDataset shard) stored
 at least twice as large as the transforms need is decoded at 1/2, 1/4 or 1/8 of its size by
-libjpeg's DCT scaling (PIL's ``draft``, simplejpeg's ``min_height``/``min_width``): the smallest scale whose short side still has ``min_side`` pixels, so
-the crop and resize that follow see as many pixels as they keep. torchvision's decoders have no
-such option yet (pytorch/vision#8986): with ``torchvision`` and ``nvjpeg`` it changes nothing, and says so.
+libjpeg's DCT scaling (PIL's ``draft``, simplejpeg's ``min_height``/``min_width``): the smallest
+scale whose short side still has ``min_side`` pixels, so the crop and resize that follow see as many
+pixels as they keep. torchvision's decoders have no such option yet (pytorch/vision#8986): with
+``torchvision`` and ``nvjpeg`` it changes nothing, and says so.
 
 With ``data.cache_in_memory`` the encoded bytes of each file are kept in RAM after the first read
 (per loader worker; persistent workers keep them across epochs), so later epochs skip the disk.
