@@ -437,38 +437,58 @@ def test_every_readme_flag_is_recorded_as_it_was_set(train):
     assert {k: metrics["flags"][k] for k in given} == given
 
 
+def _ema_of(history, decay):
+    """The exponential moving average of a run's weights after each optimizer step, computed here in
+    float64: the first step's weights, then ``decay * average + (1 - decay) * weights`` per step (integer
+    buffers, BatchNorm's step count, follow the weights)."""
+    average = {k: v.double() if v.is_floating_point() else v for k, v in history[0].items()}
+    for state in history[1:]:
+        for k, v in state.items():
+            average[k] = decay * average[k] + (1 - decay) * v.double() if v.is_floating_point() else v
+    return average
+
+
+def _assert_same_state(actual, expected, what):
+    assert set(actual) == set(expected) and expected, what
+    for name, value in expected.items():
+        assert torch.allclose(actual[name].double(), value.double(), rtol=1e-5, atol=1e-6), (what, name)
+
+
 def test_ema_validates_and_saves_the_averaged_weights_not_the_raw_ones(train, add_callbacks):
-    """ema=true: the weights a validation sees are not the ones training just left, they are what the
-    checkpoint saves as its state_dict (the raw ones beside them), and metrics.json says so."""
+    """ema=true: the weights a validation sees are the exponential moving average, at ema_decay, of the
+    weights every optimizer step so far left, and they are what the checkpoint saves as its state_dict
+    (the raw weights beside them); metrics.json says so."""
     import pytorch_lightning as pl
 
-    seen = {}
+    history, validated = [], {}
 
-    class Spy(pl.Callback):  # runs after the EMA callback's swap (added last)
+    class Spy(pl.Callback):  # runs after the EMA callback's update and swap (added last)
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            seen["trained"] = [p.detach().clone() for p in pl_module.parameters()]
+            history.append({k: v.detach().clone() for k, v in pl_module.state_dict().items()})
 
         def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
-            if not trainer.sanity_checking:
-                seen["validated"] = [p.detach().clone() for p in pl_module.parameters()]
+            if not trainer.sanity_checking and batch_idx == 0:
+                validated[trainer.global_step] = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
 
     add_callbacks(Spy())
     m, out = train("ema=true", "ema_decay=0.9", "trainer.max_epochs=2", "checkpoint.enabled=true")
     assert m["flags"]["ema"] is True and m["validated_weights"] == "ema"
-    assert not all(torch.equal(a, b) for a, b in zip(seen["validated"], seen["trained"]))
+    assert len(history) == 16 and sorted(validated) == [8, 16]  # 8 optimizer steps per epoch
+    for step, state in validated.items():
+        _assert_same_state(state, _ema_of(history[:step], 0.9), f"validation after step {step}")
+        assert not all(torch.equal(state[k], history[step - 1][k]) for k in state)  # not what training left
     ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert ckpt["weights"] == "ema"
-    saved, raw = list(ckpt["state_dict"].values()), list(ckpt["current_model_state"].values())
-    params = [k for k in ckpt["state_dict"] if "running" not in k and "num_batches" not in k]
-    assert len(params) == len(seen["validated"])
-    for name, validated in zip(params, seen["validated"]):
-        assert torch.equal(ckpt["state_dict"][name], validated), name  # the checkpoint holds what was validated
-    assert any(not torch.equal(a, b) for a, b in zip(saved, raw))  # and the raw weights differ from it
+    assert ckpt["weights"] == "ema" and ckpt["global_step"] == 16
+    _assert_same_state(ckpt["state_dict"], _ema_of(history, 0.9), "the checkpoint's state_dict")
+    for name, value in history[-1].items():
+        assert torch.equal(ckpt["current_model_state"][name], value), name  # the raw weights beside it
     # without the flag: validation sees what training left
-    seen.clear()
+    history.clear()
+    validated.clear()
     m, _ = train("trainer.max_epochs=1")
-    assert m["validated_weights"] == "raw"
-    assert all(torch.equal(a, b) for a, b in zip(seen["validated"], seen["trained"]))
+    assert m["validated_weights"] == "raw" and sorted(validated) == [8]
+    for name, value in validated[8].items():
+        assert torch.equal(value, history[-1][name]), name
 
 
 def test_sigterm_during_validation_of_an_ema_run_waits_for_a_training_step_and_resumes_the_training_weights(
@@ -519,6 +539,55 @@ def test_sigterm_during_validation_of_an_ema_run_waits_for_a_training_step_and_r
     assert set(seen["resumed"]) == set(stopped)
     for name, value in stopped.items():
         assert torch.equal(seen["resumed"][name], value), name  # training continues from the training weights
+
+
+def test_ema_stopped_mid_run_and_resumed_ends_with_the_average_of_a_run_never_stopped(train, add_callbacks, compose):
+    """A resume restores the average and its update count: the first update after it blends the new
+    weights into the restored average at ema_decay, as the run that was never stopped did, rather than
+    starting the average over from that step's weights."""
+    import os
+    import signal
+
+    import pytorch_lightning as pl
+
+    from trainer import stopping
+    from trainer.callbacks.ema import EMA
+    from trainer.run import run
+
+    seen = {}
+
+    class Stop(pl.Callback):  # before the stop's own batch-end hook, which raises
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if seen.get("stop") and trainer.global_step == 11 and "signalled" not in seen:
+                seen["signalled"] = trainer.global_step
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        def on_train_start(self, trainer, pl_module):
+            (ema,) = [c for c in trainer.callbacks if isinstance(c, EMA)]
+            seen.setdefault("updates at start", []).append(ema.updates)
+
+    add_callbacks(Stop(), first=True)
+    args = ["ema=true", "ema_decay=0.9", "trainer.max_epochs=2", "checkpoint.enabled=true"]
+    m, straight = train(*args)
+    assert m["status"] == "ok"
+    seen["stop"] = True
+    try:
+        m, out = train(*args)
+    finally:
+        stopping.clear()  # the request is process-wide: this test's ends here
+    assert m["status"] == "failed" and "preempted by SIGTERM" in m["error"], m["error"]
+    stopped = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert 11 <= stopped["global_step"] < 16  # mid-way through the second epoch
+    resumed_args = [*TINY, *args, "ckpt_path=last"]
+    m = run(compose(*resumed_args), str(out), resumed_args)
+    assert m["status"] == "ok", m["error"]
+    assert seen["updates at start"] == [0, 0, stopped["global_step"]]  # one update per step before the stop
+    never, resumed = (
+        torch.load(d / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False) for d in (straight, out)
+    )
+    assert never["global_step"] == resumed["global_step"] == 16
+    for key in ("current_model_state", "state_dict"):  # the raw weights, then their average
+        _assert_same_state(resumed[key], never[key], key)
 
 
 def test_ema_with_weights_only_checkpoints_is_refused_up_front(compose):

@@ -9,6 +9,12 @@ with the update count kept on the host (the first update copies, as torch's does
 
 Which weights a validation used and a checkpoint holds is said: ``validated_weights`` in
 metrics.json, ``"weights": "ema"`` in the checkpoint.
+
+A checkpoint saved at a step's end holds that step's update, whichever callback saves it: the stop's
+save (SIGTERM, SIGUSR1, Ctrl-C) runs in a batch-end hook called before this one's and ends the run
+there, and the average it saved lacked the last step, so a resumed run ended with another average
+than one never stopped. The save brings the average up to date first (``on_save_checkpoint``), and
+a resume restores it with its update count: the first update after it blends, never copies.
 """
 
 from __future__ import annotations
@@ -55,7 +61,18 @@ class EMA(EMAWeightAveraging):
         average.n_averaged.add_(1)  # kept for the checkpoint's averaging_state; never read back here
         self.updates += 1
 
+    def _catch_up(self, trainer, pl_module) -> None:
+        """The update of the step that just ended, if a callback called before this one's batch-end
+        hook saves now. Only while training: during validation the model holds the average."""
+        step = trainer.global_step
+        if trainer.training and step > self._latest_update_step and self.should_update(step_idx=step - 1):
+            self._update(pl_module)
+            self._latest_update_step = step
+
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
+        self._catch_up(trainer, pl_module)
+        if self.state_key in checkpoint.get("callbacks", {}):
+            checkpoint["callbacks"][self.state_key] = self.state_dict()  # taken before this hook, and the catch-up
         super().on_save_checkpoint(trainer, pl_module, checkpoint)
         checkpoint["weights"] = "ema"  # state_dict: the average; current_model_state: the raw weights
 
