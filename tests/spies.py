@@ -232,6 +232,14 @@ class RankValAccModule(ProbeLightningModule):
         self.log("val_acc", 0.125 * self.current_epoch + 0.5 * self.global_rank)
 
 
+class ValLossOnlyModule(ProbeLightningModule):
+    """A user's own LightningModule whose validation logs its loss and no accuracy."""
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self(x), y))
+
+
 def probe_lightning_module(num_classes: int = 10) -> ProbeLightningModule:
     """A factory function that returns a user's LightningModule (what it is shows only once it is built)."""
     return ProbeLightningModule(num_classes)
