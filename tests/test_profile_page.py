@@ -1,16 +1,20 @@
-"""profile=true's offline page, rendered by a real headless browser (Debian's Chromium) with the network
-blocked: every connection goes to a proxy on 127.0.0.1 that refuses it. The browser is driven over
-the DevTools protocol (``--remote-debugging-pipe``), which reports every request the page makes:
-the page must render, its screenshot must not be blank, and the page must have asked for nothing
-beyond its own file and inline data. (Chromium's own background traffic, its updater and sign-in
-pings, also hits the refusing proxy; it is not the page's and is not counted.)"""
+"""profile=true's offline page: what one profiled run writes (summary.json, summary.html, breakdown.png),
+the breakdown's numbers on planted intervals (the partition, the chart's segments, the page's table),
+and the page rendered by a real headless browser (Debian's Chromium) with the network blocked: every
+connection goes to a proxy on 127.0.0.1 that refuses it. The browser is driven over the DevTools
+protocol (``--remote-debugging-pipe``), which reports every request the page makes: the page must
+render, its chart must be decoded at its size, and the page must have asked for nothing beyond its
+own file and inline data. (Chromium's own background traffic, its updater and sign-in pings, also
+hits the refusing proxy; it is not the page's and is not counted.)"""
 
 from __future__ import annotations
 
 import base64
 import http.server
+import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -102,9 +106,10 @@ class _Browser:
         os.close(self._from_browser)
 
 
-def _render(page: Path, screenshot: Path) -> list:
-    """Load ``page`` in headless Chromium with the network blocked, save a screenshot; return the URLs
-    the page requested other than its own file and inline ``data:``."""
+def _render(page: Path, screenshot: Path, evaluate: str = "null") -> tuple:
+    """Load ``page`` in headless Chromium with the network blocked, save a screenshot; return (the URLs
+    the page requested other than its own file and inline ``data:``, the value of the JavaScript
+    expression ``evaluate`` in the loaded page)."""
     proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RefusingProxy)
     threading.Thread(target=proxy.serve_forever, daemon=True).start()
     browser = _Browser(screenshot.parent / f"{screenshot.stem}-profile", proxy.server_address[1])
@@ -116,6 +121,7 @@ def _render(page: Path, screenshot: Path) -> list:
         browser.send("Page.navigate", session, url=page.as_uri())
         browser.wait_for("Page.loadEventFired")
         time.sleep(0.5)  # late requests (none expected) still arrive as events
+        value = browser.send("Runtime.evaluate", session, expression=evaluate, returnByValue=True)["result"]
         shot = browser.send("Page.captureScreenshot", session, format="png")["data"]
         screenshot.write_bytes(base64.b64decode(shot))
         requested = [
@@ -127,7 +133,7 @@ def _render(page: Path, screenshot: Path) -> list:
         browser.close()
         proxy.shutdown()
         proxy.server_close()
-    return [url for url in requested if url != page.as_uri() and not url.startswith("data:")]
+    return [url for url in requested if url != page.as_uri() and not url.startswith("data:")], value.get("value")
 
 
 def _not_blank(png: Path) -> int:
@@ -138,24 +144,92 @@ def _not_blank(png: Path) -> int:
     return len(image.getcolors(maxcolors=1 << 20) or [])
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium; .ci/run installs it)")
-def test_the_profile_summary_page_renders_offline_in_a_real_browser(train, tmp_path):
-    m, out = train("profile=true", "trainer.max_epochs=1", "data.num_samples=128", "profiler.skip_first=1")
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    """One tiny profile=true run for the module's tests: (metrics, run dir)."""
+    from conftest import TINY
+
+    from trainer.compose import compose_for_run
+    from trainer.run import run
+
+    out = tmp_path_factory.mktemp("profiled") / "run"
+    args = [*TINY, "profile=true", "trainer.max_epochs=1", "data.num_samples=128", "profiler.skip_first=1"]
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("TRAINER_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+        return run(compose_for_run(args), str(out), args), out
+
+
+def _embedded_png(text: str) -> bytes:
+    images = re.findall(r'<img alt="step time breakdown" src="data:image/png;base64,([A-Za-z0-9+/=]+)">', text)
+    assert len(images) == 1, "the page has one inline chart"
+    return base64.b64decode(images[0])
+
+
+def _table(text: str) -> dict:
+    """The page's breakdown table: label -> (ms per step, share in %)."""
+    rows = re.findall(r"<tr><td>([^<]+)</td><td>([\d.]+)</td><td>([\d.]+)%</td></tr>", text)
+    return {label: (float(ms), float(share)) for label, ms, share in rows}
+
+
+def _segments(fig) -> list:
+    """The chart's stacked bar as drawn: (label, left, width) per segment, left to right."""
+    (ax,) = fig.axes
+    out = []
+    for container in ax.containers:
+        (bar,) = container.patches
+        out.append((container.get_label(), round(bar.get_x(), 6), round(bar.get_width(), 6)))
+    return out
+
+
+def test_a_profiled_run_writes_its_summary_page_and_the_chart_of_its_numbers(profiled):
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    from trainer.profile_summary import CATEGORIES, chart_figure, chart_png
+
+    m, out = profiled
     page = out / "profiler" / "summary.html"
-    assert page.is_file() and (out / "profiler" / "breakdown.png").is_file()
     text = page.read_text()
     summary = json.loads((out / "profiler" / "summary.json").read_text())
     assert summary["steps"] >= 1 and summary["top_cpu"], summary  # real numbers from the trace
     assert sum(summary["breakdown_us"].values()) == pytest.approx(summary["step_time_us"], rel=1e-6)
     assert m["diagnosis"]["verdict"].split(":")[0] in text  # the doctor's verdict is on the page
     assert "http://" not in text and "https://" not in text  # no link to fetch anything from
+    # the chart: the page inlines breakdown.png, and it is this run's breakdown drawn
+    chart = (out / "profiler" / "breakdown.png").read_bytes()
+    assert _embedded_png(text) == chart and Image.open(io.BytesIO(chart)).size[0] > 300
+    assert chart == chart_png(summary)
+    fig = chart_figure(summary)
+    segments = _segments(fig)
+    plt.close(fig)
+    parts = {label: summary["breakdown_us"][key] for key, label in CATEGORIES}
+    shares = {label: us / summary["step_time_us"] * 100 for label, us in parts.items() if us > 0}
+    assert [label.rsplit(" ", 1)[0] for label, _, _ in segments] == list(shares)
+    assert [w for _, _, w in segments] == pytest.approx(list(shares.values()), abs=1e-4)
+    assert segments[-1][1] + segments[-1][2] == pytest.approx(100.0)
+    # the table: every category, with its share of this run's steps
+    table = _table(text)
+    assert list(table) == [label for _, label in CATEGORIES]
+    for (key, label), (_, share) in zip(CATEGORIES, table.values()):
+        assert share == pytest.approx(summary["breakdown_us"][key] / summary["step_time_us"] * 100, abs=0.051), label
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium; .ci/run installs it)")
+def test_the_profile_summary_page_renders_offline_in_a_real_browser(profiled, tmp_path):
+    from PIL import Image
+
+    _, out = profiled
+    page = out / "profiler" / "summary.html"
+    width, height = Image.open(out / "profiler" / "breakdown.png").size
     shot = tmp_path / "summary.png"
-    assert _render(page, shot) == []  # the page asked the network for nothing
+    requested, drawn = _render(page, shot, "[...document.images].map(i => [i.naturalWidth, i.naturalHeight])")
+    assert requested == []  # the page asked the network for nothing
+    assert drawn == [[width, height]], "the browser decoded the inline chart at its size"
     assert _not_blank(shot) > 50, "the screenshot is blank"
     # and the harness does see a page that reaches out: the check above can fail
     leaky = tmp_path / "leaky.html"
     leaky.write_text('<html><body><h1>x</h1><img src="http://example.invalid/chart.png"></body></html>')
-    assert _render(leaky, tmp_path / "leaky.png") == ["http://example.invalid/chart.png"]
+    assert _render(leaky, tmp_path / "leaky.png")[0] == ["http://example.invalid/chart.png"]
 
 
 def test_the_breakdown_partition_counts_each_instant_once_by_priority():
@@ -173,3 +247,38 @@ def test_the_breakdown_partition_counts_each_instant_once_by_priority():
     assert parts["cpu"] == (10 + 10) + (50 - 10) + 10  # 0-10, 50-60, 120-170 minus the kernel, 190-200
     assert parts["other"] == 200.0 - 50 - 20 - 70
     assert sum(parts.values()) == 200.0
+
+
+def test_the_breakdown_chart_and_table_show_the_planted_intervals(tmp_path):
+    """Four planted 50 ms steps: kernels 50 ms, data loading 20 ms, CPU 70 ms (what kernels do not cover),
+    nothing 60 ms. The chart's segments (as drawn: left edge and width, in CATEGORIES order, empty
+    ones left out), its legend, the page's table and the inlined PNG all show those numbers."""
+    import matplotlib.pyplot as plt
+
+    from trainer.profile_summary import CATEGORIES, CHART, chart_figure, partition, save, write_page
+
+    ms = 1000.0  # the profiler's unit is the microsecond
+    steps = [(0.0, 50 * ms), (50 * ms, 100 * ms), (100 * ms, 150 * ms), (150 * ms, 200 * ms)]
+    classes = {
+        "kernel": [(10 * ms, 50 * ms), (150 * ms, 160 * ms)],
+        "cpu": [(0.0, 60 * ms), (120 * ms, 170 * ms), (190 * ms, 250 * ms)],
+        "data": [(60 * ms, 80 * ms)],
+    }
+    summary = {"device": "cpu", "steps": 4, "step_time_us": 200 * ms, "breakdown_us": partition(steps, classes)}
+    fig = chart_figure(summary)
+    assert _segments(fig) == [
+        ("GPU kernels 25%", 0.0, 25.0),
+        ("data loading 10%", 25.0, 10.0),
+        ("CPU-side execution 35%", 35.0, 35.0),
+        ("other 30%", 70.0, 30.0),
+    ]
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == [label for label, _, _ in _segments(fig)]
+    assert "4 steps, 50.0 ms per step (cpu)" in fig.axes[0].get_title()
+    plt.close(fig)
+
+    save(summary, str(tmp_path))
+    text = Path(write_page(str(tmp_path), "input pipeline: more loader workers", "planted")).read_text()
+    planted = {"kernel": (12.5, 25.0), "data": (5.0, 10.0), "cpu": (17.5, 35.0), "other": (15.0, 30.0)}  # ms/step, %
+    assert _table(text) == {label: planted.get(key, (0.0, 0.0)) for key, label in CATEGORIES}
+    assert _embedded_png(text) == (tmp_path / CHART).read_bytes()
+    assert "4 profiled steps on cpu,\n50.00 ms per step" in text and "input pipeline: more loader workers" in text

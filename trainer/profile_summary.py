@@ -198,6 +198,18 @@ def write_page(profiler_dir: str, verdict: Optional[str], title: str) -> Optiona
 
 
 def chart_png(summary: Dict[str, Any]) -> bytes:
+    import matplotlib.pyplot as plt
+
+    fig = chart_figure(summary)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def chart_figure(summary: Dict[str, Any]):
+    """The breakdown as one stacked horizontal bar: a segment per category with time, in CATEGORIES
+    order, each as wide as its share of the profiled steps' time (in %)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -218,10 +230,7 @@ def chart_png(summary: Dict[str, Any]) -> bytes:
     ms = summary["step_time_us"] / max(1, summary["steps"]) / 1000
     ax.set_title(f"step time breakdown: {summary['steps']} steps, {ms:.1f} ms per step ({summary['device']})")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.55), ncol=3, fontsize=8, frameon=False)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", bbox_inches="tight")
-    plt.close(fig)
-    return buffer.getvalue()
+    return fig
 
 
 def render(summary: Dict[str, Any], verdict: Optional[str], title: str, png: bytes) -> str:
