@@ -14,6 +14,7 @@ def test_a_module_that_logs_val_acc_is_journaled_and_stopped_on_it(train):
     assert m["status"] == "ok", m["error"]
     assert [e["val_acc"] for e in m["epochs"]] == [0.0, 0.125, 0.25]
     assert m["stopped_at_acc_epoch"] == 2
+    assert m["val_acc"] == 0.25  # the run's val_acc too: what the report's column and its ACCURACY DROP read
 
 
 def test_stop_at_acc_with_a_validation_that_logs_no_accuracy_trains_on_and_says_so_once(train, caplog):

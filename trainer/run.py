@@ -521,7 +521,7 @@ def record_of(parts: Parts, status: str, error: Optional[str], train_loss: bool 
         train_loss=earlier.get("train_loss")
         if earlier
         else (_metric(trainer, "train/loss_epoch") if train_loss else None),
-        val_acc=earlier.get("val_acc") if earlier else _metric(trainer, "val/acc"),
+        val_acc=earlier.get("val_acc") if earlier else _last_val_acc(timer, trainer),
         extra={
             "precision": plan.precision if plan else None,
             "batch_size": cfg.data.batch_size,
@@ -600,6 +600,17 @@ def _previous_result(out_dir: str) -> Optional[Dict[str, Any]]:
         return metrics_mod.read(os.path.join(out_dir, "metrics.json"))
     except (OSError, ValueError):
         return None
+
+
+def _last_val_acc(timer, trainer) -> Optional[float]:
+    """The last validation's val_acc as the epoch records hold it (either name a model logs, the mean
+    over ranks), or what the trainer last logged where no epoch recorded one."""
+    from .callbacks.epoch_timer import VALIDATION_KEYS
+
+    recorded = [e["val_acc"] for e in timer.history() if e.get("val_acc") is not None]
+    if recorded:
+        return recorded[-1]
+    return next((v for v in (_metric(trainer, n) for n in VALIDATION_KEYS["val_acc"]) if v is not None), None)
 
 
 def _metric(trainer, name: str) -> Optional[float]:
