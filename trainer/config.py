@@ -306,7 +306,7 @@ class ProgressiveConfig:
     start_epoch: int = key(0, "growth starts after this epoch", check=(lambda v: v >= 0, "an integer >= 0"))
     end_epoch: Optional[int] = key(
         None,
-        "full size from this epoch on (null: the last fifth of the epochs)",
+        "full size from this epoch on (null: ceil(0.8 x max_epochs) - 1)",
         check=(lambda v: v is None or v >= 0, "null or an integer >= 0"),
     )
     bucket: int = key(

@@ -6,8 +6,8 @@ the report's time to target, not its epoch time, says whether it paid off.
 
 The schedule (``schedule``): ``progressive.start_size`` (default half of ``data.image_size``) until
 ``progressive.start_epoch``, then linear growth to ``data.image_size``, reached at
-``progressive.end_epoch`` (default: the last fifth of the epochs at full size, as Composer's
-finetune fraction); sizes are rounded down to multiples of ``progressive.bucket`` pixels, so a
+``progressive.end_epoch`` (default: epoch ceil(0.8 x max_epochs) - 1, so the last fifth of the
+epochs and one more run at full size, after Composer's finetune fraction); sizes are rounded down to multiples of ``progressive.bucket`` pixels, so a
 compiled model meets a few known shapes, not one per epoch (the count is said before training).
 Each training batch is resized on the device after the transfer (``resize_batch``, bilinear with
 antialiasing), so it works for every data source, with ``channels_last``, ``compile`` and DDP;
