@@ -240,32 +240,33 @@ def test_a_distributed_job_refused_before_launch_keeps_its_report_row(tmp_path):
 @pytest.mark.slow
 @pytest.mark.whole_machine  # two ranks: one core each
 def test_a_failing_rank_gives_the_same_paragraph_and_exit_code_as_one_process(tmp_path):
+    """Rank 1 alone fails (at init) while rank 0 builds on: torchrun stops rank 0 with SIGTERM, and the
+    job still answers with rank 1's paragraph, its exit code, and its answer in metrics.json."""
     bad = [
-        "model._target_=spies.ProbeNet",
-        "+model.fail_when=init",
+        "model._target_=rank_spies.RankFailNet",
         "data.image_size=16",
         "data.num_samples=64",
         "trainer.max_epochs=1",
     ]
-    one = run_cli(f"hydra.run.dir={tmp_path / 'one'}", *bad)
-    two = run_cli(f"hydra.run.dir={tmp_path / 'two'}", *bad, "strategy=fsdp2", "devices=2")
-    assert one.returncode == two.returncode == 2
+    one = run_cli(f"hydra.run.dir={tmp_path / 'one'}", *bad, "+model.fail_rank=0")
+    two = run_cli(f"hydra.run.dir={tmp_path / 'two'}", *bad, "+model.fail_rank=1", "strategy=fsdp2", "devices=2")
+    assert one.returncode == two.returncode == 2, two.stderr[-3000:]
     paragraph = next(line for line in one.stderr.splitlines() if line.startswith("error: "))
     assert "ProbeNet asked to fail" in paragraph
-    assert two.stderr.count(paragraph) == 1  # the same words, once, not once per rank
+    assert two.stderr.count(paragraph) == 1  # the same words, once
     assert "Traceback" not in two.stderr + two.stdout and "ChildFailedError" not in two.stderr + two.stdout
     assert list((tmp_path / "two" / "ranks").glob("**/stderr.log"))  # the ranks' full output is kept
-    assert (
-        read_metrics(tmp_path / "two")["status"] == "failed"
-        and "ProbeNet asked to fail" in read_metrics(tmp_path / "two")["error"]
-    )
+    # rank 0 was stopped by torchrun, not failed: the job's record is rank 1's answer (trainer.torchrun
+    # hands it to the launching process), not rank 0's "stopped by SIGTERM"
+    failed = read_metrics(tmp_path / "two")
+    assert failed["status"] == "failed" and failed["error"] == f"{read_metrics(tmp_path / 'one')['error']} (rank 1)"
 
 
-def test_a_rank_stopped_because_another_failed_records_the_failed_ranks_answer(tmp_path, compose):
-    """torchrun stops the other ranks with SIGTERM once one fails: rank 0's record must say why the job failed."""
+def test_a_rank_stopped_because_another_failed_keeps_its_epochs_under_the_failed_ranks_answer(tmp_path, compose):
+    """torchrun stops the other ranks with SIGTERM once one fails: rank 0's record keeps its epochs and
+    takes the failed rank's answer as its error (the answer itself comes through torchrun: the test above)."""
     from trainer import metrics
     from trainer.cli import _record_failure
-    from trainer.torchrun import _write_first_failure, answer_of, first_failure
 
     cfg = compose()
     stopped = metrics.build(
@@ -274,12 +275,90 @@ def test_a_rank_stopped_because_another_failed_records_the_failed_ranks_answer(t
         train_loss=None, val_acc=None,
     )  # fmt: skip
     metrics.write(str(tmp_path / "metrics.json"), stopped)
-    rank_stderr = "some log line\nerror: ProbeNet asked to fail\n(model init).\n"
-    _write_first_failure(tmp_path / "ranks", 1, answer_of(rank_stderr))  # as trainer.torchrun does
-    answer = first_failure(str(tmp_path / "ranks"))
-    assert answer == "ProbeNet asked to fail (model init). (rank 1)"
+    answer = "ProbeNet asked to fail (model init). (rank 1)"
     _record_failure(str(tmp_path), cfg, [], "its processes exited with status 2", rank_error=answer)
     m = metrics.read(str(tmp_path / "metrics.json"))
     assert m["status"] == "failed" and m["error"] == answer and m["epochs"] == stopped["epochs"]
     _record_failure(str(tmp_path / "fresh"), cfg, [], "its processes exited with status 2", rank_error=answer)
     assert metrics.read(str(tmp_path / "fresh" / "metrics.json"))["error"] == answer
+
+
+# a launched 2-rank job slow enough to be mid-epoch when a stop comes: 64 steps per rank of at least 80 ms
+SLOW_DDP = [
+    "data=custom",
+    "data.dataset._target_=spies.SlowDataset",
+    "+data.dataset.n=512",
+    "+data.dataset.sleep_ms=20",
+    "data.val_samples=0",
+    "trainer.limit_val_batches=0",
+    "data.image_size=16",
+    "data.batch_size=4",
+    "trainer.max_epochs=1",
+    "monitor.enabled=false",
+    "strategy=ddp",
+    "devices=2",
+]
+
+
+def _job_processes(run_dir) -> list:
+    """The pids of every process still running this job (its command line names the run dir): the
+    launcher, torchrun's agent, the ranks (torchrun starts each in a session of its own)."""
+    import os
+
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = open(f"/proc/{entry.name}/cmdline", "rb").read().decode(errors="replace")
+            except OSError:
+                continue
+            if f"hydra.run.dir={run_dir}\0" in cmdline + "\0":
+                pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.slow
+@pytest.mark.whole_machine  # two ranks: one core each
+@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGUSR1"])
+def test_a_stop_signal_to_the_launching_process_stops_every_rank_at_one_step_and_they_save(tmp_path, signal_name):
+    """A scheduler signals the train.py it started (SIGTERM: a cloud's preemption, SIGUSR1: Slurm's
+    --signal=USR1@...): it passes the signal to torchrun's agent, which passes it to every rank; the
+    ranks stop at one step, save once, and the job exits as one process does, with 75. Rank 0's
+    model sends the signal to the launcher at its 3rd step."""
+    import os
+    import signal
+
+    from trainer.checkpointing import PREEMPTED_EXIT_CODE
+
+    run_dir, output = tmp_path / "run", tmp_path / "output.txt"
+    with open(output, "w") as console:  # a file, not a pipe: ranks left behind would hold a pipe open
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", *SLOW_DDP,
+             "model._target_=rank_spies.StopSignalNet", "+model.to=launcher", "+model.at=[3]",
+             f"+model.signal_name={signal_name}"],
+            cwd=ROOT, env=clean_env(), stdout=console, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        proc.wait(timeout=300)
+        left = _job_processes(run_dir)  # the moment the launcher has ended
+        out = output.read_text()
+    finally:
+        for pid in [proc.pid, *_job_processes(run_dir)]:  # a hang, or ranks left behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert not left, f"ranks still running after the launcher ended: {left}"
+    assert proc.returncode == PREEMPTED_EXIT_CODE, out[-4000:]
+    m = read_metrics(run_dir)
+    assert m["status"] == "failed" and m["preempted"] is True, m.get("error")
+    step = int(m["error"].split("at step ")[1].split(";")[0])
+    assert f"preempted by {signal_name} at step {step};" in m["error"] and 3 <= step < 64, m["error"]
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert saved["global_step"] == step
+    for log_name in ("train.log", "train_rank1.log"):  # each rank got the signal and saved at that step
+        text = (run_dir / log_name).read_text()
+        assert f"{signal_name} received: saved {run_dir / 'checkpoints' / 'last.ckpt'} at step {step}" in text, (
+            log_name,
+            text[-2000:],
+        )

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from typing import List
 
 from .rank import is_launched_rank
@@ -208,7 +210,25 @@ def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False) -> int:
     if quiet:
         env[QUIET_ENV] = "1"
     log.info("launching: %s%s", f"LD_PRELOAD={env['LD_PRELOAD']} " if "LD_PRELOAD" in env else "", " ".join(cmd))
-    return _wait_forwarding_stop(subprocess.Popen(cmd, env=env))
+    started = time.time()
+    return _preempted_code(_wait_forwarding_stop(subprocess.Popen(cmd, env=env)), out_dir, started)
+
+
+def _preempted_code(code: int, out_dir: str, started: float) -> int:
+    """A stop signal's exit code as one process gives it: 75 once the ranks saved. torchrun's agent,
+    signalled itself, passes the signal to its ranks, waits for them, and exits with 128 + the signal's
+    number whether or not they saved; their record (rank 0's metrics.json, written by this launch) says."""
+    from . import metrics, stopping
+
+    name = stopping.requested()
+    if not name or code != 128 + int(signal.Signals[name]):
+        return code
+    path = os.path.join(out_dir, "metrics.json")
+    try:
+        record = metrics.read(path) if os.path.getmtime(path) >= started else {}
+    except (OSError, ValueError):
+        return code
+    return stopping.PREEMPTED_EXIT_CODE if record.get("preempted") else code
 
 
 def _wait_forwarding_stop(proc: subprocess.Popen) -> int:
@@ -224,7 +244,5 @@ def _wait_forwarding_stop(proc: subprocess.Popen) -> int:
         except subprocess.TimeoutExpired:
             name = stopping.requested()
             if name and name != "SIGINT" and not forwarded:
-                import signal
-
                 proc.send_signal(signal.Signals[name])
                 forwarded = True

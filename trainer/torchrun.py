@@ -47,9 +47,26 @@ def _stderr_file(log_dir: Path, local_rank: int) -> Optional[Path]:
     return files[-1] if files else None
 
 
+def _stop_on_sigusr1() -> None:
+    """SIGUSR1 (Slurm's ``--signal=USR1@...``, and what ``trainer.launch`` passes on) stops the agent as
+    SIGTERM does: torchrun's agent handles SIGTERM, SIGINT, SIGHUP and SIGQUIT only, so SIGUSR1 killed it
+    (its default action) and left its ranks training on, orphaned. Raised as torchrun's own
+    ``SignalException``, the agent passes SIGUSR1 on to every rank, which saves and stops."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def stop(signum, frame):
+        raise SignalException(f"the agent got {signal.Signals(signum).name}", sigval=signal.Signals(signum))
+
+    if hasattr(signal, "SIGUSR1"):
+        signal.signal(signal.SIGUSR1, stop)
+
+
 def main(argv: List[str]) -> int:
     log_dir = Path(argv[0])
     _quiet_elastic_logs()
+    _stop_on_sigusr1()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
