@@ -294,16 +294,111 @@ def test_a_failed_build_closes_the_runs_it_opened_and_a_resume_keeps_other_track
 
 
 def test_every_logger_gets_the_epoch_figures_and_tensorboard_stays_the_default(train, compose):
-    """Lightning's ``trainer.logger`` is the first logger only: the second must get them too."""
+    """Lightning's ``trainer.logger`` is the first logger only: the second must get them too. The params
+    hold the batch size the run settled on, and what was asked for as ``requested.data.batch_size``."""
+    import yaml
+
     assert list(compose(*TINY).logger) == ["tensorboard"]
-    m, out = train("logger=[tensorboard,csv]", "trainer.max_epochs=2", "monitor.interval_s=0.01")
+    m, out = train(
+        "logger=[tensorboard,csv]", "trainer.max_epochs=2", "monitor.interval_s=0.01",
+        "data.batch_size=auto", "batch_finder.max_batch_size=16", "batch_finder.memory_budget_mb=100000",
+    )  # fmt: skip
+    assert m["batch_size"] == 16 and m["flags"]["data.batch_size"] == "auto"
     rows = _csv_rows(out / "metrics.csv")
     assert [float(row["perf/epoch_time_s"]) for row in rows if row["perf/epoch_time_s"]] == pytest.approx(
         [e["time_s"] for e in m["epochs"]], abs=1e-4
     )
     assert any(row.get("system/cpu_busy_cores") for row in rows)  # the system readings too
     assert list(out.glob("events.out.tfevents.*"))
-    assert os.path.isfile(out / "hparams.yaml") and "data.batch_size: 8" in (out / "hparams.yaml").read_text()
+    params = yaml.safe_load((out / "hparams.yaml").read_text())
+    assert params["data.batch_size"] == 16 and params["requested.data.batch_size"] == "auto"
+    assert not [k for k in params if k.startswith("requested.") and k != "requested.data.batch_size"], params
+
+
+def test_a_resumed_run_appends_to_its_csv_file(compose, tmp_path):
+    """Lightning's CSV writer deletes metrics.csv in a dir that holds one; a run resumed into its dir
+    (``ckpt_path=last``) appends under the same header, and the rows before the resume stay as they were."""
+    from trainer.run import run
+
+    out = tmp_path / "run"
+    args = [*TINY, "logger=csv", "checkpoint.enabled=true"]
+    run(compose(*args), str(out), args)
+    first = _csv_rows(out / "metrics.csv")
+    assert [row["step"] for row in first if row["perf/epoch_time_s"]] == ["0"]
+    resumed = [*args, "trainer.max_epochs=2", "ckpt_path=last"]
+    m = run(compose(*resumed), str(out), resumed)
+    assert m["status"] == "ok" and m["resumed_from"].endswith("last.ckpt")
+    rows = _csv_rows(out / "metrics.csv")
+    assert rows[: len(first)] == first  # kept, under the same header
+    epochs = [row for row in rows if row["perf/epoch_time_s"]]
+    assert [int(row["step"]) for row in epochs] == [e["epoch"] for e in m["epochs"]] == [0, 1]
+    assert [float(row["perf/epoch_time_s"]) for row in epochs] == pytest.approx(
+        [e["time_s"] for e in m["epochs"]], abs=1e-4
+    )
+
+
+def test_values_a_user_sets_on_a_logger_win_over_the_trainers(compose, tmp_path, monkeypatch):
+    """The trainer fills in where files go, run names and a sweep's group only where the config leaves
+    them null: here a sweep job's dir (the sweep's group recorded beside it), with the user's own."""
+    import wandb
+
+    from trainer import trackers
+    from trainer.paths import SWEEP_PLAN
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    sweep, elsewhere = tmp_path / "sweep", tmp_path / "elsewhere"
+    sweep.mkdir()
+    (sweep / SWEEP_PLAN).write_text(json.dumps({"overrides": ["amp=false,true"]}))
+    (sweep / "trackers.json").write_text(json.dumps({"wandb": {"group": "the-sweeps-group", "project": "trainer"}}))
+    job = sweep / "0"
+    users = [
+        "logger=[csv,wandb]", f"+logger.csv.save_dir={elsewhere}", "logger.wandb.name=my-run",
+        "logger.wandb.group=my-group", f"+logger.wandb.save_dir={elsewhere}",
+    ]  # fmt: skip
+    loggers = trackers.build(compose(*TINY, *users), str(job), ["amp=true"], resuming=False)
+    try:
+        csv_logger, wandb_logger = loggers
+        assert os.path.abspath(csv_logger.log_dir).startswith(str(elsewhere)), csv_logger.log_dir
+        run = wandb_logger.experiment
+        assert (run.name, run.group) == ("my-run", "my-group")
+        assert str(elsewhere) in run.dir, run.dir
+    finally:
+        wandb.finish()
+    # and where the config leaves them null, the trainer's: the job's dir, its swept values, the sweep's group
+    loggers = trackers.build(compose(*TINY, "logger=[csv,wandb]"), str(job), ["amp=true"], resuming=False)
+    try:
+        csv_logger, wandb_logger = loggers
+        assert os.path.abspath(csv_logger.log_dir) == str(job)
+        run = wandb_logger.experiment
+        assert (run.name, run.group) == ("amp=true", "the-sweeps-group") and str(job) in run.dir
+    finally:
+        wandb.finish()
+
+
+def test_wandb_that_cannot_start_a_run_is_one_paragraph_before_training(compose, tmp_path, monkeypatch):
+    """Online with no API key (nobody logged in on this machine): W&B's UsageError becomes the trainer's
+    one paragraph, saying how to log in or run offline."""
+    import wandb
+
+    from trainer import trackers
+    from trainer.errors import ConfigError
+
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no ~/.config/wandb: not logged in
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    wandb.teardown()  # W&B keeps the settings it first read in a process (an earlier test's offline mode)
+    try:
+        with pytest.raises(ConfigError) as raised:
+            trackers.build(compose(*TINY, "logger=wandb"), str(tmp_path / "run"), [], resuming=False)
+    finally:
+        wandb.teardown()  # nor does a later test get this one's
+    message = str(raised.value)
+    assert message.startswith("logger=wandb: W&B could not start a run (") and "\n" not in message, message
+    assert "WANDB_MODE=offline" in message and "nothing was trained" in message, message
+    assert wandb.run is None
 
 
 def test_mlflow_without_a_tracking_server_is_one_paragraph_saying_how_to_set_one(compose, tmp_path, monkeypatch):
@@ -418,3 +513,7 @@ def test_wandb_plots_the_epoch_figures_against_the_epoch(train, monkeypatch):
     # Lightning's own metrics keep the global step (an epoch's end is logged at its last step's index)
     last_steps = [8 * (e["epoch"] + 1) - 1 for e in m["epochs"]]  # 64 samples in batches of 8
     assert [row["trainer/global_step"] for row in read_run(run_file)["history"] if "val/acc" in row] == last_steps
+    # the doctor's verdict: in the summary, and its bottleneck as a tag
+    diagnosis, recorded = m["diagnosis"], read_run(run_file)
+    assert diagnosis["bottleneck"] and recorded["summary"]["doctor_bottleneck"] == diagnosis["bottleneck"]
+    assert f"doctor:{diagnosis['bottleneck']}" in recorded["tags"], recorded["tags"]
