@@ -20,12 +20,53 @@ pytestmark = pytest.mark.xdist_group("trackers")  # one MLflow server for these 
 EPOCH_FIGURES = ("perf/epoch_time_s", "perf/samples_per_s", "perf/data_wait_fraction", "perf/transfer_fraction")
 
 
-def test_the_tracker_tests_share_one_worker(request):
-    """Under make test's ``--dist loadgroup`` this module's tests run on one worker, with one MLflow
-    server. pytest 9.2 silently broke pytest-xdist 3.8's grouping (a node id can no longer be renamed
-    to carry its group), so the grouping itself is checked: the group is in this test's id."""
-    worker = getattr(request.config, "workerinput", None)  # an xdist worker (its own --dist option reads "no")
-    if worker and any("loadgroup" in arg for arg in worker.get("mainargv", [])):  # under --dist loadgroup
+def _makefile_parallel_part() -> list:
+    """The pytest options of ``make test``'s parallel part (the Makefile's command as written)."""
+    import shlex
+
+    recipe = (ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    (line,) = [line for line in recipe.splitlines() if "-m pytest" in line and "not whole_machine" in line]
+    return shlex.split(line.split("-m pytest", 1)[1].split(";", 1)[0])
+
+
+def test_the_tracker_tests_share_one_worker(request, tmp_path):
+    """``make test`` starts this module's MLflow server once: its tests carry one xdist group, and the
+    Makefile's parallel part schedules by group (``--dist loadgroup``). pytest 9.2 silently broke
+    pytest-xdist 3.8's grouping (a node id can no longer be renamed to carry its group), so grouping
+    itself is checked, however this suite is run: a module marked as this one runs under the
+    Makefile's own ``-n``/``--dist``, and its tests say which worker ran them (two small pytest
+    workers for a few seconds; nothing is timed). Under ``make test`` this test's own id shows it too."""
+    options = _makefile_parallel_part()
+    dist = [options[i + 1] for i, o in enumerate(options) if o == "--dist"] + [
+        o.split("=", 1)[1] for o in options if o.startswith("--dist=")
+    ]
+    assert dist == ["loadgroup"], options
+    workers = [options[i + 1] for i, o in enumerate(options) if o in ("-n", "--numprocesses")]
+    assert workers and int(workers[0]) > 1, options
+    assert pytestmark.name == "xdist_group" and pytestmark.args == ("trackers",), pytestmark
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    (tmp_path / "test_grouped.py").write_text(
+        "import os\nimport pytest\n"
+        f"pytestmark = pytest.mark.xdist_group({pytestmark.args[0]!r})\n"
+        "@pytest.mark.parametrize('n', range(8))\n"
+        "def test_one(n, request):\n"
+        f"    open(os.path.join({str(seen)!r}, str(n)), 'w').write("
+        "os.environ['PYTEST_XDIST_WORKER'] + ' ' + request.node.nodeid)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+         "-n", workers[0], "--dist", dist[0], "test_grouped.py"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ran = [p.read_text().split(" ", 1) for p in seen.iterdir()]
+    assert len(ran) == 8, ran
+    assert len({worker for worker, _ in ran}) == 1, ran  # one worker for the group
+    assert all(nodeid.endswith(f"@{pytestmark.args[0]}") for _, nodeid in ran), ran
+    worker = getattr(request.config, "workerinput", None)  # this run: an xdist worker under --dist loadgroup
+    if worker and any("loadgroup" in arg for arg in worker.get("mainargv", [])):
         assert request.node.nodeid.endswith("@trackers"), request.node.nodeid
 
 
