@@ -183,30 +183,53 @@ def test_ddp_two_ranks_two_workers_resumed_mid_epoch_ends_with_the_uninterrupted
     assert m["status"] == "ok" and m["epochs"][-1]["samples"] == 160  # the 8 batches of 10 left of epoch 1, on 2 ranks
 
 
+def _served(compose, name: str, root: str, split: str):
+    """Every sample of a split as the format serves it (no augmentation): images and class names."""
+    dm = ImageDataModule(compose(f"data={name}", f"data.root={root}", "data.image_size=32", "data.augment=false").data)
+    dm.build()
+    dataset = dm.train_set if split == "train" else dm.val_set
+    images, labels = zip(*(dataset[i] for i in range(len(dataset))))
+    return torch.stack([x.float() for x in images]), [dm.classes[y] for y in labels]
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_every_format_serves_the_image_folders_images_with_their_labels(packed, small_images, compose, split):
+    """Sample by sample, no training (so no shuffle order in the way): Parquet and WebDataset decode
+    the folder's own bytes to the very same tensors, under the same class; packed arrays were resized
+    when packed, so each is matched to its nearest folder image, which must carry its class and be
+    close. A format that mislabels or misdecodes one sample fails here."""
+    folder, folder_labels = _served(compose, "imagefolder", small_images, split)
+    by_content = {hashlib.sha1(x.numpy().tobytes()).hexdigest(): y for x, y in zip(folder, folder_labels)}
+    for fmt in BLOCK_FORMATS:
+        images, labels = _served(compose, fmt, packed[fmt], split)
+        assert len(labels) == len(folder_labels) > 0, fmt
+        found = [by_content.get(hashlib.sha1(x.numpy().tobytes()).hexdigest()) for x in images]
+        assert found == labels, fmt  # the same decoded tensor, under the same class, for every sample
+    images, labels = _served(compose, "packed", packed["packed"], split)
+    assert len(labels) == len(folder_labels)
+    distance = (images[:, None] - folder[None]).abs().mean((2, 3, 4))  # mean abs difference, normalized units
+    nearest = distance.argmin(1).tolist()
+    assert [folder_labels[j] for j in nearest] == labels
+    # resized differently when packed (about 0.2 on average), against 1.0-1.7 between different images
+    assert distance.min(1).values.mean() < 0.35, distance.min(1).values
+
+
 @pytest.mark.slow
-def test_every_format_trains_to_the_image_folders_accuracy(packed, small_images, train):
-    # same images, 8 epochs of the tiny CNN per seed: the formats differ only in the order samples are
-    # shuffled in, and that order alone moves one run's val_acc by up to +-0.07 on these 50 val images
-    # (seeds 1-5, one format: 0.78-0.92), so one run per format cannot tell a defect from the order.
-    # The mean of three seeds per format can (its spread is about a third of that); a format that
-    # mislabels or misdecodes falls towards chance (0.1).
-    common = ["data.image_size=32", "data.batch_size=16", "trainer.max_epochs=8"]
-    acc = {}
+def test_every_format_learns_well_above_chance(packed, small_images, train):
+    """End to end through each format's loader, sampler and workers-free training: the tiny CNN learns
+    these 10 classes far above chance (0.1) in 8 epochs with each (0.76-0.92 over seeds and formats).
+    Whether the formats serve the same data is the test above; one run's accuracy moves by +-0.07
+    with the shuffle order alone, too much to compare formats by."""
+    common = ["data.image_size=32", "data.batch_size=16", "trainer.max_epochs=8", "seed=1"]
     for name, root in [
         ("imagefolder", small_images),
         ("packed", packed["packed"]),
         ("parquet", packed["parquet"]),
         ("webdataset", packed["webdataset"]),
     ]:
-        for seed in (1, 2, 3):
-            m, _ = train(f"data={name}", f"data.root={root}", f"seed={seed}", *common)
-            assert m["val_samples"] == 50, (name, m["val_samples"])
-            acc.setdefault(name, []).append(m["val_acc"])
-    mean = {name: sum(values) / len(values) for name, values in acc.items()}
-    assert mean["imagefolder"] > 0.6, acc  # well above chance (0.1): the comparison means something
-    for name, value in mean.items():
-        assert min(acc[name]) > 0.6, acc
-        assert abs(value - mean["imagefolder"]) <= 0.06, (mean, acc)
+        m, _ = train(f"data={name}", f"data.root={root}", *common)
+        assert m["val_samples"] == 50, (name, m["val_samples"])
+        assert m["val_acc"] > 0.6, (name, m["val_acc"])
 
 
 @pytest.mark.slow
