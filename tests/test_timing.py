@@ -209,3 +209,51 @@ def test_each_epoch_record_carries_its_own_validation_and_the_time_elapsed(train
         running += e["time_s"] + e.get("setup_s", 0.0)
         assert e["elapsed_train_s"] == pytest.approx(running, abs=1e-3)
     assert epochs[-1]["elapsed_val_s"] == pytest.approx(sum(e["val_time_s"] for e in epochs), abs=1e-3)
+
+
+def test_validating_several_times_per_epoch_records_each_validation_at_its_training_time(train):
+    """report.val_per_epoch=4: four validations per epoch (Lightning's val_check_interval), each recorded
+    with the epoch's training time when it began and the fraction of the epoch done, so time to target
+    resolves to a quarter of an epoch; validation time stays out of the training time."""
+    from trainer.time_to_target import reach, validations
+
+    m, _ = train("report.val_per_epoch=4", "trainer.max_epochs=2", "data.val_samples=16")
+    assert m["status"] == "ok", m["error"]
+    for e in m["epochs"]:
+        within = e["validations"]
+        assert [v["fraction"] for v in within] == [0.25, 0.5, 0.75, 1.0], within
+        assert [v["step"] for v in within] == [2, 4, 6, 8]
+        times = [v["train_s"] for v in within]
+        assert times == sorted(times) and 0 < times[0] and times[-1] <= e["time_s"] + 1e-3, (times, e["time_s"])
+        assert e["val_acc"] == within[-1]["val_acc"]  # the epoch's own: its last validation's
+        # each at the run's training time when it began: the epochs before, setup, and this epoch's part
+        before = e["elapsed_train_s"] - e["time_s"]
+        for v in within:
+            assert v["elapsed_train_s"] == pytest.approx(before + v["train_s"], abs=2e-3)
+    points = validations(m["epochs"])
+    assert [p[1] for p in points] == [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0]
+    first = points[0]
+    assert reach(m["epochs"], first[2]) == (first[0], 0.25)  # reached at the first validation: a quarter epoch
+
+
+def test_time_to_target_finds_the_first_validation_that_reaches_it_within_an_epoch():
+    """Planted journal: epoch 0 validated at its end only; epoch 1 four times, reaching 0.8 at its second."""
+    from trainer.time_to_target import reach, with_elapsed
+
+    epochs = [
+        {"epoch": 0, "time_s": 10.0, "steps": 8, "setup_s": 2.0, "val_time_s": 1.0, "val_acc": 0.5},
+        {
+            "epoch": 1, "time_s": 8.0, "steps": 8, "val_time_s": 4.0, "val_acc": 0.9,
+            "validations": [
+                {"step": 2, "fraction": 0.25, "train_s": 2.0, "val_acc": 0.7},
+                {"step": 4, "fraction": 0.5, "train_s": 4.1, "val_acc": 0.8},
+                {"step": 6, "fraction": 0.75, "train_s": 6.0, "val_acc": 0.85},
+                {"step": 8, "fraction": 1.0, "train_s": 8.0, "val_acc": 0.9},
+            ],
+        },
+    ]  # fmt: skip
+    timed = with_elapsed(epochs)
+    assert [v["elapsed_train_s"] for v in timed[1]["validations"]] == [14.0, 16.1, 18.0, 20.0]
+    assert reach(epochs, 0.8) == (16.1, 1.5)
+    assert reach(epochs, 0.5) == (12.0, 1)  # epoch 0's end: setup and its whole time
+    assert reach(epochs, 0.95) is None

@@ -330,6 +330,12 @@ class ReportConfig:
     target_tolerance: float = key(
         0.01, "auto's margin below the baseline's best val_acc", check=(lambda v: 0 <= v < 1, "a number in [0, 1)")
     )
+    val_per_epoch: int = key(
+        1,
+        "validations per training epoch: N > 1 validates every 1/N of its batches (Lightning's "
+        "val_check_interval), so time to target resolves to a fraction of an epoch",
+        check=(lambda v: 1 <= v <= 100, "an integer from 1 to 100"),
+    )
 
 
 @dataclass

@@ -297,8 +297,16 @@ def _trainer(parts: Parts) -> None:
         logger=parts.loggers,
         default_root_dir=parts.out_dir,
         enable_checkpointing=cfg.checkpoint.enabled,
+        **_validation_schedule(cfg),
     )
     trackers.log_params(parts.loggers, trackers.params_of(cfg, parts.requested))
+
+
+def _validation_schedule(cfg) -> Dict[str, Any]:
+    """``report.val_per_epoch=N``: validate every 1/N of each epoch's batches (Lightning's own
+    ``val_check_interval``); the epoch timer records each validation with its training time."""
+    n = cfg.report.val_per_epoch
+    return {"val_check_interval": 1.0 / n} if n > 1 else {}
 
 
 def _show_progress_bar(cfg) -> bool:

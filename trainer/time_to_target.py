@@ -9,8 +9,10 @@ records every epoch, so the report can say the same for the user's own model:
   the run started (``elapsed_train_s``, ``elapsed_val_s``), resumes included: a partial epoch (a
   resume that started mid-epoch only timed its tail) counts as a full epoch of the run's median
   step time, and says so (``elapsed_estimated``);
-- ``reach`` finds the first epoch whose ``val_acc`` reaches the target: ``time_to_target_s`` is the
-  training time up to its end, ``epochs_to_target`` its count. Training time, the same for every
+- ``reach`` finds the first validation whose ``val_acc`` reaches the target: ``time_to_target_s`` is
+  the training time up to it, ``epochs_to_target`` the epochs trained by then (a fraction of an epoch
+  with ``report.val_per_epoch``, which validates several times per epoch; each validation is
+  recorded with the training time it began at). Training time, the same for every
   row: each epoch's time (the clock of the epoch times: its steps, its compiling steps, its
   loader's start), plus what each process paid from the start of ``fit`` to its first epoch
   (``setup_s``: the compiler's warm-up, a checkpoint's restore, the sanity check's validation and
@@ -50,7 +52,15 @@ def with_elapsed(epochs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             # the steps before the resume ran in a process that was killed before the epoch ended
             time_s = max(time_s, step_time * steps_per_epoch)
             record["elapsed_estimated"] = True
-        train += time_s + (epoch.get("setup_s") or 0.0)
+        start = train + (epoch.get("setup_s") or 0.0)
+        if epoch.get("validations"):
+            # validated within the epoch (report.val_per_epoch): each at the training time it began;
+            # steps an estimated epoch ran before its resume came first
+            before = time_s - (epoch.get("time_s") or 0.0)
+            record["validations"] = [
+                dict(v, elapsed_train_s=round(start + before + v["train_s"], 4)) for v in epoch["validations"]
+            ]
+        train = start + time_s
         val += epoch.get("val_time_s") or 0.0
         record["elapsed_train_s"] = round(train, 4)
         record["elapsed_val_s"] = round(val, 4)
@@ -58,13 +68,26 @@ def with_elapsed(epochs: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-def curve(epochs: List[Dict[str, Any]]) -> List[Tuple[float, float]]:
-    """(training time so far, val_acc) after each validated epoch."""
+def validations(epochs: List[Dict[str, Any]]) -> List[Tuple[float, float, float]]:
+    """(training time so far, epochs so far, val_acc) at every validation that logged an accuracy, in
+    order: several per epoch with ``report.val_per_epoch``, else one at each validated epoch's end."""
+    timed = epochs if epochs and "elapsed_train_s" in epochs[0] else with_elapsed(epochs)
     points = []
-    for epoch in with_elapsed(epochs) if epochs and "elapsed_train_s" not in epochs[0] else epochs:
-        if epoch.get("val_acc") is not None:
-            points.append((epoch["elapsed_train_s"], epoch["val_acc"]))
+    for epoch in sorted(timed, key=lambda e: e["epoch"]):
+        within = epoch.get("validations")
+        if within:
+            for v in within:
+                if v.get("val_acc") is not None:
+                    done = v["fraction"] if v.get("fraction") is not None else 1.0
+                    points.append((v["elapsed_train_s"], round(epoch["epoch"] + done, 4), v["val_acc"]))
+        elif epoch.get("val_acc") is not None:
+            points.append((epoch["elapsed_train_s"], epoch["epoch"] + 1, epoch["val_acc"]))
     return points
+
+
+def curve(epochs: List[Dict[str, Any]]) -> List[Tuple[float, float]]:
+    """(training time so far, val_acc) at each validation (``validations``)."""
+    return [(t, acc) for t, _, acc in validations(epochs)]
 
 
 def reaches(val_acc: Optional[float], target: float) -> bool:
@@ -75,13 +98,14 @@ def reaches(val_acc: Optional[float], target: float) -> bool:
     return val_acc is not None and val_acc >= target - 1e-12
 
 
-def reach(epochs: List[Dict[str, Any]], target: float) -> Optional[Tuple[float, int]]:
-    """(time_to_target_s, epochs_to_target) for the first validated epoch with val_acc >= target; None if none."""
+def reach(epochs: List[Dict[str, Any]], target: float) -> Optional[Tuple[float, float]]:
+    """(time_to_target_s, epochs_to_target) at the first validation whose val_acc reaches ``target``;
+    None if none does. With validations within epochs (``report.val_per_epoch``) both are fractions
+    of an epoch's worth (2.25: a quarter into the third epoch); else whole epochs."""
     ordered = sorted(epochs, key=lambda e: e["epoch"])
-    timed = ordered if ordered and "elapsed_train_s" in ordered[0] else with_elapsed(ordered)
-    for epoch in timed:
-        if reaches(epoch.get("val_acc"), target):
-            return round(epoch["elapsed_train_s"], 4), epoch["epoch"] + 1
+    for elapsed, epochs_so_far, acc in validations(ordered):
+        if reaches(acc, target):
+            return round(elapsed, 4), epochs_so_far
     return None
 
 

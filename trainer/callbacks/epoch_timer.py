@@ -158,7 +158,8 @@ class EpochTimer(pl.Callback):
         self._startup = 0.0
         self._last_step_end: float | None = None
         self._val_at_last_step = 0.0
-        self._validated = False  # a validation ran in this epoch (its val/acc is this epoch's)
+        self._validations: List[Dict[str, Any]] = []  # this epoch's validations, in order (report.val_per_epoch)
+        self._val_train_s = 0.0  # training time of the epoch when the validation in flight began
         self._graphs_before = 0
         self._plain_steps: List[float] = []  # step durations, compile=true only
         self._compiling_steps: List[float] = []
@@ -227,6 +228,7 @@ class EpochTimer(pl.Callback):
         _sync(trainer)
         self.clock.active = False
         self._val_t0 = time.perf_counter()
+        self._val_train_s = self._val_t0 - self._t0 - self._val  # the epoch's training so far
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self._val_t0 is None:
@@ -234,7 +236,16 @@ class EpochTimer(pl.Callback):
         _sync(trainer)
         self._val += time.perf_counter() - self._val_t0
         self._val_t0 = None
-        self._validated = True
+        # the host reads the scalars here, once per validation (after the sync above)
+        steps = trainer.num_training_batches if isinstance(trainer.num_training_batches, int) else None
+        self._validations.append(
+            {
+                "step": self._steps,  # training steps of this epoch before it
+                "fraction": round(self._steps / steps, 4) if steps else None,
+                "train_s": round(self._val_train_s, 4),
+                **validation_scalars(trainer),
+            }
+        )
         self.clock.active = True
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
@@ -275,8 +286,7 @@ class EpochTimer(pl.Callback):
         if self._fresh and self._fit_t0 is not None:
             epoch["setup_s"] = round(self._t0 - self._fit_t0, 4)  # this process's, before its first epoch
         epoch.update(self._compiles())
-        if self._validated:  # the host reads the two scalars here, once per epoch (after the sync above)
-            epoch.update(validation_scalars(trainer))
+        epoch.update(self._validation_fields())
         if self._mid_epoch_start:
             epoch["resumed"] = True
         if self._mid_epoch_start or (
@@ -295,6 +305,17 @@ class EpochTimer(pl.Callback):
         self._t0 = None
         self.epochs.append(epoch)
         self._publish(trainer, epoch, elapsed, wait, transfer, tflops)
+
+    def _validation_fields(self) -> Dict[str, Any]:
+        """The epoch's val_acc / val_loss (its last validation's), and every validation when it also
+        validated within the epoch (report.val_per_epoch)."""
+        if not self._validations:
+            return {}
+        last = self._validations[-1]
+        fields = {k: last[k] for k in VALIDATION_KEYS if k in last}
+        if len(self._validations) > 1 or last["step"] < self._steps:
+            fields["validations"] = list(self._validations)
+        return fields
 
     def _compiles(self) -> Dict[str, Any]:
         """compile=true: this epoch's compiling steps and their time beyond its median plain step."""
