@@ -126,6 +126,30 @@ def test_a_finished_job_of_a_stopped_sweep_is_kept_as_it_ran(tmp_path):
     )
 
 
+@pytest.mark.slow
+def test_sigusr1_stops_a_single_run_after_the_step_in_flight_with_last_ckpt_saved(tmp_path):
+    """SIGUSR1 (Slurm's time-limit signal with --signal=USR1@...) is a stop request like SIGTERM: the run
+    (one process, no sweep) saves at the end of the step in flight and exits with 75. Its model sends
+    the signal to its own process in the 3rd training step."""
+    import torch
+
+    from trainer.checkpointing import PREEMPTED_EXIT_CODE
+
+    run_dir = tmp_path / "run"
+    r = run_cli(
+        f"hydra.run.dir={run_dir}", "data.image_size=16", "data.batch_size=8", "data.num_samples=64",
+        "data.val_samples=16", "trainer.max_epochs=2", "checkpoint.enabled=false",
+        "model._target_=rank_spies.StopSignalNet", "+model.signal_name=SIGUSR1", "+model.at=[3]", timeout=300,
+    )  # fmt: skip
+    out = r.stdout + r.stderr
+    assert r.returncode == PREEMPTED_EXIT_CODE, out[-3000:]
+    m = read_metrics(run_dir)
+    assert m["status"] == "failed" and m["preempted"] is True and "preempted by SIGUSR1 at step 3;" in m["error"], m
+    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert saved["global_step"] == 3  # the step in flight finished, no further one started
+    assert "Traceback" not in out, out[-3000:]
+
+
 def test_a_second_ctrl_c_stops_at_once():
     from trainer import stopping
 
