@@ -84,42 +84,58 @@ def _csv_rows(path: Path) -> list:
 
 
 @pytest.mark.slow
-def test_a_sweep_reaches_mlflow_wandb_and_csv_with_params_histories_and_the_report(tmp_path, mlflow_server):
+def test_a_stopped_sweep_finished_later_reaches_mlflow_wandb_and_csv_as_one_sweep(tmp_path, mlflow_server):
     """A channels_last sweep with all three trackers at once (the small model: the recipes reach the
-    trackers through the same code, and the suite's time goes to what differs)."""
+    trackers through the same code, and the suite's time goes to what differs), stopped by SIGTERM in
+    job 0's 3rd step (its model signals the sweep's process, once) and finished by the same command:
+    one MLflow parent run and one W&B group for both commands, job 0's tracker runs continued."""
     pytest.importorskip("wandb")
     from wandb_records import history, read_run
 
+    from trainer.checkpointing import PREEMPTED_EXIT_CODE
+
     sweep = tmp_path / "sweep"
-    r = run_cli(
-        "-m", f"hydra.sweep.dir={sweep}", *TINY, "trainer.max_epochs=2",
-        "logger=[mlflow,wandb,csv]", "channels_last=false,true", "profile=true",
-        env_extra={"MLFLOW_TRACKING_URI": mlflow_server.uri, "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
-    )  # fmt: skip
+    command = [
+        "-m", f"hydra.sweep.dir={sweep}", *TINY, "trainer.max_epochs=2", "logger=[mlflow,wandb,csv]",
+        "channels_last=false,true", "profile=true", "model._target_=rank_spies.StopSignalNet", "+model.at=[3]",
+        f"+model.once={tmp_path / 'signalled'}",
+    ]  # fmt: skip
+    env = {"MLFLOW_TRACKING_URI": mlflow_server.uri, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    stopped = run_cli(*command, env_extra=env)
+    assert stopped.returncode == PREEMPTED_EXIT_CODE, stopped.stderr[-3000:]
+    assert "preempted by SIGTERM at step 3;" in read_metrics(sweep / "0")["error"] and not (sweep / "1").exists()
+    group = _state(sweep)
+    r = run_cli(*command, env_extra=env)  # the same command finishes the sweep
     assert r.returncode == 0, r.stderr[-3000:]
-    client, group = mlflow_server.client(), _state(sweep)
+    assert _state(sweep) == group  # the same parent run and group
+    client = mlflow_server.client()
     parent = group["mlflow"]["parent_run_id"]
+    sweeps = client.search_runs([group["mlflow"]["experiment_id"]], f"tags.`trainer.sweep_dir` = '{sweep.resolve()}'")
+    assert [run.info.run_id for run in sweeps] == [parent]  # no second parent run for the second command
     runs = {
         run.data.params["channels_last"]: run
         for run in client.search_runs([group["mlflow"]["experiment_id"]], f"tags.mlflow.parentRunId = '{parent}'")
     }
-    assert set(runs) == {"False", "True"}  # one nested run per job, nothing else under the sweep
+    assert set(runs) == {"False", "True"}  # one nested run per job (job 0's continued), nothing else
     for num, value in enumerate(("False", "True")):
         run, job = runs[value], sweep / str(num)
         metrics = read_metrics(job)
+        journal = [e["time_s"] for e in metrics["epochs"]]
+        assert metrics["status"] == "ok" and [e["epoch"] for e in metrics["epochs"]] == [0, 1]
+        assert bool(metrics.get("resumed_from")) == (num == 0)
+        assert run.info.run_id == _state(job)["mlflow"]["run_id"]
         params = run.data.params
         # the flags under metrics.json's names, and the resolved config beside them
         for flag, flag_value in metrics["flags"].items():
             assert params[flag] == str(flag_value)[:250], flag
-        assert params["model._target_"] == "trainer.models.tiny.TinyCNN" and params["data.image_size"] == str(
+        assert params["model._target_"] == "rank_spies.StopSignalNet" and params["data.image_size"] == str(
             metrics["data"]["image_size"]
         )
         for key in EPOCH_FIGURES:
-            assert _steps(client, run.info.run_id, key) == [0, 1], key
-        assert [m.value for m in client.get_metric_history(run.info.run_id, "perf/epoch_time_s")] == pytest.approx(
-            [e["time_s"] for e in metrics["epochs"]], abs=1e-4
-        )
-        assert len(client.get_metric_history(run.info.run_id, "val/acc")) == 2
+            assert sorted(set(_steps(client, run.info.run_id, key))) == [0, 1], key
+        history_ = sorted(client.get_metric_history(run.info.run_id, "perf/epoch_time_s"), key=lambda m: m.timestamp)
+        assert _last_per_step((m.step, m.value) for m in history_) == pytest.approx(journal, abs=1e-4)
+        assert len({m.step for m in client.get_metric_history(run.info.run_id, "val/acc")}) == 2
         assert client.get_metric_history(run.info.run_id, "system/cpu_busy_cores")
         assert run.data.tags["doctor.verdict"] == metrics["diagnosis"]["verdict"]
         assert run.info.status == "FINISHED" and run.info.run_name == f"channels_last={value}"
@@ -127,21 +143,22 @@ def test_a_sweep_reaches_mlflow_wandb_and_csv_with_params_histories_and_the_repo
         assert {"metrics.json", ".hydra", "profiler"} <= artifacts
         profiler = {a.path for a in client.list_artifacts(run.info.run_id, "profiler")}
         assert profiler == {"profiler/summary.html", "profiler/breakdown.png"}
-        # W&B: the same job, in the sweep's group, read back from its offline run file
-        (wandb_file,) = job.glob("wandb/offline-run-*/run-*.wandb")
-        recorded = read_run(wandb_file)
-        assert recorded["group"] == group["wandb"]["group"] and recorded["id"] == _state(job)["wandb"]["id"]
+        # W&B: the same job, in the sweep's group, read back from its offline run files: job 0's two
+        # attempts are one run (the same id), the second holding the epochs
+        attempts = sorted(job.glob("wandb/offline-run-*/run-*.wandb"))
+        assert len(attempts) == (2 if num == 0 else 1), attempts
+        recorded = [read_run(f) for f in attempts]
+        assert {(r["group"], r["id"]) for r in recorded} == {(group["wandb"]["group"], _state(job)["wandb"]["id"])}
+        recorded = recorded[-1]
         assert recorded["config"]["channels_last"] == (value == "True")
-        assert history(recorded, "perf/epoch_time_s") == pytest.approx(
-            [e["time_s"] for e in metrics["epochs"]], abs=1e-4
-        )
+        assert history(recorded, "perf/epoch_time_s") == pytest.approx(journal, abs=1e-4)
         assert len(history(recorded, "val/acc")) == 2
         assert recorded["summary"]["doctor_verdict"] == metrics["diagnosis"]["verdict"]
         assert {"metrics.json", ".hydra/config.yaml"} <= set(recorded["files"])
-        # CSV: every epoch's figures
-        rows = _csv_rows(job / "metrics.csv")
-        assert [float(row["perf/epoch_time_s"]) for row in rows if row["perf/epoch_time_s"]] == pytest.approx(
-            [e["time_s"] for e in metrics["epochs"]], abs=1e-4
+        # CSV: every epoch's figures (job 0's file appended to on its resume)
+        rows = [row for row in _csv_rows(job / "metrics.csv") if row["perf/epoch_time_s"]]
+        assert _last_per_step((int(r["step"]), float(r["perf/epoch_time_s"])) for r in rows) == pytest.approx(
+            journal, abs=1e-4
         )
     # the A/B report: on the parent run, and on the W&B group's report run, the same files as the sweep dir
     assert client.get_run(parent).info.status == "FINISHED"
@@ -149,10 +166,22 @@ def test_a_sweep_reaches_mlflow_wandb_and_csv_with_params_histories_and_the_repo
     local = tmp_path / "report"
     client.download_artifacts(parent, "ab_report.md", str(local.mkdir() or local))
     assert (local / "ab_report.md").read_text() == (sweep / "ab_report.md").read_text()
-    (report_file,) = sweep.glob("wandb/offline-run-*/run-*.wandb")
+    (report_file,) = sweep.glob("wandb/offline-run-*/run-*.wandb")  # one: the finished sweep's
     report_run = read_run(report_file)
     assert report_run["group"] == group["wandb"]["group"] and report_run["job_type"] == "ab_report"
     assert {"ab_report.md", "ab_report.csv", "ab_report.png"} <= set(report_run["files"])
+    # and the table as a W&B table: the CSV's rows, in the table file the run logged
+    (kind,) = history(report_run, "ab_report/_type")
+    (table_path,) = history(report_run, "ab_report/path")
+    assert kind == "table-file" and table_path in report_run["files"], (kind, table_path)
+    table = json.loads((report_file.parent / "files" / table_path).read_text())
+    header, *rows = _csv_table(sweep / "ab_report.csv")
+    assert table["columns"] == header and rows and table["data"] == rows
+
+
+def _csv_table(path: Path) -> list:
+    with open(path, newline="") as f:
+        return list(csv.reader(f))
 
 
 def _start(run_dir: Path, *extra: str, uri: str, **env: str) -> subprocess.Popen:
