@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional
 
@@ -56,9 +57,21 @@ class DataConfig:
     name: str = key(
         "synthetic",
         "the dataset",
-        choices=("synthetic", "imagefolder", "builtin", "custom", "packed", "parquet", "webdataset"),
+        choices=(
+            "synthetic",
+            "imagefolder",
+            "builtin",
+            "custom",
+            "packed",
+            "parquet",
+            "webdataset",
+            "cifar10",
+            "imagenette",
+        ),
     )
-    root: Optional[str] = None  # imagefolder: a folder of class subfolders, or with train/ and val/ inside
+    # imagefolder: a folder of class subfolders, or with train/ and val/ inside; cifar10 / imagenette:
+    # files laid out as torchvision's download (read as they are; unset: downloaded into the cache)
+    root: Optional[str] = None
     batch_size: Any = key(
         32,
         "per-process batch: an integer, or auto (the largest that fits; see batch_finder)",
@@ -84,10 +97,22 @@ class DataConfig:
     val_samples: int = 256
     # imagefolder without train/ and val/ subfolders: fraction of each class held out for validation
     val_split: float = key(0.2, check=(lambda v: 0.0 <= v < 1.0, "a fraction in [0, 1)"))
-    # builtin: where the generated JPEG folder is cached, and how many images per class it holds
+    # builtin, cifar10, imagenette: the trainer's cache, where the generated JPEG folder or the download
+    # is kept (null: $TRAINER_CACHE, else ~/.cache/trainer); builtin: images per class and their size
     cache_dir: Optional[str] = None
     images_per_class: int = 100
     stored_size: int = 160
+    # cifar10 / imagenette with data.root unset: the archive fetched once into the cache (trainer/data/standard.py)
+    imagenette_size: str = key(
+        "160px",
+        "imagenette: the archive's image size (short side 160 or 320 px, or full)",
+        choices=("160px", "320px", "full"),
+    )
+    download_url: str = key("auto", "cifar10 / imagenette: the archive's URL (auto: torchvision's; or a mirror's)")
+    download_md5: Optional[str] = key(
+        "auto",
+        "cifar10 / imagenette: the archive's MD5 (auto: torchvision's; null: not checked, for a mirror you trust)",
+    )
     # augmentation for real images: random resized crop + flip in training
     augment: bool = True
     # an image file that cannot be decoded: skip it (and count it) or stop with its path
@@ -669,6 +694,18 @@ def _check_value(key: str, value: Any) -> None:
     if key == "data.storage_options" and value is not None and not hasattr(value, "keys"):
         raise ConfigError(
             f"Bad value for 'data.storage_options': {value!r}. It must be a mapping passed to fsspec, e.g. +data.storage_options.anon=true."
+        )
+    if key == "data.download_url" and not (
+        value == "auto" or (isinstance(value, str) and value.split("://", 1)[0] in ("http", "https", "ftp", "file"))
+    ):
+        raise ConfigError(
+            f"Bad value for 'data.download_url': {value!r}. It must be auto (torchvision's URL for the dataset) or an "
+            "http://, https://, ftp:// or file:// URL of the same archive."
+        )
+    if key == "data.download_md5" and value not in (None, "auto") and not re.fullmatch(r"[0-9a-fA-F]{32}", str(value)):
+        raise ConfigError(
+            f"Bad value for 'data.download_md5': {value!r}. It must be auto (torchvision's checksum of the archive), "
+            "32 hex digits (an MD5), or null (not checked: only for a mirror you trust)."
         )
     if key == "devices" and not (value == "auto" or (isinstance(value, int) and (value >= 1 or value == -1))):
         raise ConfigError(f"Bad value for 'devices': {value!r}. It must be a positive integer, -1 (all) or auto.")

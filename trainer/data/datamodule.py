@@ -209,6 +209,8 @@ class ImageDataModule(pl.LightningDataModule):
             self.train_set = instantiate(c.dataset, _convert_="all")
             self.val_set = instantiate(c.val_dataset, _convert_="all") if c.val_dataset else None
             return c.num_classes
+        if c.name == "cifar10":
+            return self._build_cifar10()
         return self._build_image_folders()
 
     def _check_device_flags(self) -> None:
@@ -231,13 +233,50 @@ class ImageDataModule(pl.LightningDataModule):
                 )
                 self.num_workers = 0
 
+    def _build_cifar10(self) -> int:
+        """data=cifar10: torchvision's pickled batches (downloaded once), raw pixels through the image folder's transforms."""
+        from .standard import build_cifar10, dataset_folder
+
+        c = self.cfg
+        unused = [
+            f"{k}={str(v).lower()}"
+            for k, v, default in (("decoder", c.decoder, "pil"), ("decode_scale", c.decode_scale, "off"))
+            if v != default
+        ] + (["cache_in_memory=true"] if c.cache_in_memory else [])
+        if unused:
+            log.warning(
+                "data.%s changes nothing with data=cifar10: its images are raw pixels held in memory, with no file to read "
+                "or decode",
+                ", data.".join(unused),
+            )
+        self.decoder = None  # nothing is decoded (metrics.json says so)
+        folder, key = dataset_folder(c, self._local_root)
+        self.train_set, self.val_set, self.classes = build_cifar10(
+            folder, c.image_size, c.augment, bool(c.gpu_normalize)
+        )
+        self._check_batch_fits(folder)
+        return len(self.classes)
+
+    def _check_batch_fits(self, root) -> None:
+        c = self.cfg
+        if c.drop_last and isinstance(c.batch_size, int) and len(self.train_set) < c.batch_size:
+            raise ConfigError(
+                f"data.batch_size={c.batch_size} is larger than the training set ({len(self.train_set)} images in {root}), "
+                "so every batch would be dropped. Lower data.batch_size or set data.drop_last=false."
+            )
+
     def _build_image_folders(self) -> int:
-        """data=imagefolder / builtin: class subfolders of JPEGs (the built-in set is generated once)."""
+        """data=imagefolder / builtin / imagenette: class subfolders of JPEGs (the built-in set is generated
+        once; Imagenette is downloaded once)."""
         c = self.cfg
         if c.name == "builtin":
             from .builtin import ensure_builtin
 
             root, key = ensure_builtin(c.cache_dir, c.images_per_class, c.stored_size), "data.cache_dir"
+        elif c.name == "imagenette":
+            from .standard import dataset_folder
+
+            root, key = dataset_folder(c, self._local_root)
         else:
             root, key = self._local_root(c.root), "data.root"
         from .decoders import resolve_decoder
@@ -269,11 +308,12 @@ class ImageDataModule(pl.LightningDataModule):
                 train: DeviceDecoder(transforms_for(c.image_size, train, c.augment, keep_uint8=True), c.on_bad_sample)
                 for train in (True, False)
             }
-        if c.drop_last and isinstance(c.batch_size, int) and len(self.train_set) < c.batch_size:
-            raise ConfigError(
-                f"data.batch_size={c.batch_size} is larger than the training set ({len(self.train_set)} images in {root}), "
-                "so every batch would be dropped. Lower data.batch_size or set data.drop_last=false."
-            )
+        self._check_batch_fits(root)
+        if c.name == "imagenette":  # class folders are WordNet ids: named by torchvision's table
+            from .standard import imagenette_wnids
+
+            names = imagenette_wnids()
+            self.classes = [names[wnid][0] for wnid in self.classes]
         return len(self.classes)
 
     def _check_decode_scale(self) -> None:
