@@ -362,3 +362,17 @@ def test_a_stop_signal_to_the_launching_process_stops_every_rank_at_one_step_and
             log_name,
             text[-2000:],
         )
+
+
+def test_only_rank_0_records_a_run_that_failed_before_its_trainer_existed(compose, tmp_path, monkeypatch):
+    """Every rank records its failure, and before Lightning's Trainer exists none knows it is not rank 0
+    from the Trainer: the launcher's rank (RANK) decides, so the ranks do not race to write one file."""
+    from trainer.run import run
+
+    args = ["model._target_=spies.ProbeNet", "+model.fail_when=init", "data.image_size=16", "data.num_samples=32"]
+    for rank, written in (("1", False), ("0", True)):
+        monkeypatch.setenv("RANK", rank)
+        out = tmp_path / f"rank{rank}"
+        with pytest.raises(Exception, match="ProbeNet asked to fail"):
+            run(compose(*args), str(out), args)
+        assert (out / "metrics.json").exists() == written, rank

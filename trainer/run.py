@@ -484,7 +484,8 @@ def record(parts: Parts, status: str, error: Optional[str]) -> Dict[str, Any]:
         log.info("doctor: %s", final["diagnosis"]["verdict"])
         for note in final["diagnosis"]["hardware"]:
             log.warning("doctor: %s", note)
-    if trainer is None or trainer.is_global_zero:
+    # rank 0 writes, also when the run failed before its Trainer existed (every rank would race to)
+    if trainer.is_global_zero if trainer is not None else global_rank() == 0:
         metrics_mod.write(parts.metrics_path, final)
         _profile_page(parts, final)
     return final
