@@ -104,7 +104,12 @@ def check_output_dirs(overrides: List[str]) -> None:
 
 def expand_repeats(argv: List[str]) -> List[str]:
     """``repeats=N`` in a sweep becomes ``repeat=range(N)``, placed first so that it varies slowest:
-    every configuration runs once, then again, so slow drift of the machine hits all of them alike."""
+    every configuration runs once, then again, so slow drift of the machine hits all of them alike.
+
+    With ``repeat_seeds=true`` the repeats differ in their seed instead: ``seed=S,S+1,...,S+N-1``
+    (S: the command line's ``seed=``, else the schema's default), placed first the same way. The
+    report folds them into one row like a seed sweep, and its time-to-target interval then holds the
+    seeds' variation; repeats of one seed learn alike, so theirs holds timing noise only."""
     found = [a for a in argv if a.split("=", 1)[0] == "repeats"]
     if not found:
         return argv
@@ -112,6 +117,8 @@ def expand_repeats(argv: List[str]) -> List[str]:
     if "," in value or "(" in value:
         raise ConfigError(f"'repeats={value}' takes one integer (how many times each configuration runs), not a sweep.")
     n = int(value)
+    seeded = [a for a in argv if a.split("=", 1)[0].lstrip("+") == "repeat_seeds"]
+    per_seed = bool(seeded) and seeded[-1].split("=", 1)[1].strip().lower() in ("true", "yes", "on", "y", "1")
     if n <= 1:
         return [a for a in argv if a not in found]
     if not any(a in ("-m", "--multirun") for a in argv):
@@ -120,8 +127,28 @@ def expand_repeats(argv: List[str]) -> List[str]:
             f"(python train.py -m ... repeats={n}); a single run is one repetition."
         )
     rest = [a for a in argv if a not in found]
+    sweep = [f"repeat=range({n})"]
+    if per_seed:
+        seeds = [a for a in rest if a.split("=", 1)[0].lstrip("+") == "seed" and not a.startswith("-")]
+        given = seeds[-1].split("=", 1)[1].strip() if seeds else None
+        try:
+            first_seed = int(given) if given is not None else _default_seed()
+        except ValueError:
+            raise ConfigError(
+                f"'repeats={n} repeat_seeds=true' gives the repeats the seeds seed, seed+1, ... and needs one integer "
+                f"seed to start from, not 'seed={given}'. To choose the seeds yourself, sweep them without "
+                "repeat_seeds (python train.py -m ... seed=1,2,3): jobs that differ only in their seed fold into one row too."
+            ) from None
+        rest = [a for a in rest if a not in seeds]
+        sweep = ["seed=" + ",".join(str(first_seed + i) for i in range(n))]
     first = next((i for i, a in enumerate(rest) if "=" in a and not a.startswith("-")), len(rest))
-    return rest[:first] + [f"repeat=range({n})"] + rest[first:]
+    return rest[:first] + sweep + rest[first:]
+
+
+def _default_seed() -> int:
+    from .config import SCHEMA_FIELDS
+
+    return int(SCHEMA_FIELDS["seed"].default)
 
 
 def expand_tuned(argv: List[str]) -> List[str]:

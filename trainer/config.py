@@ -414,6 +414,12 @@ class TrainSchema:
         check=(lambda v: v >= 1, "an integer >= 1 (with -m: how many times to run each configuration)"),
     )
     repeat: int = 0
+    # repeats=N repeat_seeds=true sweeps seed=S,S+1,...,S+N-1 instead of repeat (trainer.cli.expand_repeats)
+    repeat_seeds: bool = key(
+        False,
+        "with repeats=N: each repeat trains with its own seed (seed, seed+1, ...), so the report's time-to-target "
+        "interval holds the seeds' variation, not only timing noise",
+    )
     recipe: Optional[str] = None
     # the switchboard (SPEC): one top-level key per optimization
     amp: bool = key(False, "mixed precision (bf16 where native, else fp16 on CUDA)", flag=OPTIMIZATION)
