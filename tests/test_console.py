@@ -77,10 +77,13 @@ def test_a_sweep_prints_one_status_line_per_job_then_the_table(tmp_path):
     assert re.fullmatch(r"#1 amp=true: [\d.]+ s/epoch, [\d.]+ samples/s, val_acc [\d.]+, bottleneck: .+", out[2]), out[
         2
     ]
-    assert (
-        out[3].startswith("| job | amp |") and out[5].startswith("| 0 | false |") and out[6].startswith("| 1 | true |")
+    # the A/B table: a header (two lines), its rule, then a row per job, what differs from the baseline named
+    assert out[3].split()[:4] == ["job", "configuration", "epoch", "epoch"] and out[5].startswith("---  ---")
+    assert re.match(r"0 +amp=false +[\d.]+ s +baseline ", out[6]) and re.match(
+        r"1 +amp=true +[\d.]+ s +[\d.]+x ", out[7]
     )
-    assert any(line.startswith("doctor, job") for line in out[7:])
+    assert max(len(line) for line in out[3:8]) <= console.TABLE_WIDTH
+    assert any(line.startswith("doctor, job") for line in out[8:])
     assert out[-1] == f"report: {sweep}/ab_report.md (table), {sweep}/ab_report.csv, chart: {sweep}/ab_report.png"
     # per-epoch lines went to each job's train.log only
     assert not any(line.startswith("epoch ") for line in out)

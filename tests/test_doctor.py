@@ -88,6 +88,16 @@ def test_input_bound_with_a_saturated_cpu_does_not_ask_for_more_workers():
         is_convnet=True,
     )
     assert "data.decoder=turbo" in d["try"] and "data.decoder=nvjpeg" not in d["try"]
+    for name in ("imagefolder", "imagenette"):  # image files as well: the same decoders apply
+        d = doctor.diagnose(
+            metrics={"data_wait_fraction": 0.6},
+            system={"cpu_busy_cores": 15.8, "process_cpu_cores": 15.5},
+            hardware=H100,
+            flags={},
+            data=dict(jpeg, name=name),
+            is_convnet=True,
+        )
+        assert "data.decoder=nvjpeg" in d["try"], name
 
 
 def test_input_bound_on_a_big_machine_names_workers_and_cores():

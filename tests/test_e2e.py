@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import read_metrics, run_cli
 
@@ -38,7 +40,7 @@ def test_sweep_runs_jobs_one_after_another_each_with_metrics(tmp_path):
         assert (sweep / name).stat().st_size > 0
     table = (sweep / "ab_report.md").read_text()
     assert "| job | amp | channels_last | world_size | epoch_time_s |" in table and table.count("| ok |") == 4
-    assert "| job | amp | channels_last |" in r.stdout
+    assert "job  configuration " in r.stdout and re.search(r"^3 +amp=true\b", r.stdout, re.M)  # the console's table
 
 
 def test_a_crashing_job_keeps_its_row_and_the_sweep_goes_on(tmp_path):

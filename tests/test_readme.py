@@ -202,11 +202,16 @@ def _args(c: Command) -> List[str]:
         # the suffix's sizes replace any the command gives (the demo's six epochs); other keys as written
         sizes = {s.split("=", 1)[0]: s for s in SMOKE if s.startswith("trainer.")}
         if "compile=true" in c.text or "compile=false,true" in c.text:
-            # no validation: its eval-mode graph would be a second compile (a fifth of a cold compile's time)
+            # no validation: its eval-mode graph would be a second compile (a fifth of a cold compile's time);
+            # and Inductor's shared cache, so that the sweep's amp=true compile=true job finds the single
+            # run's graphs (these commands run on one worker, one after the other: the "compile" group).
+            # Each job compiling cold in its own cache is the default, tested in test_switches.py.
             sizes["trainer.limit_val_batches"] = "trainer.limit_val_batches=0"
+            sizes["compile_cache"] = "compile_cache=shared"
         args = [sizes.get(a.split("=", 1)[0], a) for a in args]
         given = {a.split("=", 1)[0] for a in args}
         suffix = [sizes.get(s.split("=", 1)[0], s) for s in SMOKE if s.split("=", 1)[0] not in given]
+        suffix += [v for k, v in sizes.items() if k == "compile_cache" and k not in given]
         return args + suffix + (["hydra.sweep.dir=sweep"] if "-m" in args else ["hydra.run.dir=run"])
     return args
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
-from trainer import report
+from trainer import console, report
 
 
 def _job(root, name, flags, times, val_acc=0.5, status="ok", error=None, overrides=(), val_samples=None, accs=None):
@@ -220,7 +221,8 @@ def test_time_to_target_a_faster_epoch_that_needs_more_epochs_loses_and_a_row_th
     _job(sweep, "1", {"amp": True}, [1.5] * 6, accs=[0.3, 0.5, 0.6, 0.7, 0.8, 0.9])  # faster epochs, slower learning
     _job(sweep, "2", {"channels_last": True}, [1.8] * 6, accs=[0.3, 0.4, 0.5, 0.6, 0.7, 0.8])  # never reaches it
     columns, rows, base = report.build_rows(report.load_jobs([str(sweep)]))  # target auto: 0.9 - 0.01
-    assert columns[columns.index("val_acc") + 1 :][:4] == report.TIME_TO_TARGET_COLUMNS
+    at = columns.index("val_acc") + 1
+    assert columns[at : at + len(report.TIME_TO_TARGET_COLUMNS)] == report.TIME_TO_TARGET_COLUMNS
     baseline, faster, never = rows
     assert (baseline["time_to_target_s"], baseline["epochs_to_target"]) == (8.0, 4)
     assert faster["speedup"] > 1.3  # the epoch-time table calls it a win ...
@@ -239,7 +241,7 @@ def test_time_to_target_a_faster_epoch_that_needs_more_epochs_loses_and_a_row_th
     monkeypatch.setattr(report, "chart", lambda *args: drawn.append(real_chart(*args)) or drawn[-1])
     markdown = report.write_report([str(sweep)], str(sweep), echo=False)
     assert "target val_acc 0.890 = the baseline's best 0.900 minus 0.01" in markdown
-    assert "| 0.89x |" in markdown and (sweep / "ab_report.png").stat().st_size > 0
+    assert "| 0.89x (1 run) | - | not judged |" in markdown and (sweep / "ab_report.png").stat().st_size > 0
     (figure,) = drawn
     bars, curves = figure.axes  # epoch time, then accuracy against training time
     assert [round(bar.get_width(), 3) for bar in bars.patches] == [2.0, 1.5, 1.8]
@@ -354,3 +356,162 @@ def test_cli_target_acc_and_tolerance_choose_the_target_and_a_bad_value_is_one_p
         assert r.stderr.strip() == f"error: --target-acc {bad!r}: allowed are auto, off or a number in (0, 1]"
     r = cli("--target-tolerance", "-0.1")
     assert r.returncode == 2 and r.stderr.strip() == "error: --target-tolerance -0.1: allowed is a number in [0, 1)"
+
+
+def _to_target_sweep(root):
+    """Planted journals of one sweep, each row reaching val_acc 0.9 at epoch 3 or 4 (1 s epochs):
+    the baseline and amp=true over seeds 1-3, channels_last=true three times with seed 7
+    (repeats of one seed), compile=true once. Times vary across runs, so every ratio with two runs
+    a side has an interval."""
+    sweep = root / "sweep"
+    n = 0
+
+    def job(flags, overrides, epoch_s, reach):
+        nonlocal n
+        accs = [0.5 + 0.4 * (i + 1 >= reach) for i in range(5)]
+        _job(sweep, str(n), flags, [epoch_s] * 5, accs=accs, overrides=overrides)
+        n += 1
+
+    for seed, reach in ((1, 3), (2, 4), (3, 3)):
+        job({}, [f"seed={seed}"], 1.0 + 0.02 * seed, reach)
+        job({"amp": True}, [f"seed={seed}", "amp=true"], 0.8 + 0.02 * seed, reach + (seed == 3))
+    for repeat in range(3):
+        job({"channels_last": True}, ["seed=7", f"repeat={repeat}", "channels_last=true"], 0.9 + 0.01 * repeat, 3)
+    job({"compile": True}, ["seed=1", "compile=true"], 0.7, 4)
+    return sweep
+
+
+def _table_rows(printed: str) -> dict:
+    """The console's A/B table as {job: {column header: the cell's text, its lines joined}}, read at the
+    column spans its dashed rule gives."""
+    lines = printed.splitlines()
+    rule = next(i for i, line in enumerate(lines) if line.startswith("---"))
+    spans = [(m.start(), m.end()) for m in re.finditer(r"-+", lines[rule])]
+
+    def cells(line):
+        return [line[a : b + (2 if k + 1 < len(spans) else len(line))].strip() for k, (a, b) in enumerate(spans)]
+
+    headers = [" ".join(parts).strip() for parts in zip(*(cells(line) for line in lines[:rule]))]
+    rows, current = {}, None
+    for line in lines[rule + 1 :]:
+        if not line.strip():
+            break
+        parts = cells(line)
+        if parts[0]:
+            current = rows.setdefault(parts[0], {h: [] for h in headers})
+        for h, part in zip(headers, parts):
+            if part:
+                current[h].append(part)
+    return {job: {h: " ".join(v) for h, v in row.items()} for job, row in rows.items()}
+
+
+def test_each_row_says_what_its_time_to_target_interval_holds_in_md_csv_and_console(tmp_path, capsys):
+    import csv
+
+    sweep = _to_target_sweep(tmp_path)
+    report.write_report([str(sweep)], str(sweep), target_acc=0.9)
+    with open(sweep / "ab_report.csv") as f:
+        rows = {r["job"]: r for r in csv.DictReader(f)}
+    assert list(rows) == ["0,2,4", "1,3,5", "6,7,8", "9"]
+    holds = {job: r["time_to_target_ci_holds"] for job, r in rows.items()}
+    # seeds against seeds; repeats of one seed; one run: no interval, not judged
+    assert holds == {"0,2,4": "", "1,3,5": "seeds", "6,7,8": "timing only", "9": "not judged"}
+    assert rows["6,7,8"]["time_to_target_ci"] and not rows["9"]["time_to_target_ci"]
+    assert "time to target judged on one seed" in rows["6,7,8"]["notes"]
+    assert "time to target not judged" in rows["9"]["notes"] and "judged on one seed" not in rows["1,3,5"]["notes"]
+    md = (sweep / "ab_report.md").read_text()
+    assert "| time_to_target_ci | time_to_target_ci_holds |" in md
+    assert "'seeds' where the row and the baseline each ran several seeds" in md  # the header says how
+    assert [
+        line.split(" | ")[0] + " | " + line.split(" | ")[-4] for line in md.splitlines() if line[2:3].isdigit()
+    ] == [
+        "| 0,2,4 | -",
+        "| 1,3,5 | seeds",
+        "| 6,7,8 | timing only",
+        "| 9 | not judged",
+    ]
+    assert "| 1.14x (1 run) | - | not judged |" in md  # the md's unjudged ratio is marked too
+    printed = capsys.readouterr().out
+    table = _table_rows(printed)
+    assert {job: row["interval holds"] for job, row in table.items()} == {
+        "0,2,4": "-",
+        "1,3,5": "seeds",
+        "6,7,8": "timing only",
+        "9": "not judged",
+    }
+    # the console warns where a ratio is judged on one seed, and says how to judge it across seeds
+    assert "job(s) 6,7,8: judged on one seed, so the interval holds timing noise only" in printed.replace("\n", " ")
+    assert "repeats=N repeat_seeds=true gives each repeat its own seed" in printed.replace("\n", " ")
+
+
+def test_an_unjudged_ratio_is_marked_and_one_within_noise_says_so(tmp_path, capsys):
+    """The demo's case, one run per row: no time-to-target ratio has an interval, and the console
+    shows each as not judged, never as a plain number beside judged ones; a row with one steady
+    epoch has no epoch-time interval either. A judged ratio whose interval contains 1.00x says so."""
+    sweep = tmp_path / "demo"
+    accs = {"pil": [0.5, 0.9, 0.99, 1.0], "turbo": [0.5, 0.9, 0.99, 1.0], "slow": [0.5, 0.8, 0.9, 0.99]}
+    _job(sweep, "0", {}, [1.5, 1.0, 1.01, 1.02], accs=accs["pil"], overrides=["data.decoder=pil"])
+    _job(sweep, "1", {}, [1.1, 0.75, 0.76, 0.74], accs=accs["turbo"], overrides=["data.decoder=turbo"])
+    _job(
+        sweep, "2", {"channels_last": True}, [1.5, 0.95, 0.96, 0.94], accs=accs["slow"], overrides=["data.decoder=pil"]
+    )
+    _job(sweep, "3", {"amp": True}, [1.2, 0.8], accs=[0.5, 0.99], overrides=["data.decoder=pil"])  # 1 steady epoch
+    report.write_report([str(sweep)], str(sweep))
+    table = _table_rows(capsys.readouterr().out)
+    ratios = {job: row["speed-up to target"] for job, row in table.items()}
+    # target 0.99: the baseline's 3.51 s (3 epochs) over 2.61 s, 4.35 s (4 epochs) and 2.0 s (2 epochs)
+    assert ratios == {"0": "baseline", "1": "1.34x (1 run)", "2": "0.81x (1 run)", "3": "1.75x (1 run)"}
+    assert {job: row["interval holds"] for job, row in table.items() if job != "0"} == dict.fromkeys(
+        "123", "not judged"
+    )
+    assert re.fullmatch(r"1\.35x \[1\.3\d-1\.3\d\]", table["1"]["epoch speed-up"]), table["1"]
+    assert table["3"]["epoch speed-up"] == "1.26x (not judged)"  # 1.01 s / 0.8 s, one steady epoch
+    # only what differs from the baseline names a row; the baseline says all of it
+    assert table["0"]["configuration"] == "amp=false channels_last=false data.decoder=pil"
+    assert [table[j]["configuration"] for j in "123"] == ["data.decoder=turbo", "channels_last=true", "amp=true"]
+
+    # judged, with an interval that contains 1.00x: "within noise", as the epoch-time speed-up says it
+    seeds = _to_target_sweep(tmp_path)
+    report.write_report([str(seeds)], str(seeds), target_acc=0.9)
+    row = _table_rows(capsys.readouterr().out)["1,3,5"]
+    assert row["speed-up to target"] == "0.95x [0.89-1.69] within noise" and row["interval holds"] == "seeds"
+
+
+def test_the_console_table_fits_120_columns_and_the_files_keep_every_column(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    long_root = "data.root=/mnt/shared/datasets/imagenet-subset-with-a-long-name/train"
+    for i, (flags, times) in enumerate(
+        [
+            ({}, [2.0, 1.00, 0.80, 1.20, 0.90]),
+            ({"amp": True}, [2.0, 0.95, 0.75, 1.15, 0.85]),  # within noise
+            ({"channels_last": True, "compile": True}, [9.0, 0.50, 0.51, 0.49, 0.50]),
+        ]
+    ):
+        _job(
+            sweep,
+            str(i),
+            flags,
+            times,
+            accs=[0.2, 0.5, 0.7, 0.7 + 0.01 * i, 0.8],
+            overrides=[long_root, "data.batch_size=256", "optim.lr=0.4", f"data.num_workers={4 * i}"],
+        )
+    _job(
+        sweep,
+        "3",
+        {"channels_last": True},
+        [2.0],
+        status="failed",
+        error="RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.35 GiB total capacity) " * 2,
+        overrides=[long_root.replace("train", "val"), "data.num_workers=16"],
+    )
+    report.write_report([str(sweep)], str(sweep))
+    printed = capsys.readouterr().out
+    shown = printed.split("\nreport: ")[0].splitlines()  # the table and what it says under it (not the paths)
+    assert max(len(line) for line in shown) <= console.TABLE_WIDTH == 120, "\n".join(shown)
+    table = _table_rows(printed)
+    assert list(table) == ["0", "1", "2", "3"] and table["3"]["verdict"].startswith("FAILED: RuntimeError: CUDA out")
+    assert "within noise" in table["1"]["epoch speed-up"]
+    assert "samples_per_s" not in printed and "data_wait_fraction" not in printed
+    header = (sweep / "ab_report.md").read_text().split("\n| job |")[1].split("\n")[0]
+    for column in ("samples_per_s", "data_wait_fraction", "peak_memory_mb", "spread_s", "bottleneck", "notes"):
+        assert f" {column} |" in header and column in (sweep / "ab_report.csv").read_text().splitlines()[0]

@@ -326,7 +326,7 @@ def test_the_search_on_planted_measurements():
     assert {s.why for s in out.steps if s.decision == "skipped"} == {"the budget ran out first"}
 
 
-def test_time_to_target_judges_by_epochs_times_epoch_time():
+def test_time_to_target_judges_by_epochs_times_epoch_time(tmp_path):
     """tune.objective=time_to_target on planted runs: a flag that makes epochs 30% faster but needs
     twice the epochs loses (the epoch-time objective keeps it); one that makes epochs slower but
     reaches the target in fewer wins; one that never reaches the target is dropped as such; the
@@ -389,6 +389,16 @@ def test_time_to_target_judges_by_epochs_times_epoch_time():
     assert out.speedup == pytest.approx(4.0 / 3.15, rel=0.02) and out.speedup_ci[0] > 1.0, out
     assert "fastest configuration to val_acc 0.900: ema=true" in out.verdict
     assert [c[0] for c in calls].count("verify") == 1  # the baseline's training is its time to target
+    # every probe trained with one seed: the verdict and the report say what the interval holds
+    assert "judged on one seed: the interval holds timing noise only" in out.verdict
+    assert "repeats=N repeat_seeds=true" in out.verdict
+    from trainer.tune.output import write_report
+
+    write_report(tmp_path, [], out, "test machine", cfg, 60.0)
+    with open(tmp_path / "tune_report.csv") as f:
+        holds = {row["candidate"]: row["speedup_ci_holds"] for row in csv.DictReader(f)}
+    assert holds["ema"] == holds["fast"] == holds["final"] == "timing only", holds
+    assert "Judged on one seed: the interval holds timing noise only" in (tmp_path / "tune_report.md").read_text()
 
     # reaching the target is the guard, also when measured again: a winner whose final run misses it stays out
     calls.clear()
@@ -501,7 +511,7 @@ def test_progressive_resize_and_ema_are_offered_only_when_judged_by_the_time_to_
 
 
 def test_decode_scale_is_offered_for_every_format_that_decodes_jpegs():
-    for data in ("imagefolder", "builtin", "parquet", "webdataset"):
+    for data in ("imagefolder", "builtin", "imagenette", "parquet", "webdataset"):
         assert "decode_scale" in _offered("epoch_time", data)[0], data
     offered, why_not = _offered("epoch_time", "synthetic")
     assert "decode_scale" not in offered and why_not["decode_scale"] == "data=synthetic decodes no images"

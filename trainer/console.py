@@ -158,3 +158,139 @@ def status_line(num: Any, overrides: Iterable[str], result: Dict[str, Any], out_
     if result.get("already_finished"):
         parts.append("already finished, unchanged")
     return f"{label}: " + ", ".join(parts)
+
+
+# The A/B table a sweep prints: the columns a person compares at a glance, no wider than this
+# (ab_report.md and ab_report.csv keep every column and note)
+TABLE_WIDTH = 120
+_GAP = "  "
+_NBSP = "\xa0"  # joins the parts of a cell that must not be wrapped apart ("1.36x [1.34-1.43]")
+_DROP = re.compile(r"ACCURACY DROP [+-][\d.]+")
+
+
+def ab_table(rows: List[Dict[str, Any]], varied: List[str], base_job: Optional[str], width: int = TABLE_WIDTH) -> str:
+    """The A/B report's rows (``trainer.report.build_rows``) as a plain-text table at most ``width``
+    columns wide: the job, its configuration (what differs from the baseline), epoch time and
+    speed-up with its interval, val_acc, time to target with its speed-up and interval, and the
+    verdict (a failure or an accuracy drop first, then the doctor's bottleneck). A speed-up whose
+    interval contains 1.00x says "within noise"; one without an interval says why ("(1 run)"), so
+    no unjudged ratio reads like a judged one. Long cells wrap within their column."""
+    base = next((r for r in rows if r.get("job") == base_job), None)
+    to_target = any("time_to_target_s" in r for r in rows)
+    headers = ["job", "configuration", "epoch\ntime", "epoch\nspeed-up", "val_acc"]
+    if to_target:
+        headers += ["time to\ntarget", "speed-up\nto target", "interval\nholds"]
+    headers.append("verdict")
+    table = [headers]
+    for row in rows:
+        ok = row.get("status") == "ok"
+        cells = [
+            str(row.get("job", "")),
+            _configuration(row, varied, base),
+            _seconds(row.get("epoch_time_s")) if ok else "-",
+            _ratio(row.get("speedup"), row.get("speedup_ci"), row is base, "(not judged)"),
+            f"{row['val_acc']:.3f}" if row.get("val_acc") is not None else "-",
+        ]
+        if to_target:
+            reached = row.get("time_to_target_s")
+            cells += [
+                (_seconds(reached) + f", {row['epochs_to_target']:g}{_NBSP}ep" if reached is not None else "")
+                or ("not reached" if ok else "-"),
+                _ratio(row.get("time_to_target_speedup"), row.get("time_to_target_ci"), row is base, one_run(row)),
+                row.get("time_to_target_ci_holds") or "-",
+            ]
+        cells.append(_verdict(row))
+        table.append(cells)
+    return _layout(table, width, flexible=(1, len(headers) - 1, 0), right=(2, 4))
+
+
+def one_run(row: Dict[str, Any]) -> str:
+    """How a time-to-target ratio without an interval is marked: which side ran once."""
+    return "(1 run)" if (row.get("repeats") or 1) == 1 else "(baseline: 1 run)"
+
+
+def _configuration(row: Dict[str, Any], varied: List[str], base: Optional[Dict[str, Any]]) -> str:
+    """The row's varied settings; for a row other than the baseline, only those that differ from it."""
+    keys = [k for k in varied if base is None or row is base or row.get(k) != base.get(k)]
+    if not keys:
+        return "as the baseline"
+    return " ".join(f"{k}={_value(row.get(k))}" for k in keys)
+
+
+def _value(value: Any) -> str:
+    """A setting as the command line gives it; a path by its last part (ab_report.md has it whole)."""
+    if value is None:
+        return "null"
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    return "…/" + text.rstrip("/").rsplit("/", 1)[-1] if "/" in text.rstrip("/") else text
+
+
+def _seconds(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.3f}{_NBSP}s" if value < 10 else f"{value:.1f}{_NBSP}s"
+
+
+def _ratio(value: Optional[float], ci: Optional[str], is_base: bool, unjudged: str) -> str:
+    """A speed-up as judged: with its interval, "within noise" when that contains 1.00x, or marked unjudged."""
+    if is_base:
+        return "baseline"
+    if value is None:
+        return "-"
+    if not ci:
+        return f"{value:.2f}x{_NBSP}{unjudged.replace(' ', _NBSP)}"
+    low, high = (float(x) for x in ci.split("-"))
+    text = f"{value:.2f}x{_NBSP}[{low:.2f}-{high:.2f}]"
+    return text + (" within noise" if low <= 1.0 <= high else "")
+
+
+def _verdict(row: Dict[str, Any]) -> str:
+    if row.get("status") != "ok":
+        error = str(row.get("error") or row.get("status") or "failed")
+        return "FAILED: " + (error if len(error) <= 60 else error[:59] + "…")  # whole in ab_report.md
+    parts = _DROP.findall(row.get("notes") or "")
+    if row.get("bottleneck"):
+        parts.append(str(row["bottleneck"]))
+    return "; ".join(parts) or "-"
+
+
+def _layout(table: List[List[str]], width: int, flexible: tuple, right: tuple = ()) -> str:
+    """Rows of cells as aligned text no wider than ``width``: every column as wide as its longest
+    cell, then the ``flexible`` ones (in that order), then any, narrowed until the table fits; a cell
+    wider than its column wraps onto more lines."""
+    import textwrap
+
+    columns = [[line for cell in column for line in cell.split("\n")] for column in zip(*table)]
+    natural = [max(len(line) for line in column) for column in columns]
+    # the longest part that does not wrap (words, split at plain spaces only: not at _NBSP)
+    shortest = [max(len(word) for line in column for word in line.split(" ")) for column in columns]
+    widths = list(natural)
+    budget = width - len(_GAP) * (len(widths) - 1)
+
+    def narrow(order, floor) -> None:
+        for i in order:
+            excess = sum(widths) - budget
+            if excess <= 0:
+                return
+            widths[i] -= max(0, min(excess, widths[i] - floor(i)))
+
+    narrow(flexible, lambda i: max(shortest[i], {1: 20, 0: 8}.get(i, 16)))
+    fixed = [i for i in range(len(widths)) if i not in flexible]
+    while sum(widths) > budget and any(widths[i] > shortest[i] for i in fixed):
+        # wrap as few columns as it takes: the one with the most room first, as far as needed
+        roomiest = max(fixed, key=lambda i: widths[i] - shortest[i])
+        widths[roomiest] -= min(sum(widths) - budget, widths[roomiest] - shortest[roomiest])
+    narrow(flexible, lambda i: shortest[i])
+    narrow(flexible, lambda i: 6)  # words broken: a configuration of one very long key=value
+    narrow(range(len(widths)), lambda i: 3)
+    lines = []
+    for n, cells in enumerate(table):
+        wrapped = [
+            [part for line in cell.split("\n") for part in textwrap.wrap(line, w, break_on_hyphens=False)] or [""]
+            for cell, w in zip(cells, widths)
+        ]
+        for k in range(max(len(parts) for parts in wrapped)):
+            texts = [(parts[k] if k < len(parts) else "").replace(_NBSP, " ") for parts in wrapped]
+            padded = [t.rjust(w) if i in right and n else t.ljust(w) for i, (t, w) in enumerate(zip(texts, widths))]
+            lines.append(_GAP.join(padded).rstrip())
+        if n == 0:
+            lines.append(_GAP.join("-" * w for w in widths))
+    return "\n".join(lines) + "\n"

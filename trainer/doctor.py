@@ -193,10 +193,10 @@ def _reads_object_store(data: Dict[str, Any]) -> bool:
 
 def decode_suggestions(data: Dict[str, Any], cuda: bool) -> List[str]:
     """Cheaper per-sample loading for encoded images: a faster decoder, GPU decode, or no decode at all."""
-    if data.get("name") not in ("imagefolder", "builtin", "parquet", "webdataset"):
+    if data.get("name") not in ("imagefolder", "builtin", "imagenette", "parquet", "webdataset"):
         return []
     out = []
-    files = data.get("name") in ("imagefolder", "builtin")  # nvjpeg decodes image files (not shard bytes)
+    files = data.get("name") in ("imagefolder", "builtin", "imagenette")  # nvjpeg decodes image files (not shard bytes)
     if cuda and files and data.get("decoder") != "nvjpeg":
         out.append("data.decoder=nvjpeg")
     elif (not cuda or not files) and data.get("decoder") in ("pil", None):

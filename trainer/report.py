@@ -26,6 +26,7 @@ import os
 import random
 import statistics
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -41,8 +42,9 @@ ACC_DROP_THRESHOLD = 0.02  # absolute val_acc drop vs baseline that marks a row
 # speedup whose interval contains 1.00x is "within noise". Seeded, so a report rebuilds identically.
 BOOTSTRAP_RESAMPLES = 2000
 CONFIDENCE = 0.95
-# keys that say which repetition a job is, not what it runs: jobs differing only in them fold into one row
-REPEAT_KEYS = ("seed", "repeat")
+# keys that say which repetition a job is (and how the repeats were made), not what it runs: jobs
+# differing only in them fold into one row
+REPEAT_KEYS = ("seed", "repeat", "repeat_seeds")
 FEW_STEPS = 10  # fewer steps per epoch than this: timing is dominated by per-epoch overheads
 REPORT_NAMES = ("ab_report.md", "ab_report.csv", "ab_report.png")
 # overrides that are not settings of the job (where it writes, which job it is)
@@ -83,6 +85,10 @@ class Row:
     @property
     def settings(self) -> Dict[str, Any]:
         return self.first.settings
+
+    def seeds(self) -> int:
+        """How many different seeds the row's runs trained with (a job given no seed= ran its config's)."""
+        return len({json.dumps(j.settings.get("seed", _off_value("seed")), default=str) for j in self.jobs})
 
     def samples(self) -> List[List[float]]:
         """Steady epoch times per repeat (repeats with none left out)."""
@@ -414,6 +420,8 @@ def build_rows(
             status=m.get("status", "failed"),
             notes="; ".join(notes),
         )
+        if not row.ok:  # not a column (notes has it): the console's verdict names it alone
+            record["error"] = str(m.get("error") or m.get("status") or "failed")
         for key in optional:
             record[key] = row.median_of(key) if row.ok else None
         out.append(record)
@@ -421,7 +429,19 @@ def build_rows(
     return columns, out, base
 
 
-TIME_TO_TARGET_COLUMNS = ["time_to_target_s", "epochs_to_target", "time_to_target_speedup", "time_to_target_ci"]
+TIME_TO_TARGET_COLUMNS = [
+    "time_to_target_s",
+    "epochs_to_target",
+    "time_to_target_speedup",
+    "time_to_target_ci",
+    "time_to_target_ci_holds",
+]
+# what a row's time_to_target_ci holds (time_to_target_ci_holds): the variation of the seeds (the row
+# and the baseline each ran several), timing noise only (runs of one seed learn alike: they reach the
+# target in the same epoch), or nothing: a single run on either side has no interval, its ratio not judged
+SEEDS, TIMING_ONLY, NOT_JUDGED = "seeds", "timing only", "not judged"
+# how to get a judged row in one command (said where a row's ratio is not judged across seeds)
+SEEDED_REPEATS = "repeats=N repeat_seeds=true"
 
 
 def target(base: Optional[Row], target_acc: Any, tolerance: float) -> tuple:
@@ -442,13 +462,30 @@ def _add_time_to_target(columns: List[str], rows: List[Row], out: List[dict], ba
             record.update(dict.fromkeys(TIME_TO_TARGET_COLUMNS))
             continue
         found = ttt.row_columns(base_runs, [j.metrics.get("epochs") or [] for j in row.jobs], goal, row is base)
-        note = found.pop("note")
+        notes = [found.pop("note")]
         record.update(found)
         ci = found["time_to_target_ci"]
+        record["time_to_target_ci_holds"] = holds = ci_holds(base, row, found["time_to_target_speedup"], ci)
         if ci and float(ci.split("-")[0]) <= 1.0 <= float(ci.split("-")[1]):
-            note = "time to target within noise"
-        if note:
-            record["notes"] = "; ".join(n for n in (record["notes"], note) if n)
+            notes.append("time to target within noise")
+        if holds == TIMING_ONLY:
+            notes.append(
+                "time to target judged on one seed: its interval holds timing noise only "
+                f"({SEEDED_REPEATS} gives each repeat its own seed)"
+            )
+        elif holds == NOT_JUDGED:
+            notes.append(f"time to target not judged: one run has no interval ({SEEDED_REPEATS} judges it)")
+        record["notes"] = "; ".join(n for n in (record["notes"], *notes) if n)
+
+
+def ci_holds(base: Row, row: Row, speedup: Optional[float], ci: Optional[str]) -> Optional[str]:
+    """What a row's time-to-target interval holds: SEEDS, TIMING_ONLY, NOT_JUDGED (a ratio without an
+    interval), or None where there is no ratio to judge (the baseline, a row that missed the target)."""
+    if row is base or speedup is None:
+        return None
+    if not ci:
+        return NOT_JUDGED
+    return SEEDS if base.seeds() > 1 and row.seeds() > 1 else TIMING_ONLY
 
 
 def _epoch_samples(job: Job) -> Optional[int]:
@@ -470,7 +507,12 @@ def to_markdown(columns: List[str], rows: List[dict]) -> str:
     out.write("| " + " | ".join(columns) + " |\n")
     out.write("|" + "|".join(" --- " for _ in columns) + "|\n")
     for row in rows:
-        out.write("| " + " | ".join(_fmt(row.get(c), c).replace("|", "/") for c in columns) + " |\n")
+        cells = [_fmt(row.get(c), c) for c in columns]
+        if row.get("time_to_target_ci_holds") == NOT_JUDGED and "time_to_target_speedup" in columns:
+            from .console import one_run  # a ratio without an interval: not judged, and marked so
+
+            cells[columns.index("time_to_target_speedup")] += " " + one_run(row)
+        out.write("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |\n")
     return out.getvalue()
 
 
@@ -485,8 +527,6 @@ def to_csv(columns: List[str], rows: List[dict]) -> str:
 
 def _label(row: dict, varied: List[str]) -> str:
     """A readable bar label: the varied settings of this row (paths shortened), wrapped."""
-    import textwrap
-
     parts = []
     for k in varied:
         value = row.get(k)
@@ -497,6 +537,15 @@ def _label(row: dict, varied: List[str]) -> str:
             text = "…/" + text.rstrip("/").rsplit("/", 1)[-1]
         parts.append(f"{k}={text}")
     return "\n".join(textwrap.wrap(", ".join(parts), 48)) if parts else row["job"]
+
+
+def shown_keys(columns: List[str], rows: List[dict]) -> List[str]:
+    """The settings that tell the rows apart (the chart's labels, the console's configuration)."""
+    return [
+        c
+        for c in columns[1 : columns.index("epoch_time_s")]
+        if c != "repeats" and (c != "world_size" or len({r.get(c) for r in rows}) > 1)
+    ]
 
 
 def chart(jobs: List[Job], columns: List[str], rows: List[dict], goal: Optional[float] = None):
@@ -511,11 +560,7 @@ def chart(jobs: List[Job], columns: List[str], rows: List[dict], goal: Optional[
         folded = fold_repeats(jobs, varied_keys(jobs))  # the rows of build_rows, in the same order
         curves = [ttt.curve(row.first.metrics.get("epochs") or []) for row in folded]
 
-    varied = [
-        c
-        for c in columns[1 : columns.index("epoch_time_s")]
-        if c != "repeats" and (c != "world_size" or len({r.get(c) for r in rows}) > 1)
-    ]
+    varied = shown_keys(columns, rows)
     labels = [_label(r, varied) for r in rows]
     times = [r["epoch_time_s"] or 0.0 for r in rows]
     lines = sum(max(1, label.count("\n") + 1) for label in labels)
@@ -600,7 +645,10 @@ def _header(jobs: List[Job], base: Optional[Row], how: str) -> str:
         f"Time to accuracy: {how}; time_to_target_s is the training time (validation apart, warm-up and compile "
         f"included) until the first epoch whose val_acc reaches it, epochs_to_target that epoch's count, "
         f"time_to_target_speedup the baseline's time over the row's (time_to_target_ci: a bootstrap over repeats; "
-        f"none without repeats). A row faster per epoch can be slower to the target.\n\n"
+        f"none without repeats). time_to_target_ci_holds says what that interval holds: '{SEEDS}' where the row and "
+        f"the baseline each ran several seeds (a seed sweep, or {SEEDED_REPEATS}), '{TIMING_ONLY}' where one side's "
+        f"runs share one seed (they learn alike, so the seeds' say in how many epochs it takes is not in it), "
+        f"'{NOT_JUDGED}' where a single run leaves no interval. A row faster per epoch can be slower to the target.\n\n"
     )
 
 
@@ -637,16 +685,51 @@ def write_report(
     except Exception as e:  # the chart is a convenience; the table is the product
         log.warning("could not draw ab_report.png: %s", e)
     if echo:
+        from .console import TABLE_WIDTH, ab_table
+
         verdicts = verdict_lines(jobs)
+        base_job = base.name if base else None
+        said = "".join("\n" + textwrap.fill(line, TABLE_WIDTH) for line in judgement_notes(rows, base_job))
         print(
             "\n"
-            + to_markdown(columns, rows)
+            + ab_table(rows, shown_keys(columns, rows), base_job)
+            + (said + "\n" if said else "")
             + missing
             + ("\n" + "\n".join(verdicts) + "\n" if verdicts else "")
             + f"\nreport: {out / 'ab_report.md'} (table), {out / 'ab_report.csv'}, chart: {out / 'ab_report.png'}\n",
             flush=True,
         )
     return markdown
+
+
+def judgement_notes(rows: List[dict], base_job: Optional[str]) -> List[str]:
+    """What the console table's marks mean, said under it where a row carries one."""
+
+    def named(holds: str) -> List[str]:
+        return [r["job"] for r in rows if r.get("time_to_target_ci_holds") == holds]
+
+    out = []
+    unjudged = [
+        r["job"] for r in rows if r["job"] != base_job and r.get("speedup") is not None and not r.get("speedup_ci")
+    ]
+    if unjudged:
+        out.append(
+            f"speed-up (not judged), job(s) {', '.join(unjudged)}: fewer than 2 steady epochs on a side, "
+            "so no interval; train more epochs."
+        )
+    if named(NOT_JUDGED):
+        out.append(
+            f"speed-up to target (1 run), job(s) {', '.join(named(NOT_JUDGED))}: not judged, a single run (of the row "
+            f"or of the baseline) has no interval; {SEEDED_REPEATS} runs each configuration N times, each with its "
+            "own seed, and judges it."
+        )
+    if named(TIMING_ONLY):
+        out.append(
+            f"speed-up to target, job(s) {', '.join(named(TIMING_ONLY))}: judged on one seed, so the interval holds "
+            "timing noise only, not the seeds' say in how many epochs the target takes; "
+            f"{SEEDED_REPEATS} gives each repeat its own seed."
+        )
+    return out
 
 
 def verdict_lines(jobs: List[Job]) -> List[str]:

@@ -32,7 +32,7 @@ ORDER = {
     "compute": [COMPUTE, MEMORY, INPUT, TRANSFER],
 }
 
-IMAGE_FILES = ("imagefolder", "builtin")  # data that is decoded from JPEG/PNG files
+IMAGE_FILES = ("imagefolder", "builtin", "imagenette")  # data that is decoded from JPEG/PNG files
 ENCODED = IMAGE_FILES + ("parquet", "webdataset")  # encoded images, in files or in shards
 
 
