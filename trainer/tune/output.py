@@ -20,6 +20,7 @@ from typing import Any, List
 
 from ..errors import ConfigError
 from ..metrics import atomic_write_text
+from ..report import NOT_JUDGED, SEEDED_REPEATS, TIMING_ONLY
 from .search import Outcome, Step
 
 COLUMNS = [
@@ -34,6 +35,7 @@ COLUMNS = [
     "compile_s",
     "speedup",
     "speedup_ci",
+    "speedup_ci_holds",
     "vs_baseline",
     "val_acc",
     "time_to_target_s",
@@ -55,12 +57,21 @@ def _row(step: Step) -> dict:
         "compile_s": None if not step.compile_s else round(step.compile_s, 2),
         "speedup": None if step.speedup is None else round(step.speedup, 3),
         "speedup_ci": f"{step.speedup_ci[0]:.3f}-{step.speedup_ci[1]:.3f}" if step.speedup_ci else None,
+        "speedup_ci_holds": _holds(step),
         "vs_baseline": None if step.vs_baseline is None else round(step.vs_baseline, 3),
         "val_acc": None if step.val_acc is None else round(step.val_acc, 4),
         "time_to_target_s": None if step.time_to_target_s is None else round(step.time_to_target_s, 3),
         "epochs_to_target": step.epochs_to_target,
         "dir": step.dir,
     }
+
+
+def _holds(step: Step) -> str | None:
+    """What a probe's interval holds, in the A/B report's words (time_to_target_ci_holds): every probe
+    trains with the configuration's one seed, so timing noise only; a speed-up without one is not judged."""
+    if step.speedup is None:
+        return None
+    return TIMING_ONLY if step.speedup_ci else NOT_JUDGED
 
 
 def command_line(user: List[str], winner: List[str]) -> str:
@@ -146,8 +157,10 @@ def _probes_text(outcome: Outcome, tune_cfg: Any) -> str:
             "that epoch, warm-up and compile included, validation apart. One that never reaches it is dropped. "
             + kept
             + " "
-            "The interval holds timing noise (the epochs after the warm-up resampled), not the seed's: every probe trains "
-            "with the configuration's seed."
+            f"Judged on one seed: the interval holds timing noise only (speedup_ci_holds: {TIMING_ONLY}; the epochs after "
+            "the warm-up resampled), not the seeds' say in how many epochs the target takes, since every probe trains "
+            "with the configuration's seed. To judge the winner across seeds, sweep it against the configuration as "
+            f"given with {SEEDED_REPEATS} (python train.py -m ...)."
         )
     return (
         f"Probes: {tune_cfg.probe_epochs} epochs of {tune_cfg.probe_batches} steps each, the first a warm-up; times are scaled to "

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import ConfigError
-from ..report import speedup_interval
+from ..report import SEEDED_REPEATS, speedup_interval
 from ..time_to_target import resolve_target, to_target_interval
 from .candidates import EPOCHS, EXTRA, ORDER, Candidate, Context, settings_of
 from .probe import Result
@@ -514,7 +514,8 @@ def verdict_text(o: Outcome, cfg: Any) -> str:
         )
     if not o.winner and o.target is not None:
         return (
-            f"keep the configuration as given: no candidate reached val_acc {o.target:.3f} measurably sooner"
+            f"keep the configuration as given: no candidate reached val_acc {o.target:.3f} measurably sooner "
+            "(judged on one seed, timing noise only)"
             + (" (the budget ran out before every candidate was tried)" if o.budget_hit else "")
             + "."
         )
@@ -527,7 +528,9 @@ def verdict_text(o: Outcome, cfg: Any) -> str:
     if o.target is not None:
         return (
             f"fastest configuration to val_acc {o.target:.3f}: {' '.join(o.winner)}: {o.speedup:.2f}x{_fmt_ci(o.speedup_ci)} "
-            f"time to target vs the configuration as given (compile included; the interval holds timing noise, one seed)"
+            f"time to target vs the configuration as given (compile included), judged on one seed: the interval holds "
+            f"timing noise only, not the seeds' say in how many epochs it takes (a sweep of both with {SEEDED_REPEATS} "
+            "judges it across seeds)"
             + ("; the budget ran out before every candidate was tried" if o.budget_hit else "")
             + "."
         )
