@@ -70,6 +70,23 @@ def test_rows_baseline_speedup_noise_accuracy_and_failure(tmp_path):
     assert "warm-up only" in by["10"]["notes"]
 
 
+def test_a_copy_of_metrics_json_inside_a_run_dir_is_not_a_row(tmp_path):
+    """W&B keeps a copy of each attempt's metrics.json under <run dir>/wandb/*/files/: the run dir's
+    own file is its row, and nothing below it is another."""
+    sweep = tmp_path / "sweep"
+    for name, flags, times in (("0", {}, [3.0, 2.0, 2.0]), ("1", {"amp": True}, [3.0, 1.0, 1.0])):
+        job = _job(sweep, name, flags, times)
+        for attempt in ("offline-run-a", "offline-run-b"):
+            copy = job / "wandb" / attempt / "files"
+            copy.mkdir(parents=True)
+            (copy / "metrics.json").write_text((job / "metrics.json").read_text())
+    _job(sweep / "nested", "2", {"channels_last": True}, [3.0, 2.0, 2.0])  # a run dir deeper in the sweep dir
+    found = report.find_metrics([str(sweep)])
+    assert [str(p.relative_to(sweep)) for p in found] == ["0/metrics.json", "1/metrics.json", "nested/2/metrics.json"]
+    _, rows, _ = report.build_rows(report.load_jobs([str(sweep)]))
+    assert len(rows) == 3
+
+
 def test_an_accuracy_drop_within_the_val_sets_sampling_noise_is_not_called_a_drop(tmp_path):
     # 0.80 vs 0.75: on 150 val samples each that is about 1 standard error (noise +-0.094);
     # on 5000 samples it is far outside the noise (+-0.016)

@@ -177,6 +177,7 @@ def test_a_stopped_sweep_finished_later_reaches_mlflow_wandb_and_csv_as_one_swee
     table = json.loads((report_file.parent / "files" / table_path).read_text())
     header, *rows = _csv_table(sweep / "ab_report.csv")
     assert table["columns"] == header and rows and table["data"] == rows
+    assert len(rows) == 2  # one per job: W&B's copies of metrics.json inside the run dirs are not rows
 
 
 def _csv_table(path: Path) -> list:

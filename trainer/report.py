@@ -124,16 +124,25 @@ def accuracy_noise(base_acc: float, base_n: Optional[int], acc: float, n: Option
 
 
 def find_metrics(dirs: Sequence[str]) -> List[Path]:
-    """metrics.json files in the given run dirs or sweep dirs (any depth), in a stable order."""
+    """metrics.json files in the given run dirs or sweep dirs (any depth), in a stable order.
+
+    A dir that holds a metrics.json is a run dir: nothing below it is searched, because what lies
+    there is the run's own (W&B keeps a copy of metrics.json under ``wandb/*/files/``, one per
+    attempt, which would otherwise be rows of their own)."""
+    import os
+
     found: List[Path] = []
     for d in dirs:
         p = Path(d)
         if p.is_file() and p.name == "metrics.json":
             found.append(p)
-        elif (p / "metrics.json").is_file():
-            found.append(p / "metrics.json")
-        elif p.is_dir():
-            found.extend(sorted(p.rglob("metrics.json"), key=lambda q: _natural_key(q.relative_to(p))))
+            continue
+        runs = []
+        for root, subdirs, files in os.walk(p):
+            if "metrics.json" in files:
+                runs.append(Path(root) / "metrics.json")
+                subdirs[:] = []  # the run's own files
+        found.extend(sorted(runs, key=lambda q: _natural_key(q.relative_to(p))))
     return found
 
 
