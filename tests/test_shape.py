@@ -65,7 +65,7 @@ def test_help_lists_every_flag_from_its_schema_field(monkeypatch):
     from trainer.compose import flags_help
 
     text = flags_help()
-    for key in config.FLAG_KEYS:
+    for key in (*config.FLAG_KEYS, "repeats", "repeat_seeds", "report.val_per_epoch"):
         assert f"  {key}=" in text, key
     assert "amp_dtype=auto [auto | bf16 | fp16]  amp's dtype" in text
     field_ = config.SCHEMA_FIELDS["channels_last"]

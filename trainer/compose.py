@@ -30,6 +30,9 @@ def prepare_hydra() -> None:
     OmegaConf.register_new_resolver("trainer_flags_help", flags_help, replace=True)
 
 
+SWEEP_KEYS = ("repeats", "repeat_seeds", "report.target_acc", "report.val_per_epoch")  # how a sweep is judged
+
+
 def flags_help() -> str:
     """``train.py --help``'s list of flags: each key's default, allowed values and help, from the schema."""
     from .config import CHOICES, OPTIMIZATION_FLAGS, RUN_SETTINGS, SCHEMA_FIELDS, help_text
@@ -38,7 +41,12 @@ def flags_help() -> str:
         return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
     lines = []
-    for title, keys in (("optimizations (the switchboard)", OPTIMIZATION_FLAGS), ("run settings", RUN_SETTINGS)):
+    sections = (
+        ("optimizations (the switchboard)", OPTIMIZATION_FLAGS),
+        ("run settings", RUN_SETTINGS),
+        ("sweeps (with -m)", SWEEP_KEYS),
+    )
+    for title, keys in sections:
         lines.append(f"{title}:")
         for key in keys:
             default = SCHEMA_FIELDS[key].default
