@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import tempfile
@@ -23,12 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-def cpu_kind() -> str:
-    from trainer.hardware import _cpu_flags
-
-    flags = _cpu_flags()
-    return "AVX512-BF16/AMX" if flags & {"avx512_bf16", "amx_bf16"} else ("AVX2 only" if "avx2" in flags else "other")
+from trainer.hardware import machine_record  # noqa: E402
 
 
 def images_per_s(files, decoder: str, image_size: int, scale: str, seconds: float) -> float:
@@ -85,8 +79,7 @@ def main() -> None:
                     )
                     print(rows[-1], flush=True)
     machine = {
-        "cpu": platform.processor() or platform.machine(),
-        "cpu_kind": cpu_kind(),
+        **machine_record(),
         "python": sys.version.split()[0],
     }
     out = Path(args.out)

@@ -34,6 +34,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from trainer.hardware import machine_record  # noqa: E402
+
 RUN = [
     "compile=true",
     "model.width=16",
@@ -44,18 +48,6 @@ RUN = [
     "checkpoint.enabled=false",
     "monitor.enabled=false",
 ]
-
-
-def _cpu_kind() -> str:
-    flags = set()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    return "AVX512-BF16/AMX" if flags & {"avx512_bf16", "amx_bf16"} else ("AVX2 only" if "avx2" in flags else "other")
 
 
 def _run(args, out: Path) -> dict:
@@ -126,9 +118,8 @@ def main(argv=None) -> int:
         "what": "the batch-32 job of `train.py -m compile=true data.batch_size=16,32` vs the same job alone; rounds interleaved, the first not counted",
         "command": ["train.py", *RUN],
         "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cpu_kind": _cpu_kind(),
-            "cores": len(os.sched_getaffinity(0)),
+            **machine_record(),
+            "usable_cores": len(os.sched_getaffinity(0)),
             "python": platform.python_version(),
             "date": datetime.date.today().isoformat(),
         },

@@ -34,14 +34,11 @@ PY
 mkdir -p "$out"
 cp "$tmp/sweep"/ab_report.{md,csv,png} "$out/"
 "$PY" - "$tmp/sweep" "$out" <<'PY'
-import glob, json, os, platform, shutil, sys
+import glob, json, os, shutil, sys
 sys.path.insert(0, ".")
-from trainer.hardware import _cpu_flags
+from trainer.hardware import machine_record
 sweep, out = sys.argv[1], sys.argv[2]
-flags = _cpu_flags()
-kind = "AVX512-BF16/AMX" if flags & {"avx512_bf16", "amx_bf16"} else ("AVX2 only" if "avx2" in flags else "other")
-model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
-json.dump({"cpu": model, "cpu_kind": kind, "cores": os.cpu_count()}, open(os.path.join(out, "machine.json"), "w"), indent=1)
+json.dump(machine_record(), open(os.path.join(out, "machine.json"), "w"), indent=1)
 # every job's journal, so the report can be rebuilt with another target (python -m trainer.report DIR --target-acc T)
 for path in glob.glob(os.path.join(sweep, "*", "metrics.json")):
     job = os.path.basename(os.path.dirname(path))

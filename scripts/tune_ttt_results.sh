@@ -15,12 +15,9 @@ tmp=$(mktemp -d)
 mkdir -p "$out"
 cp "$tmp/tune"/tune_report.{md,csv,png} "$tmp/tune/best.yaml" "$out/"
 "$PY" - "$out/machine.json" <<'PY'
-import json, os, platform, sys
+import json, sys
 sys.path.insert(0, ".")
-from trainer.hardware import _cpu_flags
-flags = _cpu_flags()
-kind = "AVX512-BF16/AMX" if flags & {"avx512_bf16", "amx_bf16"} else ("AVX2 only" if "avx2" in flags else "other")
-model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.machine())
-json.dump({"cpu": model, "cpu_kind": kind, "cores": os.cpu_count()}, open(sys.argv[1], "w"), indent=1)
+from trainer.hardware import machine_record
+json.dump(machine_record(), open(sys.argv[1], "w"), indent=1)
 PY
 echo "wrote $out"

@@ -47,15 +47,11 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_report_header(config):
     """The machine in the suite's header: a slow run reads differently on a CPU that emulates bf16."""
-    from trainer.hardware import detect
+    from trainer.hardware import cpu_kind, detect
 
     hw = detect("cpu")
-    bf16 = (
-        "native bf16 (AVX512-BF16/AMX)"
-        if hw.bf16_native
-        else "no native bf16 (AVX2 only: amp tests keep to tiny models)"
-    )
-    return f"machine: {hw.name}, {hw.cpu_cores} usable cores, {bf16}"
+    bf16 = "native bf16" if hw.bf16_native else "no native bf16: amp tests keep to tiny models"
+    return f"machine: {hw.name}, {hw.cpu_cores} usable cores, {cpu_kind()} ({bf16})"
 
 
 @pytest.fixture(autouse=True)

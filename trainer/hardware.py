@@ -56,6 +56,22 @@ def _cpu_name() -> str:
     return platform.processor() or "cpu"
 
 
+def cpu_kind() -> str:
+    """The CPU kind a benchmark's numbers belong to, by what bf16 and wide vector math cost on it:
+    native bf16 (AVX512-BF16 or AMX), AVX512 without bf16 (bf16 emulated), AVX2 only, or other."""
+    flags = _cpu_flags()
+    if flags & {"avx512_bf16", "amx_bf16"}:
+        return "AVX512-BF16/AMX"
+    if "avx512f" in flags:
+        return "AVX512 without BF16"
+    return "AVX2 only" if "avx2" in flags else "other"
+
+
+def machine_record() -> dict:
+    """The machine a benchmark ran on, as its results' machine.json holds it."""
+    return {"cpu": _cpu_name(), "cpu_kind": cpu_kind(), "cores": os.cpu_count()}
+
+
 def usable_cores() -> int:
     """CPU cores this run can keep busy: its affinity mask cut to its cgroup's CPU quota (see sysstats)."""
     from .sysstats import usable_cores as from_affinity_and_quota
