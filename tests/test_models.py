@@ -108,6 +108,17 @@ def test_recipe_models_build_at_smoke_scale(compose):
         assert sum(p.numel() for p in module.parameters()) > n_params
 
 
+def test_model_resnet18_is_torchvisions_resnet18_for_the_datasets_classes(compose):
+    import torchvision
+
+    from trainer.models import build_module
+
+    module = build_module(compose("model=resnet18", "data.num_classes=7"))
+    net = next(m for m in module.modules() if isinstance(m, torchvision.models.ResNet))
+    assert isinstance(net.layer1[0], torchvision.models.resnet.BasicBlock) and net.fc.out_features == 7
+    assert [len(layer) for layer in (net.layer1, net.layer2, net.layer3, net.layer4)] == [2, 2, 2, 2]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["torchvision", "timm"])
 @pytest.mark.whole_machine  # two ranks: one core each

@@ -246,6 +246,7 @@ def test_time_to_target_a_faster_epoch_that_needs_more_epochs_loses_and_a_row_th
     assert (faster["time_to_target_s"], faster["epochs_to_target"]) == (9.0, 6)
     assert faster["time_to_target_speedup"] == pytest.approx(8.0 / 9.0, abs=1e-3)  # ... time to target does not
     assert never["time_to_target_s"] is None and "target not reached" in never["notes"]
+    assert baseline["val_share"] is None  # these planted runs recorded no validation time
     # an explicit target
     _, rows, _ = report.build_rows(report.load_jobs([str(sweep)]), target_acc=0.75)
     assert [r["time_to_target_s"] for r in rows] == [6.0, 7.5, 10.8]
@@ -279,6 +280,25 @@ def test_time_to_target_a_faster_epoch_that_needs_more_epochs_loses_and_a_row_th
     drawn.clear()
     report.write_report([str(sweep)], str(sweep), echo=False, target_acc="off")
     assert len(drawn[0].axes) == 1
+
+
+def test_validation_share_is_reported_beside_the_time_to_target_it_is_kept_out_of(tmp_path):
+    sweep = tmp_path / "sweep"
+    _job(sweep, "0", {}, [2.0] * 4, accs=[0.5, 0.7, 0.9, 0.9])
+    _job(sweep, "1", {"amp": True}, [1.0] * 4, accs=[0.5, 0.7, 0.9, 0.9])
+    for job, val_s in (("0", 0.5), ("1", 1.0)):  # each epoch validated in 0.5 s / 1.0 s
+        path = sweep / job / "metrics.json"
+        m = json.loads(path.read_text())
+        for epoch in m["epochs"]:
+            epoch["val_time_s"] = val_s
+        path.write_text(json.dumps(m))
+    columns, rows, _ = report.build_rows(report.load_jobs([str(sweep)]), target_acc=0.9)
+    assert "val_share" in columns
+    assert rows[0]["val_share"] == pytest.approx(0.5 / 2.5) and rows[1]["val_share"] == pytest.approx(0.5)
+    # validation stays out of the time to target: 3 epochs of training each
+    assert (rows[0]["time_to_target_s"], rows[1]["time_to_target_s"]) == (6.0, 3.0)
+    md = report.write_report([str(sweep)], str(sweep), echo=False, target_acc=0.9)
+    assert "val_share is validation's share" in md and "| 0.500 |" in md
 
 
 def test_time_to_target_speedup_has_an_interval_over_repeats(tmp_path):
@@ -440,7 +460,7 @@ def test_each_row_says_what_its_time_to_target_interval_holds_in_md_csv_and_cons
     assert "| time_to_target_ci | time_to_target_ci_holds |" in md
     assert "'seeds' where the row and the baseline each ran several seeds" in md  # the header says how
     assert [
-        line.split(" | ")[0] + " | " + line.split(" | ")[-4] for line in md.splitlines() if line[2:3].isdigit()
+        line.split(" | ")[0] + " | " + line.split(" | ")[-5] for line in md.splitlines() if line[2:3].isdigit()
     ] == [
         "| 0,2,4 | -",
         "| 1,3,5 | seeds",

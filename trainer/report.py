@@ -313,6 +313,7 @@ _DIGITS = {
     "mfu": 3,
     "time_to_target_s": 2,
     "time_to_target_speedup": 2,
+    "val_share": 3,
 }
 
 
@@ -444,6 +445,7 @@ TIME_TO_TARGET_COLUMNS = [
     "time_to_target_speedup",
     "time_to_target_ci",
     "time_to_target_ci_holds",
+    "val_share",
 ]
 # what a row's time_to_target_ci holds (time_to_target_ci_holds): the variation of the seeds (the row
 # and the baseline each ran several), timing noise only (runs of one seed learn alike: they reach the
@@ -473,6 +475,8 @@ def _add_time_to_target(columns: List[str], rows: List[Row], out: List[dict], ba
         found = ttt.row_columns(base_runs, [j.metrics.get("epochs") or [] for j in row.jobs], goal, row is base)
         notes = [found.pop("note")]
         record.update(found)
+        shares = [s for s in (val_share(j.metrics.get("epochs") or []) for j in row.jobs) if s is not None]
+        record["val_share"] = round(statistics.median(shares), 4) if shares else None
         ci = found["time_to_target_ci"]
         record["time_to_target_ci_holds"] = holds = ci_holds(base, row, found["time_to_target_speedup"], ci)
         if ci and float(ci.split("-")[0]) <= 1.0 <= float(ci.split("-")[1]):
@@ -485,6 +489,16 @@ def _add_time_to_target(columns: List[str], rows: List[Row], out: List[dict], ba
         elif holds == NOT_JUDGED:
             notes.append(f"time to target not judged: one run has no interval ({SEEDED_REPEATS} judges it)")
         record["notes"] = "; ".join(n for n in (record["notes"], *notes) if n)
+
+
+def val_share(epochs: List[dict]) -> Optional[float]:
+    """Validation's share of a run's training plus validation time: what validating during training
+    (``report.val_per_epoch`` more so) costs beside the time to target, which leaves it out."""
+    if not any("val_time_s" in e for e in epochs):
+        return None  # not recorded (a journal older than the column)
+    val = sum(e.get("val_time_s") or 0.0 for e in epochs)
+    train = sum(e.get("time_s") or 0.0 for e in epochs)
+    return val / (train + val) if train + val > 0 else None
 
 
 def ci_holds(base: Row, row: Row, speedup: Optional[float], ci: Optional[str]) -> Optional[str]:
@@ -657,7 +671,9 @@ def _header(jobs: List[Job], base: Optional[Row], how: str) -> str:
         f"none without repeats). time_to_target_ci_holds says what that interval holds: '{SEEDS}' where the row and "
         f"the baseline each ran several seeds (a seed sweep, or {SEEDED_REPEATS}), '{TIMING_ONLY}' where one side's "
         f"runs share one seed (they learn alike, so the seeds' say in how many epochs it takes is not in it), "
-        f"'{NOT_JUDGED}' where a single run leaves no interval. A row faster per epoch can be slower to the target.\n\n"
+        f"'{NOT_JUDGED}' where a single run leaves no interval. val_share is validation's share of the run's "
+        f"training plus validation time (what it costs to watch the accuracy; time to target leaves it out). "
+        f"A row faster per epoch can be slower to the target.\n\n"
     )
 
 

@@ -105,7 +105,7 @@ def reach(epochs: List[Dict[str, Any]], target: float) -> Optional[Tuple[float, 
     ordered = sorted(epochs, key=lambda e: e["epoch"])
     for elapsed, epochs_so_far, acc in validations(ordered):
         if reaches(acc, target):
-            return round(elapsed, 4), epochs_so_far
+            return round(elapsed, 4), round(epochs_so_far, 2)
     return None
 
 
