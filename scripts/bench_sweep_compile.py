@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainer.hardware import machine_record  # noqa: E402
+from trainer.hardware import machine_record, usable_cores  # noqa: E402
 
 RUN = [
     "compile=true",
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
         "command": ["train.py", *RUN],
         "machine": {
             **machine_record(),
-            "usable_cores": len(os.sched_getaffinity(0)),
+            "usable_cores": usable_cores(),
             "python": platform.python_version(),
             "date": datetime.date.today().isoformat(),
         },

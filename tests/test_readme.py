@@ -250,6 +250,7 @@ def test_the_command_runs_as_written(command: Command, tmp_path, request):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # a minute on one core: started first
 def test_the_demo_learns_what_the_readme_says(tmp_path):
     """The demo's command as written, not shrunk (the README test above runs every other command
     shrunk, and leaves this one to here): four jobs, every one learning to about 0.99 val_acc (the
@@ -278,9 +279,13 @@ def test_the_demo_learns_what_the_readme_says(tmp_path):
     import csv
 
     rows = list(csv.DictReader((work / "sweep" / "ab_report.csv").open()))
-    assert len(rows) == 4 and sum(bool(r["speedup_ci"]) for r in rows) >= 3, rows  # all but the baseline
+    others = [r for r in rows if r["notes"].split(";")[0] != "baseline"]
+    assert len(rows) == 4 and len(others) == 3 and all(r["speedup_ci"] for r in others), rows
+    # every other row reached the target and its ratio is marked as one run's, in the files and the console
+    assert [r["time_to_target_ci_holds"] for r in others] == ["not judged"] * 3, others
     console = out.replace("\xa0", " ")  # the table joins a cell's words with no-break spaces
-    assert console.count("(1 run)") >= 3, console[-3000:]  # every row's ratio to the target but the baseline's
+    table = console[: console.rindex("report: ")]
+    assert sum(line.count("(1 run)") for line in table.splitlines() if re.match(r"\d+\s", line)) == 3, table
 
 
 def test_make_demo_runs_the_command_the_readme_shows():

@@ -267,3 +267,25 @@ def test_a_run_takes_one_reading_per_epoch_when_the_interval_is_longer(train):
     assert len(events.Scalars("system/cpu_busy_cores")) == 3
     assert len(events.Scalars("system/processes")) == 3
     assert m["diagnosis"]["evidence"]["process_cpu_cores"] is not None
+
+
+@pytest.mark.parametrize(
+    "flags, kind",
+    [
+        ("avx2 avx512f avx512_bf16", "AVX512-BF16/AMX"),
+        ("avx2 amx_bf16", "AVX512-BF16/AMX"),
+        ("avx2 avx512f avx512_vnni", "AVX512 without BF16"),
+        ("avx2 fma", "AVX2 only"),
+        ("neon", "other"),
+    ],
+)
+def test_the_cpu_kind_a_benchmark_records_follows_the_cpus_flags(monkeypatch, flags, kind):
+    from trainer import hardware
+
+    monkeypatch.setenv("TRAINER_CPU_FLAGS", flags)
+    assert hardware.cpu_kind() == kind and hardware.machine_record()["cpu_kind"] == kind
+    hardware.detect.cache_clear()  # detect() reads the flags once per process
+    try:
+        assert hardware.detect("cpu").bf16_native is (kind == "AVX512-BF16/AMX")
+    finally:
+        hardware.detect.cache_clear()  # the next test reads this machine's own flags

@@ -313,6 +313,7 @@ _DIGITS = {
     "mfu": 3,
     "time_to_target_s": 2,
     "time_to_target_speedup": 2,
+    "epochs_to_target": 2,
     "val_share": 3,
 }
 
@@ -496,8 +497,8 @@ def val_share(epochs: List[dict]) -> Optional[float]:
     (``report.val_per_epoch`` more so) costs beside the time to target, which leaves it out."""
     if not any("val_time_s" in e for e in epochs):
         return None  # not recorded (a journal older than the column)
-    val = sum(e.get("val_time_s") or 0.0 for e in epochs)
-    train = sum(e.get("time_s") or 0.0 for e in epochs)
+    last = ttt.with_elapsed(sorted(epochs, key=lambda e: e.get("epoch", 0)))[-1]  # time to target's own clock
+    train, val = last["elapsed_train_s"], last["elapsed_val_s"]
     return val / (train + val) if train + val > 0 else None
 
 
