@@ -30,11 +30,8 @@ MARKER = ".trainer-cache"  # in every copy this cache made: only such folders ar
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _ours(dst: Path) -> bool:

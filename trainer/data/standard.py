@@ -222,7 +222,7 @@ def _fill(ds: Standard, cache: str, tmp: str, url: str, md5: Optional[str]) -> N
     placed = os.path.join(cache, ds.filename)
     if os.path.isfile(placed):  # a copy fetched elsewhere: used, checked, never deleted (it is the user's)
         log.info("data=%s: extracting %s (found in the cache; not downloading)", ds.name, placed)
-        archive, digest, source = placed, _md5(placed), placed
+        archive, digest, source = placed, _file_md5(placed), placed
     else:
         archive, source = os.path.join(tmp, ds.filename + ".part"), url
         digest = _download(ds, url, archive, cache)
@@ -244,12 +244,9 @@ def _fill(ds: Standard, cache: str, tmp: str, url: str, md5: Optional[str]) -> N
         )
 
 
-def _md5(path: str) -> str:
-    digest = hashlib.md5()
+def _file_md5(path: str) -> str:
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "md5").hexdigest()
 
 
 def offline_help(ds: Standard, cache: str, url: str, reason: str) -> str:
