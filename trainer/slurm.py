@@ -31,11 +31,11 @@ def restart_count() -> int:
 def resume_if_requeued(cfg, out_dir: str) -> bool:
     """On a requeued Slurm job: set ``ckpt_path=last`` when the run dir holds a checkpoint. Returns
     whether this is a requeued rerun (which may then also start over in its own dir)."""
-    from .checkpointing import checkpoint_candidates
-
     restarts = restart_count()
     if not restarts:
         return False
+    from .checkpointing import checkpoint_candidates  # (Lightning: not imported by a launcher that trains nothing)
+
     if checkpoint_candidates(out_dir):
         # its own progress, also when it was first started from a given ckpt_path=<file>: else
         # every requeue would start from that file again
