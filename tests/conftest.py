@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -52,6 +51,15 @@ def pytest_report_header(config):
     hw = detect("cpu")
     bf16 = "native bf16" if hw.bf16_native else "no native bf16: amp tests keep to tiny models"
     return f"machine: {hw.name}, {hw.cpu_cores} usable cores, {cpu_kind()} ({bf16})"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _forked_python_env():
+    """The environment the tests' forked ``python`` starts with (forked_python.py): the session's,
+    after collection (importing torch sets a few variables) and before any test changes it."""
+    from forked_python import set_base_env
+
+    set_base_env(clean_env())
 
 
 @pytest.fixture(autouse=True)
@@ -159,27 +167,21 @@ def clean_env(**extra) -> dict:
 
 
 @pytest.fixture(autouse=True)
-def _restore_distributed_env():
-    saved = {k: os.environ.get(k) for k in DISTRIBUTED_ENV}
+def _restore_environment():
+    """os.environ as it was before the test: a run made in-process sets variables (Lightning: the
+    ranks' RANK..., PL_GLOBAL_SEED, and OMP_NUM_THREADS for DDP; Inductor its own) that would
+    otherwise reach every later test's processes, which then depended on the order tests ran in."""
+    saved = dict(os.environ)
     yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def run_cli(*args: str, cwd=None, timeout: int = 600, env_extra=None) -> subprocess.CompletedProcess:
-    """Run train.py as a user would, in a subprocess."""
-    env = clean_env(**(env_extra or {}))
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=cwd or ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """Run train.py as a user would, in a process of its own (forked_python says how it starts)."""
+    from forked_python import run_python
+
+    return run_python([str(ROOT / "train.py"), *args], cwd or ROOT, clean_env(**(env_extra or {})), timeout)
 
 
 def read_metrics(run_dir) -> dict:

@@ -23,6 +23,7 @@ from typing import List, NamedTuple, Optional
 
 import pytest
 from conftest import ROOT, clean_env
+from forked_python import run_python
 
 # appended to every command: any recipe at smoke scale, one short epoch of small batches (a bf16
 # step of ResNet-50 is slow where a CPU only emulates bf16), no checkpoints
@@ -234,9 +235,7 @@ def test_the_command_runs_as_written(command: Command, tmp_path, request):
     env = clean_env(WANDB_MODE="offline", WANDB_SILENT="true")
     if re.search(r"logger=\S*(mlflow|many)", command.text):
         env["MLFLOW_TRACKING_URI"] = request.getfixturevalue("mlflow_server").uri
-    r = subprocess.run(
-        [sys.executable, *_args(command)], cwd=work, env=env, capture_output=True, text=True, timeout=600
-    )
+    r = run_python(_args(command), work, env, timeout=600)
     out = r.stdout + r.stderr
     if command.expected_error:
         assert r.returncode == 2, out[-3000:]
@@ -258,14 +257,7 @@ def test_the_demo_learns_what_the_readme_says(tmp_path):
     target ratio as one run's, not as a judged result."""
     command = _demo_command()
     work = _workdir(tmp_path)
-    r = subprocess.run(
-        [sys.executable, *shlex.split(command)[1:], "hydra.sweep.dir=sweep"],
-        cwd=work,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    r = run_python([*shlex.split(command)[1:], "hydra.sweep.dir=sweep"], work, clean_env(), timeout=900)
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "Traceback" not in out, out[-4000:]
     paths = sorted((work / "sweep").glob("*/metrics.json"))
