@@ -376,3 +376,40 @@ def test_only_rank_0_records_a_run_that_failed_before_its_trainer_existed(compos
         with pytest.raises(Exception, match="ProbeNet asked to fail"):
             run(compose(*args), str(out), args)
         assert (out / "metrics.json").exists() == written, rank
+
+
+def test_after_a_rank_fails_the_others_get_a_short_grace_before_sigkill(tmp_path, monkeypatch):
+    """torchrun's process context closes the other ranks of a failed job with its default grace (30 s
+    between SIGTERM and SIGKILL); a rank blocked in C++ on the failed one cannot react to SIGTERM, so
+    the job's answer waited those 30 s. trainer.torchrun makes that default FAILURE_GRACE_S; the
+    grace the agent passes itself (a signal to the launcher, when the ranks save) is left alone."""
+    import os
+    import signal
+
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+    from torch.distributed.elastic.multiprocessing.api import PContext, SubprocessContext
+
+    from trainer import torchrun
+
+    monkeypatch.setattr(PContext, "close", PContext.close)  # undone after the test
+    torchrun._stop_the_others_promptly()
+    graces = []
+    real_close = SubprocessContext._close
+
+    def spy(self, death_sig, timeout=30):
+        graces.append(timeout)
+        real_close(self, death_sig=death_sig, timeout=timeout)
+
+    monkeypatch.setattr(SubprocessContext, "_close", spy)
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    pc = start_processes(
+        "ranks",
+        sys.executable,
+        args={0: ("-c", stubborn), 1: ("-c", "import sys; sys.exit(2)")},
+        envs={0: dict(os.environ), 1: dict(os.environ)},
+        logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)),
+    )
+    result = pc.wait(timeout=60)
+    assert result is not None and result.is_failed() and result.failures[1].exitcode == 2
+    assert graces[0] == torchrun.FAILURE_GRACE_S < 30
+    assert result.failures[0].exitcode == -signal.SIGKILL  # the stubborn rank was ended after the grace

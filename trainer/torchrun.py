@@ -20,6 +20,7 @@ from typing import List, Optional
 from .stopping import PREEMPTED_EXIT_CODE
 
 TAIL_LINES = 40
+FAILURE_GRACE_S = 5  # seconds the other ranks get to end after one failed (torchrun's agent: 30)
 FIRST_FAILURE = "first_failure.json"  # in LOG_DIR: the failed rank's answer, for the job's metrics.json
 
 
@@ -63,10 +64,33 @@ def _stop_on_sigusr1() -> None:
         signal.signal(signal.SIGUSR1, stop)
 
 
+def _stop_the_others_promptly() -> None:
+    """After a rank fails, the others get ``FAILURE_GRACE_S`` between SIGTERM and SIGKILL, not 30 s.
+
+    When its process context sees a rank fail, torchrun closes the others with SIGTERM and waits up
+    to 30 s (the default of ``PContext.close``) before SIGKILL. A rank blocked in C++ on the failed
+    one (rank 0 waiting in the process group's rendezvous for a rank that died building its model)
+    cannot run its Python signal handler and could not finish anyway, so the job's answer came 30 s
+    late (measured: 42 s for a 2-rank job whose rank 1 fails at once, 12 s of it the job). A rank that
+    can still react records its epochs within milliseconds. Only that default changes: when the
+    launcher itself is signalled (a scheduler's SIGTERM), the agent passes its own grace explicitly,
+    and the ranks agree on a step and save.
+    """
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    close = PContext.close
+
+    def close_promptly(self, death_sig=None, timeout: float = FAILURE_GRACE_S) -> None:
+        close(self, death_sig, timeout)
+
+    PContext.close = close_promptly
+
+
 def main(argv: List[str]) -> int:
     log_dir = Path(argv[0])
     _quiet_elastic_logs()
     _stop_on_sigusr1()
+    _stop_the_others_promptly()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
