@@ -15,7 +15,8 @@ What a forked run cannot give: environment variables that the preloaded librarie
 imported (OpenMP's and torch's, ``LD_PRELOAD``, a rank's ``RANK``...). A command whose environment
 differs from the server's in anything but ``RUNTIME_ENV`` (variables read while running) runs in a
 fresh interpreter instead, as does every command when ``TRAINER_TESTS_FRESH_PYTHON=1``
-(``make test`` with it set checks that nothing depends on the fork). A test that signals, kills or
+(``make test`` with it set checks that nothing depends on the fork); ``TRAINER_TESTS_FORK_LOG=FILE``
+appends each command's choice and the variables that decided it. A test that signals, kills or
 times a process starts its own with ``subprocess`` and never comes here.
 """
 

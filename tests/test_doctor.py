@@ -415,3 +415,51 @@ def test_copy_share_counts_each_device_interval_once():
     averages = events.key_averages()
     assert {e.key for e in averages} >= {"aten::copy_", "Memcpy HtoD (Pageable -> Device)", "ProfilerStep#3"}
     assert h2d_share(averages) == 0.25
+
+
+def test_loader_workers_sharing_the_cores_with_the_step_is_named_with_both_shares():
+    """A CPU run whose loader workers and training step fill the cores together: the verdict says how
+    much each took and asks for the measurement that decides (with and without workers), not only
+    'compute'. The same run without the workers' share, on a GPU, or under a launcher (no split) is not."""
+    jpeg = {"name": "imagefolder", "decoder": "pil", "num_workers": 1}
+    system = {"cpu_busy_cores": 2.0, "process_cpu_cores": 1.95, "main_process_cpu_cores": 1.55}
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.03}, system=system, hardware=CPU, flags={}, data=jpeg, is_convnet=True
+    )
+    assert d["bottleneck"] == "shared cores", d
+    assert "the workers used 0.4 and the step 1.6" in d["verdict"] and "-m data.num_workers=0,1" in d["verdict"]
+    assert d["try"][0] == "data.num_workers=0" and "data.decoder=turbo" in d["try"]
+    assert d["evidence"]["main_process_cpu_cores"] == 1.55
+    for other in (
+        dict(system, main_process_cpu_cores=1.9),  # the workers hardly work
+        {k: v for k, v in system.items() if k != "main_process_cpu_cores"},  # under a launcher: no split
+        dict(system, process_cpu_cores=1.2, main_process_cpu_cores=0.8),  # cores to spare
+    ):
+        d = doctor.diagnose(
+            metrics={"data_wait_fraction": 0.03}, system=other, hardware=CPU, flags={}, data=jpeg, is_convnet=True
+        )
+        assert d["bottleneck"] == "compute", (other, d)
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.03}, system=system, hardware=CPU, flags={}, data=dict(jpeg, num_workers=0),
+        is_convnet=True,
+    )  # fmt: skip
+    assert d["bottleneck"] == "compute"
+
+
+def test_the_monitor_splits_the_training_process_from_its_loader_workers(train, small_images):
+    """main_process_cpu_cores is the training process alone: with a worker that decodes, less than the
+    whole tree's process_cpu_cores; without workers, the same (nothing else in the tree)."""
+    common = [
+        "data=imagefolder",
+        f"data.root={small_images}",
+        "data.image_size=16",
+        "data.batch_size=8",
+        "trainer.max_epochs=2",
+        "monitor.interval_s=0.05",
+        "trainer.limit_val_batches=0",
+    ]
+    with_worker, _ = train(*common, "data.num_workers=1", "data.persistent_workers=true")
+    alone, _ = train(*common, "data.num_workers=0")
+    sw, sa = with_worker["diagnosis"]["evidence"], alone["diagnosis"]["evidence"]
+    assert 0 < sw["main_process_cpu_cores"] < sw["process_cpu_cores"], sw
+    assert sa["main_process_cpu_cores"] == pytest.approx(sa["process_cpu_cores"], abs=0.05), sa

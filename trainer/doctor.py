@@ -12,7 +12,9 @@ It follows the tuning literature's decision tree, with the numbers this run meas
 3. CPU-side overhead / sync points: on a GPU, low utilization while data is ready means the host
    cannot launch work fast enough (small batches, Python overhead, syncs).
 4. memory: device memory nearly full (trade compute for memory), or mostly empty (grow the batch).
-5. compute: none of the above: the model's own math is the limit; the flags that make the math
+5. shared cores (CPU runs): loader workers and the training step together fill the cores, so what
+   the workers take the step's threads lose; whether workers pay is then a measurement, not a rule.
+6. compute: none of the above: the model's own math is the limit; the flags that make the math
    cheaper (amp, channels_last, compile, tf32) are what is left, where this hardware benefits.
 
 It also checks the hardware against the flags (emulated bf16, TF32 or compile on GPUs that cannot
@@ -31,6 +33,7 @@ TRANSFER_FRACTION_BOUND = 0.20  # transfer share of training time (every run)
 LOW_GPU_UTIL = 60.0  # percent
 MEMORY_FULL = 0.90
 MEMORY_ROOMY = 0.50
+SHARED_CORES_MIN = 0.2  # cores the loader workers of a CPU run use before "shared cores" can be the verdict
 
 
 def _flag_on(flags: Dict[str, Any], key: str) -> bool:
@@ -65,6 +68,7 @@ def diagnose(
         "cpu_busy_cores": busy,
         "cpu_cores": cores,
         "process_cpu_cores": system.get("process_cpu_cores"),
+        "main_process_cpu_cores": system.get("main_process_cpu_cores"),
         "gpu_util": gpu_util,
         "h2d_share": h2d_share,
         "memory_used_fraction": round(peak / device_memory_mb, 3) if (peak and device_memory_mb) else None,
@@ -142,6 +146,20 @@ def diagnose(
         ]
         text = f"the run peaked at {used:.0%} of device memory: memory limits the batch size; trade compute for memory."
         return _verdict("memory", text, suggestions, hw_notes, evidence)
+
+    main = system.get("main_process_cpu_cores")  # the training process alone (absent under a launcher)
+    if not cuda and workers and own is not None and main is not None and own >= 0.85 * cores:
+        loader = max(0.0, own - main)
+        if loader >= SHARED_CORES_MIN:
+            text = (
+                f"the {workers} loader worker{'s' if workers > 1 else ''} and the training step compete for the "
+                f"{cores} cores ({busy_text}): the workers used {loader:.1f} and the step {main:.1f} of them, and "
+                f"{wait:.0%} of training time waits for data. Each core's worth of decoding the workers do is taken "
+                f"from the step's threads, so on this machine the workers pay only if they save the step more than "
+                f"that: measure both with -m data.num_workers=0,{workers}, and make each sample cheaper to load."
+            )
+            suggestions = ["data.num_workers=0"] + decode_suggestions(data, cuda)
+            return _verdict("shared cores", text, suggestions, hw_notes, evidence)
 
     suggestions = compute_suggestions(flags, hardware, is_convnet)
     if cuda and used is not None and used < MEMORY_ROOMY and flags.get("data.batch_size") != "auto":

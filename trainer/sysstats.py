@@ -178,6 +178,7 @@ class ProcessTree:
             except psutil.Error:
                 root = None
         self.root = root or me
+        self._me = me
 
     def processes(self) -> List[psutil.Process]:
         try:
@@ -195,6 +196,17 @@ class ProcessTree:
                 continue
             total += t.user + t.system + t.children_user + t.children_system
         return total
+
+    def own_cpu_seconds(self) -> Optional[float]:
+        """CPU seconds of this process's own threads (the training step's), without its children:
+        the tree's rest is then the loader workers. None under a launcher, whose tree holds other ranks."""
+        if self.root.pid != self._me.pid:
+            return None
+        try:
+            t = self._me.cpu_times()
+        except psutil.Error:
+            return None
+        return t.user + t.system
 
     def count(self) -> int:
         return len(self.processes())

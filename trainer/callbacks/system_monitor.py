@@ -13,7 +13,8 @@ and closes before validation, and each reading records its epoch, so the doctor 
 same steady epochs that data wait is measured on.
 
 Logged tags (TensorBoard, x axis = global step): ``system/cpu_busy_cores``, ``system/cpu_util``,
-``system/process_cpu_cores`` (this run's processes), ``system/processes``, ``system/rss_mb``,
+``system/process_cpu_cores`` (this run's processes), ``system/main_process_cpu_cores`` (the training
+process alone, without its loader workers; not under a launcher), ``system/processes``, ``system/rss_mb``,
 ``system/disk_read_mb_s``, ``system/load_avg``, and for the rank's GPU ``gpu/util``,
 ``gpu/mem_used_mb``, ``gpu/reserved_mb``, ``gpu/power_w``, ``gpu/temp_c``.
 """
@@ -60,6 +61,7 @@ class SystemMonitor(pl.Callback):
         self._last_t = time.monotonic()
         self._busy.cores()  # restart the CPU window
         self._last_proc_cpu = self._tree.cpu_seconds()
+        self._last_own_cpu = self._tree.own_cpu_seconds()
         self._last_disk = sysstats.disk_read_bytes()
 
     # ---- windows: training time of one epoch
@@ -97,6 +99,10 @@ class SystemMonitor(pl.Callback):
         processes = self._tree.processes()  # one walk of the tree for both readings
         proc_cpu = self._tree.cpu_seconds(processes)
         reading["process_cpu_cores"] = max(0.0, proc_cpu - self._last_proc_cpu) / dt
+        own_cpu = self._tree.own_cpu_seconds()
+        if own_cpu is not None and self._last_own_cpu is not None:
+            # the training process alone; the rest of process_cpu_cores is its loader workers
+            reading["main_process_cpu_cores"] = max(0.0, own_cpu - self._last_own_cpu) / dt
         reading["processes"] = float(len(processes))
         reading["rss_mb"] = rss_mb() or 0.0
         disk = sysstats.disk_read_bytes()
@@ -107,6 +113,7 @@ class SystemMonitor(pl.Callback):
             reading.update(self._gpu.read())
         self.samples.append(reading)
         self._last_t, self._last_proc_cpu, self._last_disk = time.monotonic(), proc_cpu, disk
+        self._last_own_cpu = own_cpu
         if trainer is not None:
             logged = {(k if "/" in k else f"system/{k}"): v for k, v in reading.items() if k not in _BOOKKEEPING}
             trackers.log_metrics(trainer, logged, step=trainer.global_step)

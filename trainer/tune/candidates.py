@@ -30,6 +30,7 @@ ORDER = {
     "CPU-side overhead": [COMPUTE, MEMORY, INPUT, TRANSFER],
     "memory": [COMPUTE, MEMORY, INPUT, TRANSFER],
     "compute": [COMPUTE, MEMORY, INPUT, TRANSFER],
+    "shared cores": [INPUT, COMPUTE, MEMORY, TRANSFER],
 }
 
 IMAGE_FILES = ("imagefolder", "builtin", "imagenette")  # data that is decoded from JPEG/PNG files
