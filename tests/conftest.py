@@ -167,6 +167,21 @@ def clean_env(**extra) -> dict:
 
 
 @pytest.fixture(autouse=True)
+def _restore_signal_handlers():
+    """The stop signals' handlers as they were before the test: a run made in-process installs the
+    trainer's, and a process forked later (a multiprocessing Pool's worker) would inherit one that
+    does not end it on SIGTERM, so ``Pool.terminate`` waited on it forever."""
+    import signal
+
+    names = ("SIGTERM", "SIGINT", "SIGUSR1")
+    saved = {name: signal.getsignal(getattr(signal, name)) for name in names if hasattr(signal, name)}
+    yield
+    for name, handler in saved.items():
+        if handler is not None:
+            signal.signal(getattr(signal, name), handler)
+
+
+@pytest.fixture(autouse=True)
 def _restore_environment():
     """os.environ as it was before the test: a run made in-process sets variables (Lightning: the
     ranks' RANK..., PL_GLOBAL_SEED, and OMP_NUM_THREADS for DDP; Inductor its own) that would
