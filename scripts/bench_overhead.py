@@ -86,7 +86,6 @@ def plain_loop(epochs: int, batches: int) -> dict:
     workers, no validation, no checkpoints.
     """
     import torch
-    import torch.nn.functional as F
     import torchvision
     from torch.utils.data import DataLoader
 
@@ -97,6 +96,16 @@ def plain_loop(epochs: int, batches: int) -> dict:
     data = SyntheticImages(batches * BATCH_SIZE, IMAGE_SIZE, NUM_CLASSES, SEED, "train")
     loader = DataLoader(data, batch_size=BATCH_SIZE, shuffle=True, drop_last=True, num_workers=0)
     model = torchvision.models.resnet18(num_classes=NUM_CLASSES)
+    return {"train_loss": plain_training(model, loader, epochs)}
+
+
+def plain_training(model, loader, epochs: int) -> float:
+    """The trainer's recipe by hand: SGD with weight decay on weights only (trainer/optimizers.py's
+    param groups, torch's default implementation as with optim.fused=auto), a per-step cosine
+    schedule with no warm-up, gradients set to None, plain cross-entropy. Returns the last epoch's
+    mean training loss (rounded to 5 decimals)."""
+    import torch
+    import torch.nn.functional as F
 
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
@@ -119,7 +128,7 @@ def plain_loop(epochs: int, batches: int) -> dict:
             optimizer.step()
             schedule.step()
             loss_sum += loss.detach()
-    return {"train_loss": round(float(loss_sum) / len(loader), 5)}
+    return round(float(loss_sum) / len(loader), 5)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import shutil
 import statistics
@@ -50,11 +49,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
-from bench_overhead import BUSY_LOAD, TARGET_RATIO, bootstrap_median_interval, conclusion, load_average  # noqa: E402
+from bench_overhead import (  # noqa: E402
+    BUSY_LOAD,
+    LR,
+    MOMENTUM,
+    SEED,
+    TARGET_RATIO,
+    WEIGHT_DECAY,
+    bootstrap_median_interval,
+    conclusion,
+    load_average,
+    plain_training,
+)
 
 DEFAULT_OUT = ROOT / "scripts" / "results" / "bench_overhead_jpeg.json"
-SEED = 42
-LR, MOMENTUM, WEIGHT_DECAY = 0.05, 0.9, 5e-5
 PARTS = ("main_thread", "other_threads", "workers")
 
 
@@ -65,7 +73,6 @@ PARTS = ("main_thread", "other_threads", "workers")
 def plain_loop(folder: str, workers: int, epochs: int, size: int, batch: int) -> dict:
     """What a user writes by hand: ImageFolder, the same transforms, the same DataLoader settings."""
     import torch
-    import torch.nn.functional as F
     import torchvision
     from torch.utils.data import DataLoader
 
@@ -75,27 +82,7 @@ def plain_loop(folder: str, workers: int, epochs: int, size: int, batch: int) ->
     data = torchvision.datasets.ImageFolder(os.path.join(folder, "train"), transform=transforms_for(size, True, False))
     loader = DataLoader(data, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers)
     model = torchvision.models.resnet18(num_classes=len(data.classes))
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.ndim > 1], "weight_decay": WEIGHT_DECAY},
-        {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
-    ]
-    optimizer = torch.optim.SGD(groups, lr=LR, momentum=MOMENTUM, nesterov=False)
-    total = epochs * len(loader)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(1, total))))
-    )
-    model.train()
-    for _ in range(epochs):
-        loss_sum = torch.zeros(())
-        for x, y in loader:
-            loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            loss_sum += loss.detach()
-    return {"train_loss": round(float(loss_sum) / len(loader), 5), "steps_per_epoch": len(loader)}
+    return {"train_loss": plain_training(model, loader, epochs), "steps_per_epoch": len(loader)}
 
 
 def plain_command(folder: str, workers: int, epochs: int, args) -> list:
@@ -150,8 +137,9 @@ def trainer_command(folder: str, workers: int, epochs: int, run_dir: str, args) 
 # one timed run, its process tree's CPU read while it goes
 
 
-def _cpu_split(proc) -> dict:
-    """CPU seconds so far of the training process's main thread, its other threads, its children."""
+def _cpu_reading(proc) -> dict:
+    """CPU seconds so far of the training process's main thread and its other threads, and of each
+    child (loader worker) by pid: workers come and go (not persistent), so each keeps its last reading."""
     import psutil
 
     try:
@@ -159,16 +147,19 @@ def _cpu_split(proc) -> dict:
         children = proc.children(recursive=True)
     except psutil.Error:
         return {}
-    main = sum(t.user_time + t.system_time for t in threads if t.id == proc.pid)
-    other = sum(t.user_time + t.system_time for t in threads if t.id != proc.pid)
-    workers = 0.0
+    workers = {}
     for child in children:
         try:
             times = child.cpu_times()
-            workers += times.user + times.system
+            workers[child.pid] = times.user + times.system
         except psutil.Error:
             pass
-    return {"main_thread": main, "other_threads": other, "workers": workers, "threads": len(threads)}
+    return {
+        "main_thread": sum(t.user_time + t.system_time for t in threads if t.id == proc.pid),
+        "other_threads": sum(t.user_time + t.system_time for t in threads if t.id != proc.pid),
+        "workers": workers,
+        "threads": len(threads),
+    }
 
 
 def timed_run(side: str, folder: str, workers: int, epochs: int, work_dir: str, args) -> dict:
@@ -186,16 +177,10 @@ def timed_run(side: str, folder: str, workers: int, epochs: int, work_dir: str, 
     )
     watched, last, workers_seen = psutil.Process(proc.pid), {}, {}
     while proc.poll() is None:
-        split = _cpu_split(watched)
-        if split:
-            # workers come and go (not persistent): keep each one's last reading
-            for child in watched.children(recursive=True) if split else []:
-                try:
-                    t = child.cpu_times()
-                    workers_seen[child.pid] = t.user + t.system
-                except psutil.Error:
-                    pass
-            last = split
+        reading = _cpu_reading(watched)
+        if reading:
+            workers_seen.update(reading["workers"])
+            last = reading
         try:
             proc.wait(timeout=args.poll)  # returns at the exit itself: the wall time is not rounded to a poll
         except subprocess.TimeoutExpired:
