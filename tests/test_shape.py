@@ -74,7 +74,8 @@ def test_help_lists_every_flag_from_its_schema_field(monkeypatch):
 
 
 def test_the_flags_keep_the_order_the_report_shows_them_in():
-    """metrics.json's flags and the A/B report's columns: the switches, then optim, data and runtime keys."""
+    """metrics.json's flags and the A/B report's columns: the switches, then optim, data and runtime keys,
+    then the recipe's ingredients."""
     from trainer import config
 
     assert config.FLAG_KEYS == (
@@ -84,9 +85,15 @@ def test_the_flags_keep_the_order_the_report_shows_them_in():
         "lr_scaling", "cuda_alloc_conf", "optim.fused", "optim.zero_grad_to_none", "data.batch_size",
         "data.num_workers", "data.auto_workers", "data.gpu_normalize", "data.device_prefetch",
         "data.device_resident", "data.decoder", "data.decode_scale", "data.cache_in_memory", "data.cache", "runtime.allocator",
+        # the recipes' ingredients (they change what is learned), after the switches and settings
+        "drop_path_rate", "zero_init_residual", "eval_hflip", "optim.name", "optim.norm_weight_decay",
+        "optim.bias_weight_decay", "loss.name", "loss.label_smoothing", "loss.bce_target_threshold", "data.augment",
+        "data.crop_min_scale", "data.augment_policy", "data.randaugment_magnitude", "data.randaugment_ops",
+        "data.random_erasing", "data.mixup_alpha", "data.cutmix_alpha", "data.repeated_augment", "data.eval_image_size",
+        "data.eval_resize_ratio",
     )  # fmt: skip
-    assert set(config.OPTIMIZATION_FLAGS) | set(config.RUN_SETTINGS) == set(config.FLAG_KEYS)
-    assert not set(config.OPTIMIZATION_FLAGS) & set(config.RUN_SETTINGS)
+    kinds = (config.OPTIMIZATION_FLAGS, config.RUN_SETTINGS, config.RECIPE_FLAGS)
+    assert set().union(*kinds) == set(config.FLAG_KEYS) and sum(map(len, kinds)) == len(config.FLAG_KEYS)
 
 
 def _functions(tree: ast.AST):

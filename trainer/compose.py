@@ -35,7 +35,7 @@ SWEEP_KEYS = ("repeats", "repeat_seeds", "report.target_acc", "report.val_per_ep
 
 def flags_help() -> str:
     """``train.py --help``'s list of flags: each key's default, allowed values and help, from the schema."""
-    from .config import CHOICES, OPTIMIZATION_FLAGS, RUN_SETTINGS, SCHEMA_FIELDS, help_text
+    from .config import CHOICES, OPTIMIZATION_FLAGS, RECIPE_FLAGS, RUN_SETTINGS, SCHEMA_FIELDS, help_text
 
     def shown(value: Any) -> str:
         return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
@@ -44,6 +44,7 @@ def flags_help() -> str:
     sections = (
         ("optimizations (the switchboard)", OPTIMIZATION_FLAGS),
         ("run settings", RUN_SETTINGS),
+        ("recipe ingredients (change what is learned)", RECIPE_FLAGS),
         ("sweeps (with -m)", SWEEP_KEYS),
     )
     for title, keys in sections:

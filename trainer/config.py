@@ -23,6 +23,7 @@ GROUPS = ("data", "model", "scale", "recipe", "bench", "logger")
 
 OPTIMIZATION = "optimization"  # a switch that changes how fast the same training runs (SPEC's switchboard)
 SETTING = "setting"  # a run setting the A/B report compares too (devices, batch size, workers, profile)
+RECIPE = "recipe"  # a recipe's ingredient: changes what is learned (augmentation, regularization, optimizer)
 
 
 def key(
@@ -37,7 +38,7 @@ def key(
 ) -> Any:
     """A schema field and everything said about it, in one place: its default, its help text, its
     allowed values (``choices``) or range (``check``: a predicate and what it allows), and whether
-    it is a flag metrics.json records (``flag``: OPTIMIZATION or SETTING); under ``trainer.``, the
+    it is a flag metrics.json records (``flag``: OPTIMIZATION, SETTING or RECIPE); under ``trainer.``, the
     Lightning Trainer argument it is passed as (``lightning``: "" for none). CHOICES, RANGES,
     FLAG_KEYS, the Trainer's arguments and ``train.py --help`` are derived from these."""
     metadata = {"help": help, "choices": tuple(choices), "check": tuple(check), "flag": flag}
@@ -50,6 +51,14 @@ def key(
 
 def _positive(v) -> bool:
     return math.isfinite(v) and v > 0
+
+
+def _non_negative(v) -> bool:
+    return math.isfinite(v) and v >= 0
+
+
+def _fraction(v) -> bool:
+    return 0 <= v <= 1
 
 
 @dataclass
@@ -113,8 +122,66 @@ class DataConfig:
         "auto",
         "cifar10 / imagenette: the archive's MD5 (auto: torchvision's; null: not checked, for a mirror you trust)",
     )
-    # augmentation for real images: random resized crop + flip in training
-    augment: bool = True
+    # augmentation of real images in training (trainer/data/augment.py); recipes set the rest
+    augment: bool = key(True, "random-resized crop + horizontal flip in training", flag=RECIPE)
+    crop_min_scale: float = key(
+        0.35,
+        "the least area fraction a random-resized crop keeps (0.08 in the ImageNet recipes)",
+        check=(lambda v: 0 < v <= 1, "a fraction in (0, 1]"),
+        flag=RECIPE,
+    )
+    augment_policy: str = key(
+        "none",
+        "an automatic augmentation policy after the crop (torchvision v2)",
+        choices=("none", "randaugment", "trivialaugment", "autoaugment"),
+        flag=RECIPE,
+    )
+    randaugment_magnitude: int = key(
+        9,
+        "augment_policy=randaugment: magnitude of its ops (0-30)",
+        check=(lambda v: 0 <= v <= 30, "0 to 30"),
+        flag=RECIPE,
+    )
+    randaugment_ops: int = key(
+        2, "augment_policy=randaugment: ops per image", check=(lambda v: v >= 1, "an integer >= 1"), flag=RECIPE
+    )
+    random_erasing: float = key(
+        0.0,
+        "probability that a training image gets a random rectangle erased",
+        check=(_fraction, "a probability in [0, 1]"),
+        flag=RECIPE,
+    )
+    mixup_alpha: float = key(
+        0.0,
+        "mixup's Beta(alpha, alpha) per training batch (0: off; with cutmix_alpha, each batch gets one of the two)",
+        check=(_non_negative, "0 (off) or a number > 0"),
+        flag=RECIPE,
+    )
+    cutmix_alpha: float = key(
+        0.0,
+        "cutmix's Beta(alpha, alpha) per training batch (0: off)",
+        check=(_non_negative, "0 (off) or a number > 0"),
+        flag=RECIPE,
+    )
+    repeated_augment: int = key(
+        1,
+        "repeated augmentation: each sample this many times per epoch, differently augmented, on different ranks "
+        "(the epoch's length is unchanged; 1: off)",
+        check=(lambda v: v >= 1, "an integer >= 1 (1: off)"),
+        flag=RECIPE,
+    )
+    eval_image_size: Optional[int] = key(
+        None,
+        "validation's image size (null: image_size), e.g. train 176 / eval 224",
+        check=(lambda v: v is None or v >= 8, "null or an integer >= 8 (pixels)"),
+        flag=RECIPE,
+    )
+    eval_resize_ratio: float = key(
+        1.14,
+        "validation resizes the short side to this x its image size, then center-crops (1.14 = 256/224)",
+        check=(lambda v: v >= 1, "a number >= 1"),
+        flag=RECIPE,
+    )
     # an image file that cannot be decoded: skip it (and count it) or stop with its path
     on_bad_sample: str = key("skip", choices=("skip", "stop"))
     # input pipeline switches
@@ -196,13 +263,28 @@ class TrainerConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = key("sgd", choices=("sgd", "adamw"))
+    name: str = key(
+        "sgd", "sgd, adamw, or lamb (timm's LAMB, for large batches)", choices=("sgd", "adamw", "lamb"), flag=RECIPE
+    )
     lr: float = key(
         0.05, "at ref_batch_size (with lr_scaling); the recipes set their own", check=(lambda v: v > 0, "a number > 0")
     )
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 5e-5
+    # torchvision's reference-script names: the decay of normalization layers' parameters and of biases
+    norm_weight_decay: Optional[float] = key(
+        0.0,
+        "weight decay of normalization layers' weights and biases (null: optim.weight_decay)",
+        check=(lambda v: v is None or v >= 0, "null or a number >= 0"),
+        flag=RECIPE,
+    )
+    bias_weight_decay: Optional[float] = key(
+        0.0,
+        "weight decay of the other layers' biases (null: optim.weight_decay)",
+        check=(lambda v: v is None or v >= 0, "null or a number >= 0"),
+        flag=RECIPE,
+    )
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
     # the batch size ``lr`` was tuned for: with lr_scaling, lr follows the effective batch size
     ref_batch_size: int = 32
@@ -218,14 +300,38 @@ class OptimConfig:
 
 @dataclass
 class SchedConfig:
-    name: str = key("cosine", choices=("cosine", "constant"))
+    name: str = key(
+        "cosine",
+        "after the warm-up: cosine or linear (a straight line; with the warm-up, FFCV's triangular schedule) "
+        "down to min_lr_ratio, or constant",
+        choices=("cosine", "linear", "constant"),
+    )
     warmup_epochs: float = key(0.0, check=(lambda v: v >= 0, "a number >= 0"))
     min_lr_ratio: float = 0.0
 
 
 @dataclass
 class LossConfig:
-    label_smoothing: float = key(0.0, check=(lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"))
+    """The training loss (trainer/models/losses.py); it takes the soft targets mixup and cutmix make."""
+
+    name: str = key(
+        "cross_entropy",
+        "cross_entropy (softmax), or bce (a sigmoid per class, as in timm's 'ResNet strikes back')",
+        choices=("cross_entropy", "bce"),
+        flag=RECIPE,
+    )
+    label_smoothing: float = key(
+        0.0,
+        "the target's mass spread over all classes",
+        check=(lambda v: 0.0 <= v < 1.0, "a number in [0, 1)"),
+        flag=RECIPE,
+    )
+    bce_target_threshold: Optional[float] = key(
+        None,
+        "loss.name=bce: targets above this become 1, the rest 0 (timm's BinaryCrossEntropy; null: kept soft)",
+        check=(lambda v: v is None or 0 <= v < 1, "null or a number in [0, 1)"),
+        flag=RECIPE,
+    )
 
 
 @dataclass
@@ -448,6 +554,20 @@ class TrainSchema:
         "validate and save an exponential moving average of the weights (epochs, not epoch time)",
         flag=OPTIMIZATION,
     )
+    # recipe ingredients of the model (trainer/models/regularize.py) and of validation
+    drop_path_rate: float = key(
+        0.0,
+        "stochastic depth: the last residual block's branch is dropped at this rate in training, earlier blocks "
+        "at linearly less (torchvision ResNets and ViTs, timm models)",
+        check=(lambda v: 0 <= v < 1, "a number in [0, 1)"),
+        flag=RECIPE,
+    )
+    zero_init_residual: bool = key(
+        False, "each residual block's last normalization starts at zero (the block starts as the identity)", flag=RECIPE
+    )
+    eval_hflip: bool = key(
+        False, "validation averages each image's logits with its mirror image's (test-time flip)", flag=RECIPE
+    )
     ema_decay: float = key(0.999, "ema's decay per optimizer step", check=(lambda v: 0 < v < 1, "a number in (0, 1)"))
     # callbacks.StopAtAccuracy on the val_acc metrics.json records (built in trainer.run)
     stop_at_acc: Optional[float] = key(
@@ -552,17 +672,19 @@ SCHEMA_FIELDS = dict(_schema_fields())
 CHOICES: Dict[str, tuple] = {k: f.metadata["choices"] for k, f in SCHEMA_FIELDS.items() if f.metadata.get("choices")}
 RANGES: Dict[str, tuple] = {k: f.metadata["check"] for k, f in SCHEMA_FIELDS.items() if f.metadata.get("check")}
 # metrics.json's ``flags`` (compared by the A/B report, whose columns follow this order): the
-# top-level switches, then the optimizer's, the data's and the runtime's, each in declaration order
-_FLAG_SECTIONS = ("", "optim", "data", "runtime")
+# top-level switches, then the optimizer's, the data's and the runtime's, each in declaration order;
+# then the recipe's ingredients in the same order of sections
+_FLAG_SECTIONS = ("", "optim", "loss", "data", "runtime")
 FLAG_KEYS = tuple(
     sorted(
         (k for k, f in SCHEMA_FIELDS.items() if f.metadata.get("flag")),
-        key=lambda k: _FLAG_SECTIONS.index(k.rpartition(".")[0]),
+        key=lambda k: (SCHEMA_FIELDS[k].metadata["flag"] == RECIPE, _FLAG_SECTIONS.index(k.rpartition(".")[0])),
     )
 )
 # the two kinds, for ``train.py --help``: what makes the same training faster, and what the run is
 OPTIMIZATION_FLAGS = tuple(k for k in FLAG_KEYS if SCHEMA_FIELDS[k].metadata["flag"] == OPTIMIZATION)
 RUN_SETTINGS = tuple(k for k in FLAG_KEYS if SCHEMA_FIELDS[k].metadata["flag"] == SETTING)
+RECIPE_FLAGS = tuple(k for k in FLAG_KEYS if SCHEMA_FIELDS[k].metadata["flag"] == RECIPE)
 
 
 def lightning_trainer_args(trainer_cfg) -> Dict[str, Any]:

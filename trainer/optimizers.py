@@ -1,6 +1,7 @@
-"""Optimizer and learning-rate schedule from config: SGD or AdamW, linear warm-up then cosine.
+"""Optimizer and learning-rate schedule from config: SGD, AdamW or LAMB, linear warm-up then cosine.
 
-Weight decay skips biases and normalization weights (the usual recipe practice). The schedule
+Weight decay skips normalization layers and biases unless ``optim.norm_weight_decay`` /
+``optim.bias_weight_decay`` say otherwise (torchvision's reference-script keys); LAMB is timm's. The schedule
 steps per optimizer step, so it stays right under gradient accumulation and any epoch length.
 """
 
@@ -10,16 +11,42 @@ import logging
 import math
 
 import torch
+from torch import nn
 
 log = logging.getLogger(__name__)
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float):
-    decay, no_decay = [], []
+NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
+
+
+def param_groups(model: nn.Module, weight_decay: float, norm_weight_decay=0.0, bias_weight_decay=0.0):
+    """Parameter groups by weight decay, as torchvision's reference script splits them: normalization
+    layers' parameters (``optim.norm_weight_decay``), other biases (``optim.bias_weight_decay``; any
+    other 1-d parameter, e.g. a layer scale, goes with them), everything else (``optim.weight_decay``).
+    None means "as weight_decay".
+
+    The groups: everything else first, then one group for norms and biases when their decays are
+    equal (the defaults: the two groups this trainer always made, so older checkpoints' optimizer
+    states still load), else one each. Parameters keep the model's order within a group."""
+    norm_ids = {
+        id(p)
+        for m in model.modules()
+        if isinstance(m, NORM_LAYERS) or type(m).__name__.endswith(("Norm", "Norm2d"))
+        for p in m.parameters(recurse=False)
+    }
+    norm_wd = weight_decay if norm_weight_decay is None else norm_weight_decay
+    bias_wd = weight_decay if bias_weight_decay is None else bias_weight_decay
+    together = norm_wd == bias_wd
+    groups = {"decay": [], "norm": [], "bias": []}
     for p in model.parameters():
         if p.requires_grad:
-            (no_decay if p.ndim <= 1 else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+            kind = "norm" if id(p) in norm_ids else "bias" if p.ndim <= 1 else "decay"
+            groups["norm" if together and kind == "bias" else kind].append(p)
+    out = [
+        {"params": groups["decay"], "weight_decay": weight_decay},
+        {"params": groups["norm"], "weight_decay": norm_wd},
+    ]
+    return out if together else [*out, {"params": groups["bias"], "weight_decay": bias_wd}]
 
 
 def _implementation(fused, loss_scaled_on_cuda: bool = False) -> dict:
@@ -51,11 +78,17 @@ def _check_fused(groups) -> None:
 
 
 def build_optimizer(model: torch.nn.Module, cfg, loss_scaled_on_cuda: bool = False) -> torch.optim.Optimizer:
-    groups = param_groups(model, cfg.weight_decay)
+    groups = param_groups(model, cfg.weight_decay, cfg.get("norm_weight_decay", 0.0), cfg.get("bias_weight_decay", 0.0))
     if cfg.name == "sgd":
         cls, kwargs = torch.optim.SGD, {"lr": cfg.lr, "momentum": cfg.momentum, "nesterov": cfg.nesterov}
     elif cfg.name == "adamw":
         cls, kwargs = torch.optim.AdamW, {"lr": cfg.lr, "betas": tuple(cfg.betas)}
+    elif cfg.name == "lamb":
+        # torch has no LAMB; timm's (the one "ResNet strikes back" trained with) has no fused or
+        # foreach variant, so optim.fused does not apply to it
+        from timm.optim import Lamb
+
+        return Lamb(groups, lr=cfg.lr, betas=tuple(cfg.betas))
     else:
         raise ValueError(f"unknown optimizer {cfg.name}")  # config.validate rejects it earlier
     impl = _implementation(cfg.get("fused", "auto"), loss_scaled_on_cuda)
@@ -75,14 +108,16 @@ def build_optimizer(model: torch.nn.Module, cfg, loss_scaled_on_cuda: bool = Fal
         return cls(groups, **kwargs, foreach=True)
 
 
-def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float = 0.0):
-    """LR multiplier: linear warm-up from ~0 to 1, then cosine down to ``min_ratio``."""
+def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float = 0.0, decay: str = "cosine"):
+    """LR multiplier: linear warm-up from ~0 to 1, then down to ``min_ratio`` along a half cosine
+    (``decay="cosine"``) or a straight line (``"linear"``: with the warm-up, FFCV's triangular schedule)."""
 
     def factor(step: int) -> float:
         if warmup_steps and step < warmup_steps:
             return (step + 1) / warmup_steps
         progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+        left = 1 - progress if decay == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+        return min_ratio + (1 - min_ratio) * left
 
     return factor
 
@@ -91,5 +126,5 @@ def build_scheduler(optimizer, cfg, total_steps: int, max_epochs: int):
     if cfg.name == "constant":
         return None
     warmup_steps = int(round(cfg.warmup_epochs * total_steps / max(1, max_epochs)))
-    lam = warmup_cosine(total_steps, warmup_steps, cfg.min_lr_ratio)
+    lam = warmup_cosine(total_steps, warmup_steps, cfg.min_lr_ratio, decay=cfg.name)
     return {"scheduler": torch.optim.lr_scheduler.LambdaLR(optimizer, lam), "interval": "step"}

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..errors import ConfigError
 from ..rank import world_size
+from .augment import Augmentation
 
 # imported here, not lazily: Lightning records the arguments of DataLoader subclasses that exist
 # when it asks for a loader, so that it can re-create them with a distributed sampler
@@ -122,6 +123,8 @@ class ImageDataModule(pl.LightningDataModule):
         self.accelerator = accelerator
         self.processes_per_node = processes_per_node
         self.decoder = data_cfg.get("decoder", "pil")
+        self.augmentation = Augmentation.of(data_cfg)  # per-image augmentation (augment.py)
+        self.repeats = int(data_cfg.get("repeated_augment", 1))  # draws of each sample per epoch (sampler.py)
         self.device_decoders = None  # data.decoder=nvjpeg: {train: DeviceDecoder, val: DeviceDecoder}
         self.num_workers = self._workers()
         self.train_set = None
@@ -170,6 +173,7 @@ class ImageDataModule(pl.LightningDataModule):
         """
         c = self.cfg
         self._check_device_flags()
+        self._check_repeated_augment()
         if c.name == "synthetic":
             from .synthetic import SyntheticImages
 
@@ -177,8 +181,9 @@ class ImageDataModule(pl.LightningDataModule):
             self.train_set = SyntheticImages(
                 c.num_samples, c.image_size, c.num_classes, self.seed, "train", keep_uint8=u8
             )
+            val_size = self.augmentation.eval_size(c.image_size)  # data.eval_image_size
             self.val_set = (
-                SyntheticImages(c.val_samples, c.image_size, c.num_classes, self.seed, "val", keep_uint8=u8)
+                SyntheticImages(c.val_samples, val_size, c.num_classes, self.seed, "val", keep_uint8=u8)
                 if c.val_samples
                 else None
             )
@@ -189,7 +194,7 @@ class ImageDataModule(pl.LightningDataModule):
             self.train_set, self.val_set, self.classes = build_packed(
                 self._local_root(c.root),
                 c.image_size,
-                c.augment,
+                self.augmentation,
                 c.val_split,
                 self.seed,
                 bool(c.get("gpu_normalize")),
@@ -212,6 +217,22 @@ class ImageDataModule(pl.LightningDataModule):
         if c.name == "cifar10":
             return self._build_cifar10()
         return self._build_image_folders()
+
+    def _check_repeated_augment(self) -> None:
+        """data.repeated_augment where it cannot act: said (synthetic images: nothing to augment), or refused."""
+        c = self.cfg
+        if self.repeats > 1 and c.name == "synthetic":
+            log.info(
+                "data.repeated_augment=%d does nothing with data=synthetic: its images are not augmented", self.repeats
+            )
+            self.repeats = 1
+        if self.repeats > 1 and c.name in BLOCK_FORMATS:
+            raise ConfigError(
+                f"data.repeated_augment={self.repeats} draws each sample several times per epoch, differently augmented; "
+                f"data={c.name} cannot: its samples stream from blocks in order (the block sampler), not drawn by index. "
+                "Use it with image folders (imagefolder, builtin, imagenette), cifar10, packed or custom data, or set "
+                "data.repeated_augment=1."
+            )
 
     def _check_device_flags(self) -> None:
         """data.device_prefetch and data.device_resident where they cannot act: said, or refused."""
@@ -252,7 +273,7 @@ class ImageDataModule(pl.LightningDataModule):
         self.decoder = None  # nothing is decoded (metrics.json says so)
         folder, key = dataset_folder(c, self._local_root)
         self.train_set, self.val_set, self.classes = build_cifar10(
-            folder, c.image_size, c.augment, bool(c.gpu_normalize)
+            folder, c.image_size, self.augmentation, bool(c.gpu_normalize)
         )
         self._check_batch_fits(folder)
         return len(self.classes)
@@ -287,7 +308,7 @@ class ImageDataModule(pl.LightningDataModule):
         self.train_set, self.val_set, self.classes = build_image_folders(
             root,
             c.image_size,
-            c.augment,
+            self.augmentation,
             c.val_split,
             self.seed,
             key,
@@ -305,7 +326,9 @@ class ImageDataModule(pl.LightningDataModule):
             from .folder import transforms_for
 
             self.device_decoders = {
-                train: DeviceDecoder(transforms_for(c.image_size, train, c.augment, keep_uint8=True), c.on_bad_sample)
+                train: DeviceDecoder(
+                    transforms_for(c.image_size, train, self.augmentation, keep_uint8=True), c.on_bad_sample
+                )
                 for train in (True, False)
             }
         self._check_batch_fits(root)
@@ -344,7 +367,7 @@ class ImageDataModule(pl.LightningDataModule):
         self.train_set, self.val_set, self.classes = build(
             self._local_root(c.root),
             c.image_size,
-            c.augment,
+            self.augmentation,
             c.val_split,
             self.seed,
             bool(c.gpu_normalize),
@@ -392,6 +415,10 @@ class ImageDataModule(pl.LightningDataModule):
         sampler = self._block_sampler(dataset, train)
         if sampler is None and train:
             sampler = self._train_sampler(len(dataset))
+            if sampler.repeats > 1:
+                from .sampler import RepeatedSamples
+
+                dataset = RepeatedSamples(dataset, sampler.repeats)
         if c.get("device_resident") and c.name == "synthetic":
             return self._device_resident_loader(dataset, sampler, train)
         from .folder import skip_none_collate
@@ -431,7 +458,7 @@ class ImageDataModule(pl.LightningDataModule):
     def _train_sampler(self, length: int):
         from .sampler import EpochShuffleSampler
 
-        sampler = EpochShuffleSampler(length, self.seed)
+        sampler = EpochShuffleSampler(length, self.seed, self.repeats)
         self._apply_resume(sampler)
         return sampler
 

@@ -13,11 +13,13 @@ import os
 from typing import Optional, Tuple
 
 from ..errors import ConfigError
+from .augment import CROP_RATIO, Augmentation, transforms_for
 from .decoders import DECODE_ERRORS
 
-CROP_SCALE = (0.35, 1.0)  # RandomResizedCrop's range of area fractions
-CROP_RATIO = (3 / 4, 4 / 3)  # and of aspect ratios (width / height), torchvision's default
-VAL_RESIZE = 1.14  # validation: resize the short side to this x image_size, then center-crop
+CROP_SCALE = Augmentation().crop_scale  # RandomResizedCrop's range of area fractions (data.crop_min_scale's default)
+VAL_RESIZE = (
+    Augmentation().eval_resize_ratio
+)  # validation: the short side resized to this x its size (data.eval_resize_ratio)
 
 
 def crop_side_fraction(scale, ratio) -> float:
@@ -36,11 +38,12 @@ def crop_side_fraction(scale, ratio) -> float:
     return min(drawn, 1.0, 1 / r0, r1)
 
 
-def needed_side(image_size: int, scale=CROP_SCALE, ratio=CROP_RATIO) -> int:
+def needed_side(image_size: int, scale=CROP_SCALE, ratio=CROP_RATIO, val_side: Optional[int] = None) -> int:
     """The short side a decoded image needs so that neither transform upsamples: the smallest training
     crop (``crop_side_fraction`` of the side; ``scale=None`` where training does not crop) and
-    validation's resize. data.decode_scale=auto decodes no smaller."""
-    val = int(round(image_size * VAL_RESIZE))
+    validation's resize (``val_side``; None: ``VAL_RESIZE`` x image_size). data.decode_scale=auto
+    decodes no smaller."""
+    val = val_side if val_side is not None else int(round(image_size * VAL_RESIZE))
     if scale is None:
         return val
     return max(math.ceil(image_size / crop_side_fraction(scale, ratio)), val)
@@ -57,33 +60,16 @@ def crop_range(transform):
     return None, None
 
 
-def decode_min_side(decode_scale: str, image_size: int, augment: bool, keep_uint8: bool = False) -> Optional[int]:
+def decode_min_side(decode_scale: str, image_size: int, augment, keep_uint8: bool = False) -> Optional[int]:
     """data.decode_scale: the short side the decoder may reduce a JPEG to (None: full size), the same
-    for every format that decodes encoded images (image folders, Parquet, WebDataset shards)."""
+    for every format that decodes encoded images (image folders, Parquet, WebDataset shards).
+    ``augment``: an Augmentation (or data.augment's bool)."""
     if decode_scale != "auto":
         return None
-    return needed_side(image_size, *crop_range(transforms_for(image_size, True, augment, keep_uint8)))
-
-
-def transforms_for(image_size: int, train: bool, augment: bool, keep_uint8: bool = False):
-    """torchvision v2 transforms: they take PIL images and uint8 tensors alike (any decoder)."""
-    import torch
-    from torchvision.transforms import v2
-
-    from .gpu_transforms import IMAGENET_MEAN, IMAGENET_STD
-
-    steps = [v2.ToImage()]
-    if train and augment:
-        steps += [
-            v2.RandomResizedCrop(image_size, scale=CROP_SCALE, ratio=CROP_RATIO, antialias=True),
-            v2.RandomHorizontalFlip(),
-        ]
-    else:
-        steps += [v2.Resize(int(round(image_size * VAL_RESIZE)), antialias=True), v2.CenterCrop(image_size)]
-    if keep_uint8:  # data.gpu_normalize: the device converts and normalizes
-        return v2.Compose(steps + [v2.ToPureTensor()])
-    return v2.Compose(
-        steps + [v2.ToDtype(torch.float32, scale=True), v2.Normalize(IMAGENET_MEAN, IMAGENET_STD), v2.ToPureTensor()]
+    augment = Augmentation.coerce(augment)
+    val_side = max(augment.eval_resize(image_size), int(round(image_size * augment.eval_resize_ratio)))
+    return needed_side(
+        image_size, *crop_range(transforms_for(image_size, True, augment, keep_uint8)), val_side=val_side
     )
 
 
@@ -226,7 +212,7 @@ def _remote_image_folder(fs, path: str, transform, key: str, on_bad_sample: str,
 def build_image_folders(
     root: str,
     image_size: int,
-    augment: bool,
+    augment,
     val_split: float,
     seed: int,
     key: str = "data.root",

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from ..errors import ConfigError
+from .augment import Augmentation, uint8_train_steps
 from .gpu_transforms import normalize_uint8
 
 
@@ -56,7 +57,7 @@ class RemoteRows:
 
 
 class PackedImages(Dataset):
-    def __init__(self, root: str, image_size: int, train: bool, augment: bool, keep_uint8: bool, fs=None):
+    def __init__(self, root: str, image_size: int, train: bool, augment, keep_uint8: bool, fs=None):
         import io
 
         import numpy as np
@@ -80,7 +81,9 @@ class PackedImages(Dataset):
             self.labels = np.load(os.path.join(root, "labels.npy"))
         self.size = self.meta["size"]
         self.image_size = image_size
-        self.train, self.augment, self.keep_uint8 = train, augment, keep_uint8
+        self.train, self.augment, self.keep_uint8 = train, Augmentation.coerce(augment), keep_uint8
+        # the policy and random erasing after this format's own crop + flip (augment.py)
+        self.extra_steps = uint8_train_steps(self.augment) if train else None
 
     @property
     def classes(self):
@@ -91,7 +94,7 @@ class PackedImages(Dataset):
 
     def __getitem__(self, index: int):
         x = torch.from_numpy(self.images[index].copy()).permute(2, 0, 1)  # uint8 CHW
-        if self.train and self.augment:
+        if self.train and self.augment.crop_flip:
             pad = max(1, self.size // 8)
             x = torch.nn.functional.pad(
                 x, (pad, pad, pad, pad), mode="reflect" if x.dtype.is_floating_point else "constant"
@@ -105,13 +108,15 @@ class PackedImages(Dataset):
                 x[None].float(), size=(self.image_size, self.image_size), mode="bilinear", antialias=True
             )[0]
             x = x.round().clamp(0, 255).to(torch.uint8)
+        if self.extra_steps is not None:
+            x = self.extra_steps(x)
         if not self.keep_uint8:
             x = normalize_uint8(x[None])[0]
         return x, int(self.labels[index])
 
 
 def build_packed(
-    root: str, image_size: int, augment: bool, val_split: float, seed: int, keep_uint8: bool, storage_options=None
+    root: str, image_size: int, augment, val_split: float, seed: int, keep_uint8: bool, storage_options=None
 ) -> Tuple[Dataset, Optional[Dataset], list]:
     from .storage import is_remote, local_path, open_root
 

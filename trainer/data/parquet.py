@@ -129,7 +129,7 @@ def _label_classes(fs, paths, label_column: str) -> list:
 def build_parquet(
     root: str,
     image_size: int,
-    augment: bool,
+    augment,
     val_split: float,
     seed: int,
     keep_uint8: bool,

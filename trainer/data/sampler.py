@@ -4,6 +4,14 @@ Why not ``shuffle=True``: the DataLoader's RandomSampler draws from the global R
 would see a different order than the run it continues. Here epoch ``e`` is always the same
 permutation, Lightning calls ``set_epoch`` every epoch, and after a mid-epoch resume the sampler
 skips the batches the interrupted run already trained on (``ResumableState`` tells it how many).
+
+``repeats`` > 1 (``data.repeated_augment``, DeiT's repeated augmentation): each sample of the epoch's
+permutation is taken ``repeats`` times in a row and the epoch is cut back to ``length`` draws, so an
+epoch is as long as without it and covers about 1/repeats of the samples. The k-th repeat of sample
+``i`` is drawn as index ``i + k x length`` (``RepeatedSamples`` maps it back to ``i``), so that each
+repeat gets its own augmentation seed. Under DDP, Lightning's ``DistributedSamplerWrapper`` deals
+the draws to the ranks in turn (rank r takes draws r, r + world, ...), so the repeats of a sample
+land on different ranks, as DeiT's ``RASampler`` does.
 """
 
 from __future__ import annotations
@@ -11,13 +19,14 @@ from __future__ import annotations
 from typing import Iterator
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import Dataset, Sampler
 
 
 class EpochShuffleSampler(Sampler[int]):
-    def __init__(self, length: int, seed: int) -> None:
+    def __init__(self, length: int, seed: int, repeats: int = 1) -> None:
         self.length = length
         self.seed = seed
+        self.repeats = repeats
         self.epoch = 0
         self.skip = {}  # epoch -> samples to skip once (mid-epoch resume)
 
@@ -26,9 +35,34 @@ class EpochShuffleSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
-        order = torch.randperm(self.length, generator=g).tolist()
+        order = torch.randperm(self.length, generator=g)
+        if self.repeats > 1:
+            copies = torch.arange(self.repeats).repeat(self.length) * self.length
+            order = (order.repeat_interleave(self.repeats) + copies)[: self.length]
+        order = order.tolist()
         start = self.skip.pop(self.epoch, 0)
         return iter(order[start:])
 
     def __len__(self) -> int:
         return self.length
+
+
+class RepeatedSamples(Dataset):
+    """The training set as ``EpochShuffleSampler(repeats=...)`` draws from it: index ``i + k x n`` is
+    sample ``i`` (its k-th repeat in the epoch)."""
+
+    def __init__(self, dataset, repeats: int) -> None:
+        self.dataset = dataset
+        self.n = len(dataset)
+        self.repeats = repeats
+
+    def __len__(self) -> int:
+        return self.n * self.repeats
+
+    def __getattr__(self, name):  # the wrapped set's attributes (classes, targets, ...)
+        if name in ("dataset", "n", "repeats"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __getitem__(self, index: int):
+        return self.dataset[index % self.n]

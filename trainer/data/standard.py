@@ -322,7 +322,7 @@ def _extract(ds: Standard, archive: str, into: str, source: str) -> None:
 # CIFAR-10: torchvision's loader of the pickled batches.
 
 
-def build_cifar10(folder: str, image_size: int, augment: bool, keep_uint8: bool) -> tuple:
+def build_cifar10(folder: str, image_size: int, augment, keep_uint8: bool) -> tuple:
     """(train set: the five batches, val set: test_batch, class names from batches.meta)."""
     import pickle
 

@@ -117,7 +117,7 @@ def _counted_shards(fs, base: str, root: str) -> dict:
 def build_webdataset(
     root: str,
     image_size: int,
-    augment: bool,
+    augment,
     val_split: float,
     seed: int,
     keep_uint8: bool,

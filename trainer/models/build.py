@@ -42,11 +42,77 @@ def build_module(cfg) -> pl.LightningModule:
             "model._target_ must name an importable nn.Module or LightningModule class (or a function returning one); "
             "the other model.* keys are passed to it as arguments."
         ) from None
+    if isinstance(obj, torch.nn.Module):
+        _apply_recipe_ingredients(obj, cfg, f"'model._target_={target}'")
     if isinstance(obj, pl.LightningModule):
+        _refuse_classifier_ingredients(cfg, target)
         return obj
     if isinstance(obj, torch.nn.Module):
-        return ImageClassifier(obj, cfg.optim, cfg.sched, cfg.loss.label_smoothing, on_nan=cfg.on_nan)
+        from ..data.mixing import batch_mixing
+        from .losses import TrainingLoss
+
+        return ImageClassifier(
+            obj,
+            cfg.optim,
+            cfg.sched,
+            cfg.loss.label_smoothing,
+            on_nan=cfg.on_nan,
+            loss=TrainingLoss.of(cfg.loss),
+            mixing=batch_mixing(cfg.data, int(cfg.data.num_classes)),
+            eval_hflip=bool(cfg.get("eval_hflip", False)),
+            seed=int(cfg.seed),
+        )
     raise ConfigError(f"'model._target_={target}' built a {type(obj).__name__}, not an nn.Module or LightningModule.")
+
+
+def _apply_recipe_ingredients(net: torch.nn.Module, cfg, what: str) -> None:
+    """drop_path_rate and zero_init_residual on the freshly built network (regularize.py)."""
+    from .regularize import apply_drop_path, zero_init_residual
+
+    eval_size = cfg.data.get("eval_image_size")
+    if eval_size and eval_size != cfg.data.image_size and _fixed_input_size(net):
+        raise ConfigError(
+            f"data.eval_image_size={eval_size}: {what} takes only {cfg.data.image_size} px images (a ViT's position "
+            "embedding has one size), so it cannot validate at another. Set data.eval_image_size=null, or use a "
+            "model whose input size may vary (a ResNet, a timm model with dynamic_img_size=True)."
+        )
+    if cfg.get("zero_init_residual"):
+        n = zero_init_residual(net, what)
+        log.info("zero_init_residual: the last normalization of %d residual blocks starts at 0", n)
+    if cfg.get("drop_path_rate", 0.0) > 0:
+        n = apply_drop_path(net, float(cfg.drop_path_rate), what)
+        log.info("drop_path_rate=%s: stochastic depth on %d residual blocks (linear in depth)", cfg.drop_path_rate, n)
+
+
+def _fixed_input_size(net: torch.nn.Module) -> bool:
+    """torchvision's ViT checks that every image has its one size (timm's ViT unless dynamic_img_size)."""
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    if any(isinstance(m, VisionTransformer) for m in net.modules()):
+        return True
+    return any(getattr(m, "strict_img_size", False) and not getattr(m, "dynamic_img_pad", False) for m in net.modules())
+
+
+# the keys the built-in classifier acts on in its own steps: a user's LightningModule brings its own
+CLASSIFIER_KEYS = {
+    "data.mixup_alpha": 0.0,
+    "data.cutmix_alpha": 0.0,
+    "loss.name": "cross_entropy",
+    "loss.bce_target_threshold": None,
+    "eval_hflip": False,
+}
+
+
+def _refuse_classifier_ingredients(cfg, target) -> None:
+    from omegaconf import OmegaConf
+
+    given = [f"{k}={OmegaConf.select(cfg, k)}" for k, off in CLASSIFIER_KEYS.items() if OmegaConf.select(cfg, k) != off]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)}: these act in the built-in classifier's training and validation steps, and "
+            f"'model._target_={target}' is a LightningModule with steps of its own. Leave them at their defaults "
+            "and mix, flip or choose the loss in your module, or give model._target_ an nn.Module (images -> logits)."
+        )
 
 
 def _peek(path: str):

@@ -12,19 +12,41 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 
+from ..data.datamodule import sample_seed
 from ..optimizers import build_optimizer, build_scheduler
+from .losses import TrainingLoss
 
 log = logging.getLogger(__name__)
 
 
 class ImageClassifier(pl.LightningModule):
-    def __init__(self, net: torch.nn.Module, optim_cfg, sched_cfg, label_smoothing: float = 0.0, on_nan: str = "stop"):
+    """``loss``: a TrainingLoss (None: cross-entropy with ``label_smoothing``); ``mixing``: mixup /
+    cutmix of each training batch (data/mixing.py), seeded by (``seed``, epoch, batch index);
+    ``eval_hflip``: validation averages the logits of each image and its mirror image."""
+
+    def __init__(
+        self,
+        net: torch.nn.Module,
+        optim_cfg,
+        sched_cfg,
+        label_smoothing: float = 0.0,
+        on_nan: str = "stop",
+        *,
+        loss=None,
+        mixing=None,
+        eval_hflip: bool = False,
+        seed: int = 0,
+    ):
         super().__init__()
         self.net = net
         self.on_nan = on_nan
         self.optim_cfg = optim_cfg
         self.sched_cfg = sched_cfg
         self.label_smoothing = label_smoothing
+        self.loss = loss if loss is not None else TrainingLoss(label_smoothing=label_smoothing)
+        self.mixing = mixing
+        self.eval_hflip = eval_hflip
+        self.seed = seed
         self._zero_grad_to_none = bool(optim_cfg.get("zero_grad_to_none", True))
 
     def forward(self, x):
@@ -32,7 +54,10 @@ class ImageClassifier(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        loss = F.cross_entropy(self(x), y, label_smoothing=self.label_smoothing)
+        if self.mixing is not None:
+            # the batch's own stream: index -1 - batch_idx, apart from the samples' (0, 1, ...)
+            x, y = self.mixing(x, y, sample_seed(self.seed, self.current_epoch, -1 - batch_idx))
+        loss = self.loss(self(x), y)
         if self.on_nan == "skip" and not torch.isfinite(loss):
             return None  # Lightning skips backward and the optimizer step
         # the epoch mean is reduced (across ranks too) once per epoch; the step values (train/loss)
@@ -43,6 +68,8 @@ class ImageClassifier(pl.LightningModule):
     def validation_step(self, batch, batch_idx):
         x, y = batch
         logits = self(x)
+        if self.eval_hflip:  # test-time flip: the mirror image's logits averaged in
+            logits = (logits + self(x.flip(-1))) / 2
         n = y.shape[0]
         self.log("val/loss", F.cross_entropy(logits, y), on_epoch=True, sync_dist=True, batch_size=n)
         self.log(
