@@ -100,6 +100,23 @@ def test_input_bound_with_a_saturated_cpu_does_not_ask_for_more_workers():
         assert "data.decoder=nvjpeg" in d["try"], name
 
 
+def test_input_bound_with_a_heavy_augmentation_names_it_and_the_row_that_measures_it():
+    jpeg = {"name": "builtin", "decoder": "pil", "num_workers": 15, "pin_memory": True}
+    args = dict(
+        metrics={"data_wait_fraction": 0.6},
+        system={"cpu_busy_cores": 15.8, "process_cpu_cores": 15.5},
+        hardware=H100,
+        flags={},
+        is_convnet=True,
+    )
+    plain = doctor.diagnose(data=dict(jpeg, augment_policy="none", random_erasing=0.0), **args)
+    assert "plain_augment" not in plain["verdict"] and "augmentation (" not in plain["verdict"]
+    heavy = doctor.diagnose(data=dict(jpeg, augment_policy="randaugment", random_erasing=0.25), **args)
+    assert heavy["bottleneck"] == "input pipeline"
+    assert "augmentation (data.augment_policy=randaugment, data.random_erasing=0.25)" in heavy["verdict"]
+    assert "+bench=plain_augment" in heavy["verdict"] and heavy["try"] == plain["try"]  # not an accuracy-safe flag
+
+
 def test_input_bound_on_a_big_machine_names_workers_and_cores():
     d = doctor.diagnose(
         metrics={"data_wait_fraction": 0.62},

@@ -319,4 +319,6 @@ complete_for "python train.py +recipe="
     )
     keys, recipes = r.stdout.strip().splitlines()[-2:]
     assert set(keys.split()) == {"amp=", "amp_dtype="}, r.stdout + r.stderr
-    assert set(recipes.split()) == {"+recipe=resnet50", "+recipe=vit"}, r.stdout + r.stderr
+    shipped = {f"+recipe={p.stem}" for p in (ROOT / "recipes").glob("*.yaml")}
+    assert {"+recipe=resnet50", "+recipe=vit", "+recipe=vit_deit"} <= shipped, shipped
+    assert set(recipes.split()) == shipped, r.stdout + r.stderr

@@ -115,6 +115,12 @@ def diagnose(
             )
         else:
             why = "the model waits for data"
+        heavy = heavy_augmentation(data)
+        if heavy:
+            why += (
+                f"; each image's augmentation ({', '.join(heavy)}) is part of that load: the row +bench=plain_augment "
+                "(crop + flip only) measures what it costs"
+            )
         text = f"{wait:.0%} of training time waiting for the next batch with {busy_text} and {workers} loader workers: {why}."
         return _verdict("input pipeline", text, suggestions, hw_notes, evidence)
 
@@ -207,6 +213,16 @@ def _reads_object_store(data: Dict[str, Any]) -> bool:
         and is_remote(data.get("root"))
         and not data.get("cache")
     )
+
+
+def heavy_augmentation(data: Dict[str, Any]) -> List[str]:
+    """The per-image augmentation beyond crop + flip that a loader does for every image, as overrides."""
+    out = []
+    if data.get("augment_policy") not in (None, "none"):
+        out.append(f"data.augment_policy={data['augment_policy']}")
+    if (data.get("random_erasing") or 0) > 0:
+        out.append(f"data.random_erasing={data['random_erasing']}")
+    return out
 
 
 def decode_suggestions(data: Dict[str, Any], cuda: bool) -> List[str]:
