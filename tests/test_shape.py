@@ -79,7 +79,7 @@ def test_the_flags_keep_the_order_the_report_shows_them_in():
     from trainer import config
 
     assert config.FLAG_KEYS == (
-        "amp", "amp_dtype", "compile", "compile_mode", "compile_cache", "channels_last", "progressive_resize", "ema", "accumulate",
+        "amp", "amp_dtype", "compile", "compile_mode", "compile_backend", "compile_cache", "channels_last", "progressive_resize", "ema", "accumulate",
         "strategy", "devices",
         "num_nodes", "profile", "tf32", "cudnn_benchmark", "activation_checkpointing", "sync_batchnorm",
         "lr_scaling", "cuda_alloc_conf", "optim.fused", "optim.zero_grad_to_none", "data.batch_size",

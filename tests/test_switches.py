@@ -82,6 +82,31 @@ def test_compile_compiles_the_model(train, monkeypatch):
     assert metrics["status"] == "ok" and metrics["flags"]["compile"] is True
 
 
+def test_compile_backend_picks_torch_compiles_backend_and_a_mode_only_goes_with_inductor(train, monkeypatch, compose):
+    import torch._dynamo
+
+    from trainer.config import validate
+    from trainer.errors import ConfigError
+
+    backends = []
+    real_compile = torch.compile
+
+    def spy(model, **kwargs):
+        if type(getattr(model, "__self__", model)).__name__ == "TinyCNN":
+            backends.append(kwargs.get("backend"))
+        return real_compile(model, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", spy)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    metrics, run_dir = train("compile=true", "compile_backend=aot_eager", "model.width=4")
+    assert backends == ["aot_eager"] and metrics["flags"]["compile_backend"] == "aot_eager"
+    assert torch._dynamo.utils.counters["aot_autograd"]["total"] >= 1 and not torch._dynamo.utils.counters["inductor"]
+    assert metrics["status"] == "ok" and metrics["compile_time_s"] > 0
+    with pytest.raises(ConfigError, match="'compile_mode=max-autotune' is a mode of the inductor backend"):
+        validate(compose("compile=true", "compile_backend=aot_eager", "compile_mode=max-autotune"))
+
+
 COMPILE = [
     "compile=true",
     "compile_cache=shared",  # warm across tests: the cache's own test below compiles cold
@@ -151,9 +176,9 @@ def test_the_compiler_warm_up_runs_on_the_given_device_and_draws_no_random_numbe
     seen = []
     real = model_transforms.warm_up_compiler
 
-    def spy(device):
+    def spy(device, backend="inductor"):
         seen.append(device)
-        return real(device)
+        return real(device, backend)
 
     class Root(pl.Callback):
         def on_fit_start(self, trainer, pl_module):

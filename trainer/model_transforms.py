@@ -128,14 +128,15 @@ def apply_compile(module: nn.Module, cfg) -> List[str]:
     if not cfg.compile:
         return []
     mode = None if cfg.compile_mode == "default" else cfg.compile_mode
+    backend = getattr(cfg, "compile_backend", "inductor") or "inductor"
     names = []
     for net in networks(module):
-        net.compile(mode=mode)
+        net.compile(mode=mode, backend=backend)
         names.append(next((name for name, child in module.named_children() if child is net), type(net).__name__))
     return names
 
 
-def warm_up_compiler(device: torch.device) -> float:
+def warm_up_compiler(device: torch.device, backend: str = "inductor") -> float:
     """Pay the compiler's per-process start-up before the job's own graphs; returns the seconds it took.
 
     The first compile in a process also hashes torch's and Triton's sources, loads Inductor and its
@@ -162,7 +163,7 @@ def warm_up_compiler(device: torch.device) -> float:
         )
         holder.to(device)
         # default mode: no autotuning of a throwaway net
-        apply_compile(holder, SimpleNamespace(compile=True, compile_mode="default"))
+        apply_compile(holder, SimpleNamespace(compile=True, compile_mode="default", compile_backend=backend))
         holder.net(torch.randn(2, 3, 8, 8, device=device)).sum().backward()
     torch.compiler.reset()
     return time.perf_counter() - start
@@ -274,6 +275,11 @@ class CompileAfterSetup(pl.Callback):
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if not self.compiled:
-            self.warmup_s = warm_up_compiler(trainer.strategy.root_device)
+            self.warmup_s = warm_up_compiler(trainer.strategy.root_device, self.cfg.get("compile_backend", "inductor"))
             self.compiled = apply_compile(pl_module, self.cfg)
-            log.info("compile: %s compiled in place (compile_mode=%s)", ", ".join(self.compiled), self.cfg.compile_mode)
+            log.info(
+                "compile: %s compiled in place (compile_mode=%s, compile_backend=%s)",
+                ", ".join(self.compiled),
+                self.cfg.compile_mode,
+                self.cfg.get("compile_backend", "inductor"),
+            )
