@@ -141,6 +141,18 @@ class SlowInitDataset(SlowDataset):
         super().__init__(n, image_size, num_classes, sleep_ms=0.0)
 
 
+class ParentRecorder(SlowDataset):
+    """Writes the process's parent pid to ``path``: how a probe was started (forked from the preloaded
+    server, whose child it is, or a fresh interpreter, the tuner's own child)."""
+
+    def __init__(self, path: str, n: int = 16, image_size: int = 16, num_classes: int = 10):
+        import os
+
+        super().__init__(n, image_size, num_classes, sleep_ms=0.0)
+        with open(path, "w") as f:
+            f.write(str(os.getppid()))
+
+
 class SlowStartDataset(SlowDataset):
     """A planted fixed cost per epoch: each loader worker's first sample takes ``startup_s`` (opening
     files, connecting to storage), the rest are quick. Non-persistent workers pay it every epoch."""

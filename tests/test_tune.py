@@ -456,6 +456,49 @@ def test_a_probe_scales_the_steps_not_the_epochs_fixed_cost(train):
     assert steady and all(1.0 <= e["startup_s"] <= fixed_cost(e) < e["time_s"] for e in steady), steady
 
 
+def test_probes_start_forked_from_the_preloaded_server_unless_told_or_the_environment_differs(tmp_path, monkeypatch):
+    """tune.preloaded_probes=true: a probe is the preloaded server's child (its imports paid once), and
+    trains as a fresh one does; false, or an environment torch reads at import that differs from the
+    server's: a fresh interpreter, the tuner's own child."""
+    from types import SimpleNamespace
+
+    from trainer import preloaded
+    from trainer.tune.probe import Journal, Prober
+
+    for key, value in clean_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(ROOT)
+    preloaded.context(clean_env())  # (the tests' forked commands may have started it already, the same way)
+    tune = SimpleNamespace(probe_epochs=3, probe_batches=2, verify_epochs=1, budget_min=5.0, objective="epoch_time")
+    parents = {}
+    for name, preload, extra_env in (
+        ("forked", True, {}),
+        ("fresh", False, {}),
+        ("threads", True, {"OMP_NUM_THREADS": "1"}),
+    ):
+        for key, value in extra_env.items():
+            monkeypatch.setenv(key, value)
+        tune.preloaded_probes = preload
+        tune.get = lambda key, default=None: getattr(tune, key, default)
+        path = tmp_path / f"{name}.ppid"
+        user = [
+            "data=custom",
+            "data.dataset._target_=spies.ParentRecorder",
+            f"+data.dataset.path={path}",
+            "data.batch_size=4",
+            "data.image_size=16",
+            "model.width=4",
+            "monitor.enabled=false",
+        ]
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        result = Prober(run_dir, user, tune, Journal(run_dir, user, {})).run("probe", "baseline", [])
+        assert result.ok, (name, result.error)
+        parents[name] = int(path.read_text())
+    assert parents["fresh"] == os.getpid() and parents["threads"] == os.getpid()
+    assert parents["forked"] != os.getpid()
+
+
 def test_prefetch_is_reachable_when_the_user_set_loader_workers():
     from types import SimpleNamespace
 

@@ -3,9 +3,10 @@ and the journal that lets a killed tune resume without repeating a finished prob
 
 A probe is ``python -m trainer.cli`` with the user's overrides, the configuration's and the probe's
 own (a fixed number of steps per epoch, one warm-up epoch, no validation or checkpoints). Each runs
-in a fresh process so that nothing carries over between configurations (a compiled graph, an
-allocator preloaded by re-launch, torch.backends settings), and is timed by the same EpochTimer as
-any run: its metrics.json is the measurement.
+in a process of its own so that nothing carries over between configurations (a compiled graph, an
+allocator preloaded by re-launch, torch.backends settings): forked from a server that has imported
+torch and nothing of ours (``trainer/preloaded.py``, ``tune.preloaded_probes``), or a fresh
+interpreter. It is timed by the same EpochTimer as any run: its metrics.json is the measurement.
 
 The journal (``tune_journal.jsonl``) holds one line per finished probe. The search is a function of
 the probes' results, so a resumed tune replays it: the n-th request for a configuration is answered
@@ -20,12 +21,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import median
 from typing import Any, Dict, List, Optional
 
+from .. import preloaded
 from ..errors import ConfigError
 from ..time_to_target import reaches
 
@@ -248,6 +251,24 @@ class Prober:
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:60]
         return parent / f"{n:02d}-{safe}"
 
+    def _start(self, args: List[str], env: dict, stderr_path: str):
+        """The probe's process, in a session of its own (a timed-out probe is stopped with every process
+        it started: loader workers, ranks) that dies with the tuner (a killed tune leaves no run behind
+        to slow the next one). ``tune.preloaded_probes``: forked from a server that has imported torch
+        (trainer/preloaded.py: the 3-5 s of imports paid once per tune, not per probe), unless the probe's
+        environment differs in what those imports read; else a fresh ``python``."""
+        if self.cfg.get("preloaded_probes", True) and preloaded.forkable(env):
+            return preloaded.start(args, os.getcwd(), env, stderr=stderr_path, new_session=True, die_with_parent=True)
+        with open(stderr_path, "w") as err:
+            return subprocess.Popen(
+                [sys.executable, *args],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+                env=env,
+                start_new_session=True,
+                preexec_fn=preloaded.set_parent_death_signal,
+            )
+
     def run(self, kind: str, name: str, config: List[str], extra: tuple = ()) -> Result:
         """One probe of ``config``; ``extra``: settings of this run that are not part of the configuration
         (the target's stop_at_acc), derived from the journal's earlier records, so a replay gets the same."""
@@ -256,8 +277,7 @@ class Prober:
             self.spent_s += replayed.wall_s
             return replayed
         run_dir = self._next_dir(kind, name)
-        cmd = [
-            sys.executable,
+        args = [
             "-m",
             "trainer.cli",
             *self.user,
@@ -267,32 +287,24 @@ class Prober:
             f"hydra.run.dir={run_dir}",
         ]
         env = dict(os.environ, TRAINER_QUIET_CONSOLE="1")
-        start = time.perf_counter()
-        # its own session: a timed-out probe is stopped with every process it started (loader workers,
-        # ranks); and it dies with the tuner, so a killed tune leaves no run behind to slow the next one
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
         # a probe is a few short epochs: one that runs far past the budget is stuck; a verification
         # trains full epochs and is not bounded by the probes' budget
         limit = max(300.0, 60.0 * self.cfg.budget_min) if kind == "probe" else None
         stopped = None
-        try:
-            _, stderr = proc.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            _, stderr = proc.communicate()
-            stopped = f"stopped after {limit:.0f} s (a probe should take seconds: see {run_dir}/train.log)"
-        except BaseException:
-            _kill(proc)
-            raise
-        wall = time.perf_counter() - start
+        with tempfile.NamedTemporaryFile(prefix="probe-stderr-", suffix=".txt") as err:
+            start = time.perf_counter()
+            proc = self._start(args, env, err.name)
+            try:
+                proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                _kill(proc)
+                proc.wait()
+                stopped = f"stopped after {limit:.0f} s (a probe should take seconds: see {run_dir}/train.log)"
+            except BaseException:
+                _kill(proc)
+                raise
+            wall = time.perf_counter() - start
+            stderr = Path(err.name).read_text(errors="replace")
         result = _from_metrics(kind, config, run_dir, wall, stderr or "")
         if result.status != "ok" or proc.returncode != 0:
             reason = stopped or result.error or _last_lines(stderr) or f"exit code {proc.returncode}"
@@ -307,18 +319,8 @@ def _last_lines(text: Optional[str]) -> str:
     return " ".join(lines[-3:])[-400:]
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _kill(proc) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
-
-
-def _die_with_parent() -> None:
-    """In the probe's process before exec: SIGKILL it when the tuner dies (Linux prctl PR_SET_PDEATHSIG)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
         pass
