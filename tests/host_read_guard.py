@@ -39,7 +39,10 @@ ALLOWED_CALLERS = {
     # a GPU too. Their reads of the batch itself would be elsewhere (they make none: the one-hot takes
     # the class count given).
     ("torchvision/transforms/v2/_augment.py", "make_params"): "mixup's and cutmix's draws: CPU tensors",
-    ("torchvision/transforms/v2/_container.py", "forward"): "RandomChoice's pick between mixup and cutmix: a CPU tensor",
+    (
+        "torchvision/transforms/v2/_container.py",
+        "forward",
+    ): "RandomChoice's pick between mixup and cutmix: a CPU tensor",
 }
 ALLOWED_INSIDE = {
     "torch/utils/data/": "the loader's fetch: decoding and augmenting on the host, host tensors on a GPU too",
