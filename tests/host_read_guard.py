@@ -33,16 +33,6 @@ ALLOWED_CALLERS = {
         "trainer/callbacks/host_reads.py",
         "_reclaim",
     ): "HostReads reads its own host buffer, filled by non-blocking copies",
-    # data.mixup_alpha / data.cutmix_alpha (data/mixing.py): torchvision's MixUp and CutMix draw their
-    # lambda and box, and RandomChoice its pick, with torch on the CPU (a Beta of CPU tensors,
-    # torch.randint, torch.multinomial of a list), then read them as Python numbers: host tensors on
-    # a GPU too. Their reads of the batch itself would be elsewhere (they make none: the one-hot takes
-    # the class count given).
-    ("torchvision/transforms/v2/_augment.py", "make_params"): "mixup's and cutmix's draws: CPU tensors",
-    (
-        "torchvision/transforms/v2/_container.py",
-        "forward",
-    ): "RandomChoice's pick between mixup and cutmix: a CPU tensor",
 }
 ALLOWED_INSIDE = {
     "torch/utils/data/": "the loader's fetch: decoding and augmenting on the host, host tensors on a GPU too",

@@ -77,3 +77,43 @@ def test_a_forked_command_sees_multiprocessing_as_a_fresh_interpreter_does(tmp_p
     env = clean_env()
     forked, fresh = run_python(["mp.py"], tmp_path, env), run_python(["mp.py"], tmp_path, env, fresh=True)
     assert forked.stdout == fresh.stdout == "None MainProcess None\nchild 0\n", (forked.stdout, forked.stderr)
+
+
+def test_a_forked_command_dies_with_its_caller(tmp_path):
+    """trainer/preloaded.py's die_with_parent (the tuner's probes): a caller that dies without cleaning up
+    (a tune killed with SIGKILL) takes the preloaded server and the command with it, though the
+    command inherited the server's "alive" pipe."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "sleeper.py").write_text("import time\ntime.sleep(300)\n")
+    caller = textwrap.dedent(
+        f"""
+        import os
+        from trainer import preloaded
+        child = preloaded.start(["sleeper.py"], {str(tmp_path)!r}, dict(os.environ), new_session=True, die_with_parent=True)
+        open("pid", "w").write(str(child.pid))
+        time_left = 50
+        while not os.path.exists("/proc/%d" % child.pid) and time_left:
+            time_left -= 1
+        os._exit(0)
+        """
+    )
+    subprocess.run([sys.executable, "-c", caller], cwd=tmp_path, env=clean_env(), timeout=120, check=True)
+    pid = int((tmp_path / "pid").read_text())
+
+    def alive() -> bool:
+        try:
+            return open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    deadline = time.time() + 30
+    while alive() and time.time() < deadline:
+        time.sleep(0.2)
+    survived = alive()
+    if survived:
+        os.kill(pid, 9)
+    assert not survived, f"the forked command {pid} outlived its caller"

@@ -94,9 +94,9 @@ def test_mixup_makes_soft_targets_of_each_image_and_its_neighbour():
     images, labels = torch.rand(6, 3, 8, 8), torch.tensor([0, 1, 2, 3, 4, 0])
     mixed, targets = BatchMixing(0.4, 0.0, num_classes=5)(images, labels, seed=3)
     assert targets.shape == (6, 5) and torch.allclose(targets.sum(1), torch.ones(6))
-    lam = float(targets[1, 1])  # image 1 (class 1) mixed with image 0 (class 0), the batch rolled by one
-    assert 0 < lam < 1 and torch.isclose(targets[1, 0], torch.tensor(1 - lam))
-    assert torch.allclose(mixed, lam * images + (1 - lam) * images.roll(1, 0), atol=1e-6)
+    lam = float(targets[1, 1])  # image 1 (class 1) mixed with image 4 (class 4): the batch's mirror position
+    assert 0 < lam < 1 and torch.isclose(targets[1, 4], torch.tensor(1 - lam))
+    assert torch.allclose(mixed, lam * images + (1 - lam) * images.flip(0), atol=1e-6)
     again = BatchMixing(0.4, 0.0, num_classes=5)(images, labels, seed=3)
     assert torch.equal(again[1], targets) and not torch.equal(
         BatchMixing(0.4, 0.0, 5)(images, labels, seed=4)[1], targets
@@ -110,9 +110,9 @@ def test_cutmix_pastes_a_box_of_the_neighbour_and_the_targets_hold_its_area():
     labels = torch.tensor([0, 1, 2, 3])
     for seed in range(6):
         mixed, targets = BatchMixing(0.0, 1.0, num_classes=4)(images, labels, seed=seed)
-        pasted = (mixed[1, 0] == 0).float().mean()  # image 1 holds image 0's value where the box is
-        assert torch.allclose(targets.sum(1), torch.ones(4))
-        assert torch.isclose(targets[1, 0], pasted, atol=1e-6) and torch.isclose(targets[1, 1], 1 - pasted, atol=1e-6)
+        pasted = (mixed[1, 0] == 2).float().mean()  # image 1 holds image 2's value (its mirror) where the box is
+        assert torch.allclose(targets.sum(1), torch.ones(4)) and set(mixed[1].unique().tolist()) <= {1.0, 2.0}
+        assert torch.isclose(targets[1, 2], pasted, atol=1e-6) and torch.isclose(targets[1, 1], 1 - pasted, atol=1e-6)
 
 
 def test_with_both_on_each_batch_gets_mixup_or_cutmix():
@@ -122,7 +122,7 @@ def test_with_both_on_each_batch_gets_mixup_or_cutmix():
     kinds = set()
     for seed in range(20):
         mixed, _ = BatchMixing(1.0, 1.0, num_classes=4)(images, labels, seed=seed)
-        from_self = torch.isclose(mixed, images) | torch.isclose(mixed, images.roll(1, 0))
+        from_self = torch.isclose(mixed, images) | torch.isclose(mixed, images.flip(0))
         kinds.add("cutmix" if bool(from_self.all()) else "mixup")
     assert kinds == {"mixup", "cutmix"}
 
@@ -399,3 +399,81 @@ def test_the_loss_and_the_schedule_follow_their_keys(compose):
     opt = torch.optim.SGD(module.parameters(), lr=1.0)
     factor = build_scheduler(opt, sched_cfg, total_steps=110, max_epochs=11)["scheduler"].lr_lambdas[0]
     assert abs(factor(35) - 0.75) < 1e-9  # 10 warm-up steps, then a straight line to 0 at step 110
+
+
+def test_repeats_reach_a_subset_through_the_loaders_batched_fetch():
+    """A Subset (an image folder split by data.val_split) has a batched fetch the loader calls: the
+    repeats' indices (i + k x n) must reach it as the samples they are."""
+    from torch.utils.data import DataLoader, Subset
+
+    from trainer.data.sampler import EpochShuffleSampler, RepeatedSamples
+
+    base = Subset(list(range(100, 120)), list(range(0, 20, 2)))  # 10 samples: 100, 102, ...
+    sampler = EpochShuffleSampler(10, seed=0, repeats=2)
+    batches = list(DataLoader(RepeatedSamples(base, 2), sampler=sampler, batch_size=5))
+    seen = [int(v) for batch in batches for v in batch]
+    assert seen == [base[d % 10] for d in sampler] and len(set(seen)) == 5
+
+
+def test_mixing_leaves_the_global_rngs_alone_and_each_rank_mixes_its_own_way(compose, monkeypatch):
+    import random
+
+    from trainer.data.mixing import BatchMixing
+    from trainer.models import build_module
+    from trainer.models.classifier import ImageClassifier
+
+    images, labels = torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+    torch.manual_seed(5)
+    random.seed(5)
+    before = torch.get_rng_state(), random.getstate()
+    for seed in range(4):  # both kinds
+        BatchMixing(0.5, 1.0, num_classes=4)(images, labels, seed=seed)
+    assert torch.equal(torch.get_rng_state(), before[0]) and random.getstate() == before[1]
+
+    module = build_module(compose("data.mixup_alpha=0.5", "data.num_classes=4"))
+    seen = []
+    module.net.register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
+    x, y = torch.rand(4, 3, 16, 16), torch.tensor([0, 1, 2, 3])
+    for rank in (0, 0, 1):
+        monkeypatch.setattr(ImageClassifier, "global_rank", property(lambda self, r=rank: r))
+        module.training_step((x, y), 3)
+    assert torch.equal(seen[0], seen[1]) and not torch.equal(seen[0], seen[2])
+
+
+def test_packed_validation_comes_at_the_eval_size(tmp_path, small_images):
+    from trainer.data.augment import Augmentation
+    from trainer.data.packed import PackedImages
+    from trainer.pack import pack
+
+    pack(str(small_images), str(tmp_path / "p"), 16)
+    aug = Augmentation(eval_image_size=24)
+    assert PackedImages(str(tmp_path / "p" / "val"), 16, False, aug, keep_uint8=True)[0][0].shape[-2:] == (24, 24)
+    assert PackedImages(str(tmp_path / "p" / "train"), 16, True, aug, keep_uint8=True)[0][0].shape[-2:] == (16, 16)
+
+
+def test_stochastic_depth_reaches_timm_resnets_whose_rate_zero_blocks_hold_none():
+    import timm
+    from timm.layers import DropPath
+
+    from trainer.models.regularize import apply_drop_path
+
+    net = timm.create_model("resnet18", num_classes=3)
+    assert net.layer1[0].drop_path is None
+    assert apply_drop_path(net, 0.3) == 8
+    assert net.layer1[0].drop_path is None and isinstance(net.layer4[1].drop_path, DropPath)
+    assert abs(net.layer4[1].drop_path.drop_prob - 0.3) < 1e-9
+
+
+def test_custom_data_says_which_image_keys_it_cannot_use(compose, caplog):
+    from trainer.data.datamodule import ImageDataModule
+
+    cfg = compose(
+        "data=custom",
+        "data.dataset._target_=spies.SlowDataset",
+        "+data.dataset.sleep_ms=0",
+        "data.augment_policy=randaugment",
+        "data.eval_image_size=24",
+    )
+    with caplog.at_level("WARNING"):
+        ImageDataModule(cfg.data).build()
+    assert "data.augment_policy=randaugment, data.eval_image_size=24: these act in the trainer's own" in caplog.text

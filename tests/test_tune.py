@@ -499,6 +499,16 @@ def test_probes_start_forked_from_the_preloaded_server_unless_told_or_the_enviro
     assert parents["forked"] != os.getpid()
 
 
+def test_inductor_modes_are_not_candidates_under_another_compile_backend():
+    from trainer.tune.candidates import CATALOGUE, Context
+
+    gpu = Context(cuda=True, bf16_native=True, capability=9.0, cores=16, data_name="synthetic", allocators=())
+    for name in ("compile_max_autotune", "compile_reduce_overhead"):
+        candidate = next(c for c in CATALOGUE if c.name == name)
+        assert candidate.skip(gpu, {"compile_backend": "inductor"}) is None
+        assert "compile_backend=aot_eager" in candidate.skip(gpu, {"compile_backend": "aot_eager"})
+
+
 def test_prefetch_is_reachable_when_the_user_set_loader_workers():
     from types import SimpleNamespace
 

@@ -84,11 +84,19 @@ def build_optimizer(model: torch.nn.Module, cfg, loss_scaled_on_cuda: bool = Fal
     elif cfg.name == "adamw":
         cls, kwargs = torch.optim.AdamW, {"lr": cfg.lr, "betas": tuple(cfg.betas)}
     elif cfg.name == "lamb":
-        # torch has no LAMB; timm's (the one "ResNet strikes back" trained with) has no fused or
-        # foreach variant, so optim.fused does not apply to it
+        # torch has no LAMB; timm's (the one "ResNet strikes back" trained with) has no fused kernel
+        # (optim.fused: foreach or not is all it takes). Under fp16 loss scaling on CUDA a non-fused
+        # optimizer makes torch's GradScaler read its overflow flag on the host every step: said.
         from timm.optim import Lamb
 
-        return Lamb(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+        if loss_scaled_on_cuda:
+            log.warning(
+                "optim.name=lamb has no fused kernel: under fp16 loss scaling the GradScaler reads its overflow "
+                "flag on the host every step (a device sync). amp_dtype=bf16 needs no loss scaling."
+            )
+        fused = cfg.get("fused", "auto")
+        foreach = {"foreach": fused == "foreach"} if fused in ("foreach", False) else {}
+        return Lamb(groups, lr=cfg.lr, betas=tuple(cfg.betas), **foreach)
     else:
         raise ValueError(f"unknown optimizer {cfg.name}")  # config.validate rejects it earlier
     impl = _implementation(cfg.get("fused", "auto"), loss_scaled_on_cuda)

@@ -10,6 +10,9 @@ so whatever the caller did with CUDA does not reach it) that imports those libra
 else: not ``trainer``, Lightning or Hydra, whose state at import depends on what ran before (Lightning
 gives its logger a stderr handler of its own only when the root logger has none yet). Importing torch
 does not initialize CUDA, so a probe forked from it initializes its own GPU as a fresh process does.
+(multiprocessing itself gives each child the caller's ``sys.path`` and imports the caller's main
+module under another name, as for any forkserver child: for the tuner, ``trainer.tune``'s entry
+point, which imports no torch and runs nothing when so imported.)
 
 From the fork on, the command runs as ``python ARGS`` would: ``sys.argv``, ``sys.path[0]``, the working
 dir and the environment are the command's, stdout and stderr go where it is told, ``__main__`` is the
@@ -37,8 +40,10 @@ from typing import Dict, List, Optional
 PRELOAD = ["torch", "torchvision", "torchmetrics"]
 # import-time settings: a command whose environment differs from the server's in one of these (or in
 # any variable of these prefixes) needs a fresh interpreter
-IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_", "TORCH_", "PYTORCH_", "CUDA_", "NCCL_", "LD_")
-IMPORT_TIME_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "PYTHONPATH", "PYTHONHASHSEED", "PATH"}
+IMPORT_TIME_PREFIXES = (
+    "OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_", "TORCH_", "PYTORCH_", "CUDA_", "NCCL_", "LD_", "PYTHON",
+)  # fmt: skip
+IMPORT_TIME_NAMES = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "PATH"}
 
 _server_env: Optional[Dict[str, str]] = None
 
@@ -129,10 +134,7 @@ def _child(
     import atexit
     import runpy
 
-    if new_session:
-        os.setsid()
-    if die_with_parent:
-        set_parent_death_signal()
+    _leave_the_server(new_session, die_with_parent)
     # multiprocessing's view of this process as a fresh interpreter has it: the main process, its
     # start method not chosen (a loader's workers fork, as they would, not through the server)
     process = sys.modules["multiprocessing.process"]  # (the package's name "process" is not this module)
@@ -178,6 +180,24 @@ def _child(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _leave_the_server(new_session: bool, die_with_parent: bool) -> None:
+    """The child's ties to the server: a session of its own, the server's "alive" pipe closed, and
+    death with the server (which ends with the caller)."""
+    server_pid = os.getppid()
+    if new_session:
+        os.setsid()
+    # the server ends when every holder of its "alive" pipe has closed it: the caller, and every child
+    # it serves, which inherits the pipe's write end. Closed here, the server ends with the caller.
+    server = forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    if die_with_parent:
+        set_parent_death_signal()
+        if os.getppid() != server_pid:  # the server (and the caller) died before the signal was set
+            os._exit(1)
 
 
 def set_parent_death_signal() -> None:

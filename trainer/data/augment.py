@@ -63,23 +63,66 @@ class Augmentation:
     def eval_resize(self, image_size: int) -> int:
         return int(round(self.eval_size(image_size) * self.eval_resize_ratio))
 
-    @property
-    def changes_pixels_beyond_crop(self) -> bool:
-        """A policy or erasing: work per image that a plain crop + flip does not do."""
-        return self.policy != "none" or self.random_erasing > 0
+    def set_keys(self) -> list:
+        """The ``data.*`` keys beyond data.augment set away from their defaults, as key=value."""
+        names = {
+            "crop_min_scale": "crop_min_scale",
+            "policy": "augment_policy",
+            "magnitude": "randaugment_magnitude",
+            "num_ops": "randaugment_ops",
+            "random_erasing": "random_erasing",
+            "eval_image_size": "eval_image_size",
+            "eval_resize_ratio": "eval_resize_ratio",
+        }
+        default = Augmentation()
+        return [f"data.{key}={getattr(self, f)}" for f, key in names.items() if getattr(self, f) != getattr(default, f)]
 
 
 def policy_transform(augment: Augmentation):
     """The automatic augmentation policy (a v2 transform on uint8 images), or None."""
     from torchvision.transforms import v2
 
+    bilinear = v2.InterpolationMode.BILINEAR  # as torchvision's reference presets pass (the ops' default: nearest)
     if augment.policy == "randaugment":
-        return v2.RandAugment(num_ops=augment.num_ops, magnitude=augment.magnitude)
+        return v2.RandAugment(num_ops=augment.num_ops, magnitude=augment.magnitude, interpolation=bilinear)
     if augment.policy == "trivialaugment":
-        return v2.TrivialAugmentWide()
+        return v2.TrivialAugmentWide(interpolation=bilinear)
     if augment.policy == "autoaugment":
-        return v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET)
+        return v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET, interpolation=bilinear)
     return None
+
+
+def _erasing(p: float):
+    # the class is made when first used (torchvision is imported then), and found by name (__getattr__ below)
+    cls = globals().get("RandomErasingZero") or __getattr__("RandomErasingZero")
+    return cls(p=p, value=0)
+
+
+def _random_erasing_zero():
+    from torchvision.transforms import v2
+
+    class RandomErasingZero(v2.RandomErasing):
+        """torchvision's RandomErasing (its box rule), filling with the scalar 0: on a CUDA image
+        (data.decoder=nvjpeg transforms on the device) its own fill is a CPU tensor copied in, a host
+        wait per image."""
+
+        def transform(self, inpt, params):
+            if params["v"] is None:
+                return inpt
+            i, j, h, w = params["i"], params["j"], params["h"], params["w"]
+            out = inpt.clone()
+            out[..., i : i + h, j : j + w] = 0
+            return out
+
+    RandomErasingZero.__module__, RandomErasingZero.__qualname__ = __name__, "RandomErasingZero"  # picklable by name
+    return RandomErasingZero
+
+
+def __getattr__(name: str):
+    if name == "RandomErasingZero":
+        globals()[name] = _random_erasing_zero()
+        return globals()[name]
+    raise AttributeError(name)
 
 
 def transforms_for(image_size: int, train: bool, augment, keep_uint8: bool = False):
@@ -116,7 +159,7 @@ def transforms_for(image_size: int, train: bool, augment, keep_uint8: bool = Fal
     policy = policy_transform(augment) if train else None
     if policy is not None:
         steps.append(policy)
-    erasing = [v2.RandomErasing(p=augment.random_erasing, value=0)] if train and augment.random_erasing > 0 else []
+    erasing = [_erasing(augment.random_erasing)] if train and augment.random_erasing > 0 else []
     if keep_uint8:  # data.gpu_normalize: the device converts and normalizes
         return v2.Compose(steps + erasing + [v2.ToPureTensor()])
     return v2.Compose(
@@ -135,5 +178,5 @@ def uint8_train_steps(augment):
     augment = Augmentation.coerce(augment)
     steps = [s for s in (policy_transform(augment),) if s is not None]
     if augment.random_erasing > 0:
-        steps.append(v2.RandomErasing(p=augment.random_erasing, value=0))
+        steps.append(_erasing(augment.random_erasing))
     return v2.Compose(steps) if steps else None

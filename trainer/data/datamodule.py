@@ -213,6 +213,14 @@ class ImageDataModule(pl.LightningDataModule):
                 )
             self.train_set = instantiate(c.dataset, _convert_="all")
             self.val_set = instantiate(c.val_dataset, _convert_="all") if c.val_dataset else None
+            unused = self.augmentation.set_keys()
+            if unused:
+                log.warning(
+                    "%s: these act in the trainer's own image transforms, and data=custom brings its dataset with "
+                    "its own: they change nothing here (data.mixup_alpha, data.cutmix_alpha and "
+                    "data.repeated_augment still apply)",
+                    ", ".join(unused),
+                )
             return c.num_classes
         if c.name == "cifar10":
             return self._build_cifar10()

@@ -80,8 +80,9 @@ class PackedImages(Dataset):
             self.images = np.load(os.path.join(root, "images.npy"), mmap_mode="r")
             self.labels = np.load(os.path.join(root, "labels.npy"))
         self.size = self.meta["size"]
-        self.image_size = image_size
         self.train, self.augment, self.keep_uint8 = train, Augmentation.coerce(augment), keep_uint8
+        # the stored squares are resized whole: to the training size, or validation's (data.eval_image_size)
+        self.image_size = image_size if train else self.augment.eval_size(image_size)
         # the policy and random erasing after this format's own crop + flip (augment.py)
         self.extra_steps = uint8_train_steps(self.augment) if train else None
 

@@ -59,10 +59,15 @@ class RepeatedSamples(Dataset):
     def __len__(self) -> int:
         return self.n * self.repeats
 
-    def __getattr__(self, name):  # the wrapped set's attributes (classes, targets, ...)
-        if name in ("dataset", "n", "repeats"):
+    def __getattr__(self, name):  # the wrapped set's attributes (classes, targets, ...), not its methods' hooks
+        if name in ("dataset", "n", "repeats") or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.dataset, name)
 
     def __getitem__(self, index: int):
         return self.dataset[index % self.n]
+
+    def __getitems__(self, indices):  # the DataLoader's batched fetch, where the wrapped set has one (a Subset)
+        fetch = getattr(self.dataset, "__getitems__", None)
+        wrapped = [int(i) % self.n for i in indices]
+        return fetch(wrapped) if fetch is not None else [self.dataset[i] for i in wrapped]

@@ -90,7 +90,7 @@ def _fixed_input_size(net: torch.nn.Module) -> bool:
 
     if any(isinstance(m, VisionTransformer) for m in net.modules()):
         return True
-    return any(getattr(m, "strict_img_size", False) and not getattr(m, "dynamic_img_pad", False) for m in net.modules())
+    return any(getattr(m, "strict_img_size", False) for m in net.modules())
 
 
 # the keys the built-in classifier acts on in its own steps: a user's LightningModule brings its own

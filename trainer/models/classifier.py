@@ -55,8 +55,9 @@ class ImageClassifier(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         if self.mixing is not None:
-            # the batch's own stream: index -1 - batch_idx, apart from the samples' (0, 1, ...)
-            x, y = self.mixing(x, y, sample_seed(self.seed, self.current_epoch, -1 - batch_idx))
+            # the batch's own stream (index -1 - batch_idx, apart from the samples' 0, 1, ...), each rank its own
+            seed = sample_seed(self.seed + (self.global_rank << 32), self.current_epoch, -1 - batch_idx)
+            x, y = self.mixing(x, y, seed)
         loss = self.loss(self(x), y)
         if self.on_nan == "skip" and not torch.isfinite(loss):
             return None  # Lightning skips backward and the optimizer step

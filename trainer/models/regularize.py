@@ -44,9 +44,8 @@ def _drop_branch(rate: float, module: nn.Module, inputs, output):
 
 
 def _timm_drop_paths(block: nn.Module) -> List[str]:
-    return [
-        name for name in ("drop_path", "drop_path1", "drop_path2") if isinstance(getattr(block, name, None), nn.Module)
-    ]
+    """timm's blocks keep their drop-path modules as attributes (an Identity, or None in its ResNets, at rate 0)."""
+    return [name for name in ("drop_path", "drop_path1", "drop_path2") if hasattr(block, name)]
 
 
 def apply_drop_path(net: nn.Module, rate: float, what: str = "the model") -> int:

@@ -112,6 +112,18 @@ def _tf32(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
     return None if ctx.capability >= 8.0 else f"this GPU (sm{ctx.capability:g}) has no TF32"
 
 
+def _inductor_mode(what: str) -> Callable:
+    """A compile_mode candidate: a mode of Inductor's, on a GPU."""
+
+    def skip(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+        backend = cfg.get("compile_backend") or "inductor"
+        if backend != "inductor":
+            return f"compile_mode is a mode of the inductor backend; this run has compile_backend={backend}"
+        return _cuda_only(what)(ctx, cfg)
+
+    return skip
+
+
 def _compile(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
     if ctx.cuda and ctx.capability < 7.0:
         return f"torch.compile's GPU backend needs sm70 or newer; this GPU is sm{ctx.capability:g}"
@@ -188,14 +200,14 @@ CATALOGUE: List[Candidate] = [
         "compile_max_autotune",
         COMPUTE,
         ("compile_mode=max-autotune",),
-        _cuda_only("max-autotune tunes GPU kernels"),
+        _inductor_mode("max-autotune tunes GPU kernels"),
         needs=("compile",),
     ),
     Candidate(
         "compile_reduce_overhead",
         COMPUTE,
         ("compile_mode=reduce-overhead",),
-        _cuda_only("reduce-overhead uses CUDA graphs"),
+        _inductor_mode("reduce-overhead uses CUDA graphs"),
         needs=("compile",),
     ),
     Candidate("cudnn_benchmark", COMPUTE, ("cudnn_benchmark=true",), _cuda_only("cuDNN autotuning is a GPU feature")),

@@ -291,6 +291,8 @@ class Prober:
         # trains full epochs and is not bounded by the probes' budget
         limit = max(300.0, 60.0 * self.cfg.budget_min) if kind == "probe" else None
         stopped = None
+        if self.cfg.get("preloaded_probes", True):
+            preloaded.context()  # the server's own start (its imports) is the tune's, not the first probe's
         with tempfile.NamedTemporaryFile(prefix="probe-stderr-", suffix=".txt") as err:
             start = time.perf_counter()
             proc = self._start(args, env, err.name)
@@ -302,6 +304,7 @@ class Prober:
                 stopped = f"stopped after {limit:.0f} s (a probe should take seconds: see {run_dir}/train.log)"
             except BaseException:
                 _kill(proc)
+                proc.wait()
                 raise
             wall = time.perf_counter() - start
             stderr = Path(err.name).read_text(errors="replace")
@@ -320,7 +323,12 @@ def _last_lines(text: Optional[str]) -> str:
 
 
 def _kill(proc) -> None:
+    """SIGKILL to the probe's session (its loader workers, its ranks); to the probe alone if it has not
+    made its session yet (a forked probe calls setsid first thing)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
-        pass
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
