@@ -23,31 +23,12 @@ PY=${PYTHON:-.venv/bin/python}
 out=${OUT:-scripts/results/cifar10_ttt}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$PY" - "$src" "$tmp/data" "${TRAIN_PER_CLASS:-5000}" "${VAL_PER_CLASS:-1000}" <<'PY'
-import os, sys
-src, dst, n_train, n_val = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-for split, into, n in (("train", "train", n_train), ("test", "val", n_val)):
-    for cls in sorted(os.listdir(os.path.join(src, split))):
-        os.makedirs(os.path.join(dst, into, cls))
-        for name in sorted(os.listdir(os.path.join(src, split, cls)))[:n]:
-            os.symlink(os.path.abspath(os.path.join(src, split, cls, name)), os.path.join(dst, into, cls, name))
-PY
+"$PY" scripts/cifar10_files.py subset "$src" "$tmp/data" "${TRAIN_PER_CLASS:-5000}" "${VAL_PER_CLASS:-1000}"
 "$PY" train.py -m seed=1,2,3 +bench=none,turbo,channels_last,progressive,ema,batch2x \
   data=imagefolder "data.root=$tmp/data" data.image_size=32 data.num_workers=0 \
   trainer.max_epochs="${EPOCHS:-12}" report.val_per_epoch=2 report.target_acc="${TARGET:-auto}" \
   "hydra.sweep.dir=$tmp/sweep" "$@"
 mkdir -p "$out"
 cp "$tmp/sweep"/ab_report.{md,csv,png} "$out/"
-"$PY" - "$tmp/sweep" "$out" <<'PY'
-import glob, json, os, shutil, sys
-sys.path.insert(0, ".")
-from trainer.hardware import machine_record
-sweep, out = sys.argv[1], sys.argv[2]
-json.dump(machine_record(), open(os.path.join(out, "machine.json"), "w"), indent=1)
-# every job's journal, so the report can be rebuilt with another target (python -m trainer.report DIR --target-acc T)
-for path in glob.glob(os.path.join(sweep, "*", "metrics.json")):
-    job = os.path.basename(os.path.dirname(path))
-    os.makedirs(os.path.join(out, "jobs", job), exist_ok=True)
-    shutil.copy(path, os.path.join(out, "jobs", job, "metrics.json"))
-PY
+"$PY" scripts/cifar10_files.py keep "$tmp/sweep" "$out"
 echo "wrote $out"

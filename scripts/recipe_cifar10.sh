@@ -17,29 +17,11 @@ PY=${PYTHON:-.venv/bin/python}
 out=${OUT:-scripts/results/recipe_cifar10}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$PY" - "$src" "$tmp/data" "${TRAIN_PER_CLASS:-1000}" "${VAL_PER_CLASS:-500}" <<'PY'
-import os, sys
-src, dst, n_train, n_val = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-for split, into, n in (("train", "train", n_train), ("test", "val", n_val)):
-    for cls in sorted(os.listdir(os.path.join(src, split))):
-        os.makedirs(os.path.join(dst, into, cls))
-        for name in sorted(os.listdir(os.path.join(src, split, cls)))[:n]:
-            os.symlink(os.path.abspath(os.path.join(src, split, cls, name)), os.path.join(dst, into, cls, name))
-PY
+"$PY" scripts/cifar10_files.py subset "$src" "$tmp/data" "${TRAIN_PER_CLASS:-1000}" "${VAL_PER_CLASS:-500}"
 "$PY" train.py -m seed=1,2,3 +bench=none,v2_augment model=resnet18 \
   data=imagefolder "data.root=$tmp/data" data.image_size=32 data.num_workers=1 checkpoint.enabled=false \
   trainer.max_epochs="${EPOCHS:-15}" "hydra.sweep.dir=$tmp/sweep" "$@"
 mkdir -p "$out"
 cp "$tmp/sweep"/ab_report.{md,csv,png} "$out/"
-"$PY" - "$tmp/sweep" "$out" <<'PY'
-import glob, json, os, shutil, sys
-sys.path.insert(0, ".")
-from trainer.hardware import machine_record
-sweep, out = sys.argv[1], sys.argv[2]
-json.dump(machine_record(), open(os.path.join(out, "machine.json"), "w"), indent=1)
-for path in glob.glob(os.path.join(sweep, "*", "metrics.json")):  # the jobs' journals: the report can be rebuilt
-    job = os.path.basename(os.path.dirname(path))
-    os.makedirs(os.path.join(out, "jobs", job), exist_ok=True)
-    shutil.copy(path, os.path.join(out, "jobs", job, "metrics.json"))
-PY
+"$PY" scripts/cifar10_files.py keep "$tmp/sweep" "$out"
 echo "wrote $out"
