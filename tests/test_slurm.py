@@ -9,6 +9,7 @@ They need a live cluster whose slurm.conf ``SLURM_CONF`` names (``.ci/run`` star
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -31,6 +32,9 @@ RUN = [
     "model.width=8",
     "checkpoint.every_n_steps=7",
 ]
+# Every run that is compared with the uninterrupted one uses one intra-op thread: the preempted sweep
+# runs two jobs side by side on the cluster's two CPUs, and a thread count changes the float sums.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 
 def cluster_problem() -> str | None:
@@ -60,13 +64,13 @@ def cluster():
 def uninterrupted(tmp_path_factory, cluster):
     """The final loss of the same run, straight through, on this machine."""
     run_dir = tmp_path_factory.mktemp("straight") / "run"
-    r = run_cli(f"hydra.run.dir={run_dir}", *RUN)
+    r = run_cli(f"hydra.run.dir={run_dir}", *RUN, env_extra=ONE_THREAD)
     assert r.returncode == 0, r.stderr[-3000:]
     return final_loss(run_dir / "checkpoints" / "last.ckpt")
 
 
-def _slurm(*args: str, timeout: int = 60) -> str:
-    r = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+def _slurm(*args: str, timeout: int = 60, env: dict | None = None) -> str:
+    r = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
     assert r.returncode == 0, (args, r.stderr)
     return r.stdout
 
@@ -86,11 +90,11 @@ def _wait_for(path: Path, proc: subprocess.Popen | None, timeout: float = 120) -
     raise AssertionError(f"{path} did not appear within {timeout} s")
 
 
-def _sweep(sweep: Path, *args: str) -> subprocess.Popen:
+def _sweep(sweep: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=slurm_local", f"hydra.sweep.dir={sweep}", *args],
         cwd=ROOT,
-        env=clean_env(),
+        env=clean_env(**(env or {})),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -113,27 +117,13 @@ def test_a_sweep_on_slurm_writes_its_report_and_a_failed_job_keeps_its_row(tmp_p
         "data.num_samples=64",
         "data.image_size=16",
         "checkpoint.enabled=false",
+        "hydra.launcher.array_parallelism=2",  # side by side, one thread each on the cluster's 2 CPUs
+        env=ONE_THREAD,
     )
     out, _ = proc.communicate(timeout=300)
     rows = (sweep / "ab_report.csv").read_text().splitlines()
     assert len(rows) == 3 and ",failed," in rows[1] and ",ok," in rows[2], out[-3000:]
     assert "forward failed on purpose" in read_metrics(sweep / "0")["error"]
-
-
-def test_scontrol_requeue_of_a_sweep_job_resumes_it_to_the_same_weights(tmp_path, cluster, uninterrupted):
-    sweep = tmp_path / "sweep"
-    proc = _sweep(sweep, *RUN)
-    _wait_for(sweep / "0" / "checkpoints" / "last.ckpt", proc)
-    (job,) = _job_ids()
-    _slurm("scontrol", "requeue", job)  # what a preemption with PreemptMode=REQUEUE does
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
-    m = read_metrics(sweep / "0")
-    _assert_whole_history(m, 4)
-    log = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.out"))
-    assert "SIGTERM received: saved" in log and "requeued by Slurm (restart 1)" in log, log[-3000:]
-    assert final_loss(sweep / "0" / "checkpoints" / "last.ckpt") == pytest.approx(uninterrupted, rel=1e-4, abs=1e-5)
-    assert ",ok," in (sweep / "ab_report.csv").read_text()  # the report waited for the requeued job
 
 
 def test_a_cancelled_sweep_job_keeps_a_failed_row(tmp_path, cluster):
@@ -149,25 +139,7 @@ def test_a_cancelled_sweep_job_keeps_a_failed_row(tmp_path, cluster):
     assert len(rows) == 2 and ",failed," in rows[1] and "preempted by SIGTERM" in rows[1], out[-3000:]
 
 
-def test_the_time_limit_signal_of_a_sweep_job_requeues_and_resumes_it(tmp_path, cluster, uninterrupted):
-    """SIGUSR2 is what submitit's jobs get signal_delay_s before their time limit (timeout_min <= 10:
-    submitit treats it as a time-out): the trainer saves, submitit requeues, the job resumes."""
-    sweep = tmp_path / "sweep"
-    proc = _sweep(sweep, *RUN, "hydra.launcher.timeout_min=5")
-    _wait_for(sweep / "0" / "checkpoints" / "last.ckpt", proc)
-    (job,) = _job_ids()
-    _slurm("scancel", "--signal=USR2", job)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-3000:]
-    _assert_whole_history(read_metrics(sweep / "0"), 4)
-    log = "".join(p.read_text() for p in (sweep / ".submitit").rglob("*_log.*"))
-    assert (
-        "SIGUSR2 received: saved" in log and "this job is timed-out" in log and "requeued by Slurm (restart 1)" in log
-    ), log[-3000:]
-    assert final_loss(sweep / "0" / "checkpoints" / "last.ckpt") == pytest.approx(uninterrupted, rel=1e-4, abs=1e-5)
-
-
-def _sbatch(tmp_path: Path, *args: str, tasks: int = 1) -> tuple:
+def _sbatch(tmp_path: Path, *args: str, tasks: int = 1, env: dict | None = None) -> tuple:
     out = _slurm(
         "sbatch",
         "--parsable",
@@ -181,6 +153,7 @@ def _sbatch(tmp_path: Path, *args: str, tasks: int = 1) -> tuple:
         str(ROOT / "scripts/slurm/train.sbatch"),
         "accelerator=cpu",
         *args,
+        env=env,  # sbatch passes its environment on to the job
     )
     job = out.strip().split(";")[0]
     return job, ROOT / "outputs" / f"slurm-{job}"
@@ -213,10 +186,82 @@ def _wait_job_gone(job: str, timeout: float = 240) -> str:
     raise AssertionError(f"job {job} not ended after {timeout} s (sacct: {state!r})")
 
 
+def _array_tasks() -> dict:
+    """The running tasks of the job arrays in the queue, by array index ("12_1" -> {"1": "12_1"})."""
+    ids = [line.strip() for line in _slurm("squeue", "-h", "-t", "RUNNING", "-o", "%i").splitlines()]
+    return {i.split("_", 1)[1]: i for i in ids if "_" in i and "[" not in i}
+
+
+@pytest.fixture(scope="module")
+def preempted(tmp_path_factory, cluster):
+    """Two preemptions at once, since each spends most of its time waiting on Slurm (the start, the
+    requeue, the restart), not training: a two-job sweep whose job 0 is requeued by ``scontrol
+    requeue`` (what a preemption with PreemptMode=REQUEUE does) and whose job 1 gets SIGUSR2, what
+    submitit's jobs get signal_delay_s before their time limit (timeout_min <= 10: submitit treats it
+    as a time-out). Each is signalled once its own first checkpoint exists, so the signal lands
+    mid-run. The two jobs differ only in their logging cadence, and each runs one intra-op thread on
+    its one CPU (two threads each on two shared cores would slow both many times over)."""
+    sweep = tmp_path_factory.mktemp("preempted") / "sweep"
+    run = [a for a in RUN if not a.startswith("trainer.log_every_n_steps=")]
+    proc = _sweep(
+        sweep,
+        *run,
+        "trainer.log_every_n_steps=8,4",
+        "hydra.launcher.timeout_min=5",
+        "hydra.launcher.array_parallelism=2",
+        env=ONE_THREAD,
+    )
+    pending = {
+        "0": ("scontrol", "requeue"),  # the array task's id is added once it runs
+        "1": ("scancel", "--signal=USR2"),
+    }
+    try:
+        deadline = time.time() + 180
+        while pending and time.time() < deadline:
+            for index, command in list(pending.items()):
+                if (sweep / index / "checkpoints" / "last.ckpt").exists():
+                    _slurm(*command, _array_tasks()[index])
+                    del pending[index]
+            assert proc.poll() is None, f"the sweep ended before its jobs were signalled: {proc.stdout.read()[-3000:]}"
+            time.sleep(0.1)
+        assert not pending, f"no first checkpoint within 180 s for the jobs {sorted(pending)}"
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    return {"sweep": sweep, "returncode": proc.returncode, "out": out}
+
+
+def _submitit_log(sweep: Path, index: int) -> str:
+    return "".join(p.read_text() for p in (sweep / ".submitit").rglob(f"*_{index}_*_log.*"))
+
+
+def test_scontrol_requeue_of_a_sweep_job_resumes_it_to_the_same_weights(preempted, uninterrupted):
+    sweep = preempted["sweep"]
+    assert preempted["returncode"] == 0, preempted["out"][-3000:]
+    _assert_whole_history(read_metrics(sweep / "0"), 4)
+    log = _submitit_log(sweep, 0)
+    assert "SIGTERM received: saved" in log and "requeued by Slurm (restart 1)" in log, log[-3000:]
+    assert final_loss(sweep / "0" / "checkpoints" / "last.ckpt") == pytest.approx(uninterrupted, rel=1e-4, abs=1e-5)
+    rows = (sweep / "ab_report.csv").read_text().splitlines()
+    assert len(rows) == 3 and all(",ok," in row for row in rows[1:]), rows  # the report waited for both requeues
+
+
+def test_the_time_limit_signal_of_a_sweep_job_requeues_and_resumes_it(preempted, uninterrupted):
+    sweep = preempted["sweep"]
+    assert preempted["returncode"] == 0, preempted["out"][-3000:]
+    _assert_whole_history(read_metrics(sweep / "1"), 4)
+    log = _submitit_log(sweep, 1)
+    assert (
+        "SIGUSR2 received: saved" in log and "this job is timed-out" in log and "requeued by Slurm (restart 1)" in log
+    ), log[-3000:]
+    assert "SIGTERM received" not in log  # the other job's signal did not reach this one
+    assert final_loss(sweep / "1" / "checkpoints" / "last.ckpt") == pytest.approx(uninterrupted, rel=1e-4, abs=1e-5)
+
+
 def test_the_batch_script_requeues_itself_at_the_time_limit_signal_and_resumes(tmp_path, cluster, uninterrupted):
     """train.sbatch: SIGUSR1 to the job step (what --signal=USR1@120 sends) -> last.ckpt, exit 75,
     the script requeues the job, the rerun resumes; the same weights as straight through."""
-    job, run_dir = _sbatch(tmp_path, *RUN)
+    job, run_dir = _sbatch(tmp_path, *RUN, env=ONE_THREAD)
     try:
         _wait_for(run_dir / "checkpoints" / "last.ckpt", None)
         _slurm("scancel", "--signal=USR1", job)
@@ -227,8 +272,6 @@ def test_the_batch_script_requeues_itself_at_the_time_limit_signal_and_resumes(t
         _assert_whole_history(read_metrics(run_dir), 4)
         assert final_loss(run_dir / "checkpoints" / "last.ckpt") == pytest.approx(uninterrupted, rel=1e-4, abs=1e-5)
     finally:
-        import shutil
-
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -250,6 +293,4 @@ def test_ddp_with_two_slurm_tasks_and_no_torchrun(tmp_path, cluster):
         assert not (run_dir / "ranks").exists()  # the ranks are Slurm's tasks: no torchrun of ours
         assert (run_dir / "train_rank1.log").exists()
     finally:
-        import shutil
-
         shutil.rmtree(run_dir, ignore_errors=True)
