@@ -76,6 +76,12 @@ fi
 # rows per table: one flag at a time against the all-off baseline, then everything
 SYNTHETIC_ROWS="baseline,amp,channels_last,compile,tf32,big_batch,all"
 JPEG_ROWS="baseline,workers,prefetch,gpu_normalize,nvjpeg,all"
+# NVIDIA DALI's row where it is installed (an optional extra: pip install 'trainer-switchboard[dali]')
+if "$PYTHON" -c 'import nvidia.dali' >/dev/null 2>&1; then
+  JPEG_ROWS="baseline,workers,prefetch,gpu_normalize,nvjpeg,dali,all"
+else
+  echo "note: NVIDIA DALI is not installed here: the jpeg table has no dali row (pip install 'trainer-switchboard[dali]')"
+fi
 EPOCHS=3 SIZE=224 STORED=256 PER_CLASS=300 MAX_BATCH=1024 DRY=()
 if [ "$DRY_RUN" = 1 ]; then
   # the same sweeps, shrunk to a CPU: a tiny CNN on 32 px images, at most 3 steps per epoch, 2

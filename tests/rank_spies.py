@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 import torch
-from spies import ProbeNet, SignalNet
+from spies import ProbeLightningModule, ProbeNet, SignalNet
 
 
 def _rank() -> int:
@@ -64,3 +64,18 @@ class StopSignalNet(SignalNet):
                 return True
         except FileExistsError:
             return False
+
+
+class LabelRecorder(ProbeLightningModule):
+    """A user's LightningModule that appends each training batch's labels to
+    ``record_dir/rank{R}_epoch{E}.txt``: with one image per class, the samples each rank read."""
+
+    def __init__(self, num_classes: int = 10, record_dir: str = "."):
+        super().__init__(num_classes)
+        self.record_dir = Path(record_dir)
+
+    def training_step(self, batch, batch_idx):
+        self.record_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.record_dir / f"rank{_rank()}_epoch{self.current_epoch}.txt", "a") as f:
+            f.write(" ".join(str(int(y)) for y in batch[1].tolist()) + "\n")
+        return super().training_step(batch, batch_idx)

@@ -20,6 +20,12 @@ SYNTHETIC_ROWS = ["baseline", "amp", "channels_last", "compile", "tf32", "big_ba
 JPEG_ROWS = ["baseline", "workers", "prefetch", "gpu_normalize", "nvjpeg", "all"]
 
 
+def _dali_installed() -> bool:
+    from trainer.data.dali import installed
+
+    return installed()
+
+
 def _script(*args, **env):
     return subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_check.sh"), *args],
@@ -47,6 +53,7 @@ def test_gpu_check_dry_run_writes_results(tmp_path):
         and "vit / jpeg: best `" in summary
     ), summary
     assert "doctor (" in summary and (tmp_path / "gpu_check.log").read_text().count("== [") >= 5
+    jpeg_rows = JPEG_ROWS[:-1] + ["dali", "all"] if _dali_installed() else JPEG_ROWS  # DALI's row where installed
     for recipe in ("vit",):
         text = (tmp_path / recipe / "RESULTS.md").read_text()
         assert "CPU DRY RUN" in text and "## synthetic" in text and "## jpeg" in text and "train.py -m +recipe=" in text
@@ -58,7 +65,7 @@ def test_gpu_check_dry_run_writes_results(tmp_path):
         )
         assert [row["bench"] for row in results["tables"]["synthetic"]["rows"]] == SYNTHETIC_ROWS
         assert (tmp_path / recipe / "synthetic.png").exists() and (tmp_path / recipe / "jpeg.png").exists()
-        for table, names in (("synthetic", SYNTHETIC_ROWS), ("jpeg", JPEG_ROWS)):
+        for table, names in (("synthetic", SYNTHETIC_ROWS), ("jpeg", jpeg_rows)):
             with open(tmp_path / recipe / table / "ab_report.csv") as f:
                 rows = list(csv.DictReader(f))
             assert [row["bench"] for row in rows] == names and all(row["status"] == "ok" for row in rows)

@@ -199,6 +199,12 @@ class DataConfig:
         choices=("pil", "torchvision", "turbo", "nvjpeg"),
         flag=OPTIMIZATION,
     )
+    loader: str = key(
+        "torch",
+        "input pipeline: torch (DataLoader, loader workers) or dali (NVIDIA DALI's threads; nvJPEG on a GPU)",
+        choices=("torch", "dali"),
+        flag=OPTIMIZATION,
+    )
     decode_scale: str = key(
         "off",
         "auto: decode JPEGs at 1/2, 1/4 or 1/8 size where the crop needs no more (pil, turbo)",

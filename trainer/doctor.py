@@ -91,13 +91,20 @@ def diagnose(
                 "inflated and not comparable; measure on a quiet machine."
             )
 
+    dali = data.get("loader") == "dali"  # its threads decode inside the training process; no workers, no pinning
+    if dali and not cuda:
+        hw_notes.append(
+            "data.loader=dali on a CPU: DALI's decoding threads run inside the training process, so its busy cores "
+            "include the decoding; -m data.loader=torch,dali measures what they cost the step."
+        )
     if wait >= INPUT_BOUND:
         suggestions: List[str] = []
-        # more workers help until this run's own processes fill the cores
+        # more workers (DALI threads) help until this run's own processes fill the cores
         saturated = own is not None and own >= 0.85 * cores
         if workers < max(1, cores - 1) and not saturated:
-            suggestions += [f"data.num_workers={max(1, min(cores - 1, 16))}", "data.persistent_workers=true"]
-        if cuda and not data.get("pin_memory"):
+            suggestions += [f"data.num_workers={max(1, min(cores - 1, 16))}"]
+            suggestions += [] if dali else ["data.persistent_workers=true"]
+        if cuda and not data.get("pin_memory") and not dali:
             suggestions.append("data.pin_memory=true")
         suggestions += decode_suggestions(data, cuda)
         if _reads_object_store(
@@ -121,7 +128,8 @@ def diagnose(
                 f"; each image's augmentation ({', '.join(heavy)}) is part of that load: the row +bench=plain_augment "
                 "(crop + flip only) measures what it costs"
             )
-        text = f"{wait:.0%} of training time waiting for the next batch with {busy_text} and {workers} loader workers: {why}."
+        loaders = f"{max(1, workers)} DALI threads" if dali else f"{workers} loader workers"
+        text = f"{wait:.0%} of training time waiting for the next batch with {busy_text} and {loaders}: {why}."
         return _verdict("input pipeline", text, suggestions, hw_notes, evidence)
 
     if transfer >= TRANSFER_FRACTION_BOUND or (cuda and h2d_share is not None and h2d_share >= TRANSFER_BOUND):
@@ -229,8 +237,12 @@ def decode_suggestions(data: Dict[str, Any], cuda: bool) -> List[str]:
     """Cheaper per-sample loading for encoded images: a faster decoder, GPU decode, or no decode at all."""
     if data.get("name") not in ("imagefolder", "builtin", "imagenette", "parquet", "webdataset"):
         return []
-    out = []
     files = data.get("name") in ("imagefolder", "builtin", "imagenette")  # nvjpeg decodes image files (not shard bytes)
+    if data.get("loader") == "dali":  # DALI decodes with its own decoder (nvJPEG on a GPU) and reads only files
+        return [] if cuda else ["data.loader=torch data=packed"]
+    from .data.dali import installed
+
+    out = ["data.loader=dali"] if files and installed() else []  # decode and crop in DALI's own threads
     if cuda and files and data.get("decoder") != "nvjpeg":
         out.append("data.decoder=nvjpeg")
     elif (not cuda or not files) and data.get("decoder") in ("pil", None):

@@ -202,7 +202,9 @@ def _data_and_model(parts: Parts) -> None:
     if user_class is not None:
         check_user_module(user_class, cfg, overrides)  # before any data is read or copied
     ranks_per_node = processes_per_node(cfg) if cfg.strategy != "auto" else 1
-    parts.datamodule = ImageDataModule(cfg.data, cfg.seed, parts.plan.accelerator, ranks_per_node)
+    parts.datamodule = ImageDataModule(
+        cfg.data, cfg.seed, parts.plan.accelerator, ranks_per_node, channels_last=bool(cfg.channels_last)
+    )
     parts.datamodule.step_clock = parts.timer.clock
     num_classes = parts.datamodule.build()
     if num_classes != cfg.data.num_classes:

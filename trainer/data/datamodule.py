@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import random
 import zlib
 
@@ -116,7 +117,14 @@ class SeededSamples(Dataset):
 
 
 class ImageDataModule(pl.LightningDataModule):
-    def __init__(self, data_cfg, seed: int = 42, accelerator: str = "cpu", processes_per_node: int = 1):
+    def __init__(
+        self,
+        data_cfg,
+        seed: int = 42,
+        accelerator: str = "cpu",
+        processes_per_node: int = 1,
+        channels_last: bool = False,
+    ):
         super().__init__()
         self.cfg = data_cfg
         self.seed = seed
@@ -126,6 +134,9 @@ class ImageDataModule(pl.LightningDataModule):
         self.augmentation = Augmentation.of(data_cfg)  # per-image augmentation (augment.py)
         self.repeats = int(data_cfg.get("repeated_augment", 1))  # draws of each sample per epoch (sampler.py)
         self.device_decoders = None  # data.decoder=nvjpeg: {train: DeviceDecoder, val: DeviceDecoder}
+        self.dali = data_cfg.get("loader", "torch") == "dali"  # data.loader=dali (dali.py)
+        self.dali_samples = None  # data.loader=dali: {train: [(path, label)], val: [...]}
+        self.channels_last = channels_last  # the model's memory format: DALI hands it NHWC batches
         self.num_workers = self._workers()
         self.train_set = None
         self.val_set = None
@@ -172,8 +183,7 @@ class ImageDataModule(pl.LightningDataModule):
         anything is built, and the model's output layer can follow the data's class count.
         """
         c = self.cfg
-        self._check_device_flags()
-        self._check_repeated_augment()
+        self._check_keys()
         if c.name == "synthetic":
             from .synthetic import SyntheticImages
 
@@ -225,6 +235,12 @@ class ImageDataModule(pl.LightningDataModule):
         if c.name == "cifar10":
             return self._build_cifar10()
         return self._build_image_folders()
+
+    def _check_keys(self) -> None:
+        """The data keys where they cannot act, before anything is built: said, or refused."""
+        self._check_device_flags()
+        self._check_repeated_augment()
+        self._check_loader()
 
     def _check_repeated_augment(self) -> None:
         """data.repeated_augment where it cannot act: said (synthetic images: nothing to augment), or refused."""
@@ -308,11 +324,9 @@ class ImageDataModule(pl.LightningDataModule):
             root, key = dataset_folder(c, self._local_root)
         else:
             root, key = self._local_root(c.root), "data.root"
-        from .decoders import resolve_decoder
         from .folder import build_image_folders
 
-        self.decoder = resolve_decoder(c.decoder, self.accelerator)
-        self._check_decode_scale()
+        self.decoder = self._folder_decoder(root, key)
         self.train_set, self.val_set, self.classes = build_image_folders(
             root,
             c.image_size,
@@ -329,6 +343,11 @@ class ImageDataModule(pl.LightningDataModule):
         )
         if len(self.train_set) == 0:
             raise ConfigError(f"'{key}' ({root}) has no training images.")
+        if self.dali:
+            from .dali import samples_of
+
+            val = samples_of(self.val_set) if self.val_set is not None else []
+            self.dali_samples = {True: samples_of(self.train_set), False: val}
         if self.decoder == "nvjpeg":
             from .device_decode import DeviceDecoder
             from .folder import transforms_for
@@ -347,14 +366,42 @@ class ImageDataModule(pl.LightningDataModule):
             self.classes = [names[wnid][0] for wnid in self.classes]
         return len(self.classes)
 
-    def _check_decode_scale(self) -> None:
+    def _folder_decoder(self, root, key: str) -> str:
+        """The decoder of an image folder's datasets: data.decoder's, or with data.loader=dali PIL's, which
+        then only lists the files and gives example batches (DALI decodes what trains)."""
+        if not self.dali:
+            from .decoders import resolve_decoder
+
+            decoder = resolve_decoder(self.cfg.decoder, self.accelerator)
+            self._check_decode_scale(decoder)
+            return decoder
+        from .storage import is_remote
+
+        if is_remote(root):
+            raise ConfigError(
+                f"data.loader=dali reads local files, and {key} is {root}: set data.cache=DIR to read it from a local "
+                "copy, or use data.loader=torch, which reads object stores file by file."
+            )
+        return "pil"
+
+    def _check_loader(self) -> None:
+        """data.loader=dali where it cannot act: refused (dali.check); keys it makes moot: said."""
+        if not self.dali:
+            return
+        from .dali import check, notes_on_other_keys
+
+        check(self.cfg, self.augmentation)
+        for note in notes_on_other_keys(self.cfg, self.accelerator):
+            log.warning("%s; it changes nothing under data.loader=dali", note)
+
+    def _check_decode_scale(self, decoder: str) -> None:
         from .decoders import SCALED_DECODERS
 
-        if self.cfg.decode_scale == "auto" and self.decoder not in SCALED_DECODERS:
+        if self.cfg.decode_scale == "auto" and decoder not in SCALED_DECODERS:
             log.warning(
                 "data.decode_scale=auto changes nothing with data.decoder=%s (torchvision's decoders cannot decode "
                 "at a reduced size yet): use data.decoder=pil or turbo",
-                self.decoder,
+                decoder,
             )
 
     def _build_blocks(self) -> int:
@@ -367,7 +414,7 @@ class ImageDataModule(pl.LightningDataModule):
         from .decoders import resolve_decoder
 
         self.decoder = resolve_decoder(c.decoder, self.accelerator)
-        self._check_decode_scale()
+        self._check_decode_scale(self.decoder)
         if c.name == "parquet":
             from .parquet import build_parquet as build
         else:
@@ -419,6 +466,8 @@ class ImageDataModule(pl.LightningDataModule):
 
     def _loader(self, dataset, train: bool) -> DataLoader:
         c = self.cfg
+        if self.dali_samples is not None:
+            return self._dali_loader(train)
         workers = self.num_workers
         sampler = self._block_sampler(dataset, train)
         if sampler is None and train:
@@ -455,6 +504,44 @@ class ImageDataModule(pl.LightningDataModule):
         # an asynchronous copy needs page-locked host memory
         kwargs["pin_memory"] = kwargs["pin_memory"] or device.type == "cuda"
         return DevicePrefetchLoader(dataset, device=device, transfer=self.to_device, clock=self.step_clock, **kwargs)
+
+    def _dali_loader(self, train: bool):
+        """data.loader=dali: this rank's DALI loader, over the files the torch loader would read (dali.py)."""
+        from .dali import DaliLoader, rank_share
+
+        samples = self.dali_samples[train]
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        if train:
+            sampler = self._train_sampler(len(samples))  # the epoch's permutation, repeats and a resume's skip
+            n = len(samples)
+
+            def order_of(epoch: int) -> list:
+                skip = sampler.skip.pop(epoch, 0)  # a mid-epoch resume: what this rank trained, from its own share
+                sampler.set_epoch(epoch)
+                return [i % n for i in rank_share(list(sampler), rank, world)][skip:]
+        else:
+
+            def order_of(epoch: int) -> list:
+                return rank_share(range(len(samples)), rank, world)
+
+        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        return DaliLoader(
+            samples,
+            order_of,
+            lambda: self._epoch_now(None),
+            math.ceil(len(samples) / world),
+            # the crops of (seed, epoch, rank): an epoch's are the same after a resume
+            seed_of=lambda epoch: sample_seed(self.seed, epoch, rank) & 0x7FFFFFFF,
+            train=train,
+            batch_size=self.cfg.batch_size,
+            image_size=self.cfg.image_size,
+            augmentation=self.augmentation,
+            threads=self.num_workers,
+            device_id=(device.index or 0) if device.type == "cuda" else None,
+            keep_uint8=bool(self.cfg.gpu_normalize),
+            channels_last=self.channels_last,
+            drop_last=train and self.cfg.drop_last,
+        )
 
     def _epoch_now(self, sampler) -> int:
         """The epoch being trained: the fit's (a distributed sampler wrapping ours leaves our epoch

@@ -168,11 +168,23 @@ def _turbo(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
     return None if importlib.util.find_spec("simplejpeg") else "needs simplejpeg (pip install simplejpeg)"
 
 
+def _dali(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+    from ..data.dali import installed
+
+    if ctx.data_name not in IMAGE_FILES:
+        return f"data={ctx.data_name} is not a folder of image files, which is what DALI's file reader reads"
+    if cfg.get("data.augment_policy", "none") != "none" or (cfg.get("data.random_erasing") or 0) > 0:
+        return "DALI's pipeline here runs no automatic augmentation policy or random erasing"
+    return None if installed() else "NVIDIA DALI is not installed (pip install 'trainer-switchboard[dali]')"
+
+
 CATALOGUE: List[Candidate] = [
     # input pipeline
     Candidate("workers", INPUT, ("data.auto_workers=true", "data.persistent_workers=true"), _workers),
     Candidate("decoder_torchvision", INPUT, ("data.decoder=torchvision",), _encoded),
     Candidate("decoder_turbo", INPUT, ("data.decoder=turbo",), _turbo),
+    # decode, crop and normalize in DALI's own threads (nvJPEG on a GPU), a thread per core the workers would use
+    Candidate("dali", INPUT, ("data.loader=dali", "data.auto_workers=true"), _dali),
     Candidate("cache_in_memory", INPUT, ("data.cache_in_memory=true",), _image_files),
     Candidate("decode_scale", INPUT, ("data.decode_scale=auto",), _decode_scale),
     # needs loader workers, kept by the tuner or set by the user (data.num_workers): _prefetch says which

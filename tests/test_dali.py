@@ -1,0 +1,263 @@
+"""data.loader=dali on a CPU: the files each epoch reads (the torch loader's order, each sample once,
+disjoint ranks, a resume), the transforms against ours on planted images, learning like the torch
+loader, and the paragraphs for what it cannot do. Its GPU decoder is tests/gpu/test_dali_gpu.py."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import read_metrics, run_cli
+from PIL import Image
+
+from trainer.data import ImageDataModule
+from trainer.data.augment import Augmentation
+from trainer.errors import ConfigError, TrainingStopped
+
+dali = pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is a test dependency: pip install -e '.[test]'")
+
+
+@pytest.fixture(scope="module")
+def one_per_class(tmp_path_factory):
+    """23 classes of one training image each (and one validation image): a label names its file."""
+    root = tmp_path_factory.mktemp("one-per-class")
+    for c in range(23):
+        for split in ("train", "val"):
+            (root / split / f"c{c:02d}").mkdir(parents=True)
+            Image.new("RGB", (20, 20), (10 * c, 255 - 10 * c, 60)).save(root / split / f"c{c:02d}" / "0.png")
+    return root
+
+
+def _datamodule(compose, root, *overrides, loader="dali"):
+    cfg = compose(
+        "data=imagefolder",
+        f"data.root={root}",
+        f"data.loader={loader}",
+        "data.image_size=16",
+        "data.batch_size=5",
+        "data.drop_last=false",
+        *overrides,
+    )
+    dm = ImageDataModule(cfg.data, cfg.seed)
+    dm.build()
+    return dm
+
+
+def _labels(loader, epoch=None) -> list:
+    if epoch is not None:
+        loader.epoch_of = lambda: epoch
+    return [int(y) for _, labels in loader for y in labels]
+
+
+def test_each_epoch_reads_every_sample_once_in_the_torch_loaders_order(compose, one_per_class):
+    from trainer.data.sampler import EpochShuffleSampler
+
+    dm = _datamodule(compose, one_per_class)
+    loader = dm.train_dataloader()
+    epochs = [_labels(loader, e) for e in (0, 1)]
+    assert all(sorted(e) == list(range(23)) for e in epochs) and epochs[0] != epochs[1], epochs
+    assert len(loader) == 5  # 23 samples in batches of 5, the last one partial
+    for e, labels in enumerate(epochs):  # the epoch's permutation of (seed, epoch), as the torch loader's sampler
+        sampler = EpochShuffleSampler(23, dm.seed)
+        sampler.set_epoch(e)
+        assert labels == list(sampler), e
+    torch_dm = _datamodule(compose, one_per_class, loader="torch")
+    assert epochs[0] == [int(y) for _, labels in torch_dm.train_dataloader() for y in labels]
+    # a mid-epoch resume after 2 batches of epoch 1 reads the rest of that epoch, then whole epochs
+    dm.resume_position = (1, 2)
+    resumed = dm.train_dataloader()
+    assert _labels(resumed, 1) == epochs[1][10:] and _labels(resumed, 1) == epochs[1]
+    assert sorted(_labels(dm.val_dataloader(), 0)) == list(range(23))
+
+
+def test_ranks_get_the_shares_lightnings_distributed_sampler_deals():
+    """rank_share against Lightning's own wrapper of the torch loader's sampler, an odd length included."""
+    from lightning_fabric.utilities.distributed import DistributedSamplerWrapper
+
+    from trainer.data.dali import rank_share
+    from trainer.data.sampler import EpochShuffleSampler
+
+    for n, world in ((23, 2), (24, 2), (10, 3), (5, 8)):
+        sampler = EpochShuffleSampler(n, seed=7)
+        order = list(sampler)
+        shares = [rank_share(order, r, world) for r in range(world)]
+        for r in range(world):
+            assert shares[r] == list(DistributedSamplerWrapper(sampler, num_replicas=world, rank=r, shuffle=False))
+        assert {i for s in shares for i in s} == set(range(n)) and len({len(s) for s in shares}) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.whole_machine  # two ranks: one core each
+def test_two_ddp_ranks_read_disjoint_halves_of_every_epoch(one_per_class, tmp_path):
+    record = tmp_path / "seen"
+    run_dir = tmp_path / "run"
+    r = run_cli(
+        f"hydra.run.dir={run_dir}",
+        "data=imagefolder",
+        f"data.root={one_per_class}",
+        "data.loader=dali",
+        "data.image_size=16",
+        "data.batch_size=4",
+        "data.drop_last=false",
+        "strategy=ddp",
+        "devices=2",
+        "trainer.max_epochs=2",
+        "model._target_=rank_spies.LabelRecorder",
+        f"+model.record_dir={record}",
+        "checkpoint.enabled=false",
+        "monitor.enabled=false",
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    for epoch in (0, 1):
+        seen = [[int(v) for v in (record / f"rank{k}_epoch{epoch}.txt").read_text().split()] for k in (0, 1)]
+        # 23 samples dealt to 2 ranks: 12 each, the first sample of the epoch padded onto rank 1
+        assert len(seen[0]) == len(seen[1]) == 12, seen
+        assert set(seen[0]) | set(seen[1]) == set(range(23)) and len(set(seen[0]) & set(seen[1])) <= 1, seen
+    assert read_metrics(run_dir)["flags"]["data.loader"] == "dali"
+
+
+def _gradient(path, width=64, height=48):
+    """Red rises with x (4 per pixel), green with y (5 per pixel): a crop's pixels say where it came from."""
+    x = np.arange(width)[None, :].repeat(height, 0) * 4
+    y = np.arange(height)[:, None].repeat(width, 1) * 5
+    Image.fromarray(np.stack([x, y, np.full_like(x, 128)], -1).astype(np.uint8)).save(path)
+    return str(path)
+
+
+def _loader(files, train, augmentation, **kwargs):
+    from trainer.data.dali import DaliLoader
+
+    samples = [(f, 0) for f in files]
+    return DaliLoader(
+        samples,
+        lambda epoch: list(range(len(samples))),
+        lambda: 0,
+        len(samples),
+        train=train,
+        batch_size=len(samples),
+        image_size=16,
+        augmentation=augmentation,
+        threads=2,
+        seed_of=lambda epoch: 3,
+        **kwargs,
+    )
+
+
+def _pixels(normalized: torch.Tensor) -> torch.Tensor:
+    """Normalized CHW batches back to 0-255 pixel values."""
+    from trainer.data.gpu_transforms import IMAGENET_MEAN, IMAGENET_STD
+
+    mean, std = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    return (normalized * std + mean) * 255
+
+
+def test_training_crops_and_flips_as_ours_validation_matches_ours(tmp_path):
+    """Random-resized crop within data.crop_min_scale..1 of the area and 3/4..4/3 aspect, an even flip,
+    ImageNet normalization; validation's resize + center crop equal to torchvision's transform; NHWC
+    memory for channels_last and uint8 for gpu_normalize, the same values."""
+    from trainer.data.augment import transforms_for
+
+    path = _gradient(tmp_path / "gradient.png")
+    augment = Augmentation(crop_min_scale=0.35)
+    (images, _), *_ = list(_loader([path] * 96, True, augment))
+    px = _pixels(images)
+    red, green = px[:, 0], px[:, 1]
+    flipped = red[:, :, 0].mean(1) > red[:, :, -1].mean(1)
+    # the crop's extent in source pixels: the span of the values over the 16 output pixels, whose
+    # centres cover 15/16 of it
+    width = (red.amax((1, 2)) - red.amin((1, 2))) / 4 * 16 / 15
+    height = (green.amax((1, 2)) - green.amin((1, 2))) / 5 * 16 / 15
+    area, aspect = width * height / (64 * 48), width / height
+    assert 0.3 <= float(area.min()) < 0.55 and float(area.max()) <= 1.08, sorted(area.tolist())
+    assert float(aspect.min()) >= 0.7 and float(aspect.max()) <= 1.42, sorted(aspect.tolist())
+    assert 0.25 <= float(flipped.float().mean()) <= 0.75, flipped
+
+    ours = transforms_for(16, False, augment)(Image.open(path).convert("RGB"))
+    (val, _), *_ = list(_loader([path], False, augment))
+    assert val.shape == (1, 3, 16, 16) and float((val[0] - ours).abs().max()) < 0.1, (val[0] - ours).abs().max()
+
+    (nhwc, _), *_ = list(_loader([path], False, augment, channels_last=True))
+    assert (
+        nhwc.shape == val.shape and nhwc.is_contiguous(memory_format=torch.channels_last) and not nhwc.is_contiguous()
+    )
+    assert torch.equal(nhwc, val)
+    (u8, _), *_ = list(_loader([path], False, augment, keep_uint8=True))
+    assert u8.dtype == torch.uint8 and float((_pixels(val) - u8.float()).abs().max()) < 0.51
+
+
+def test_an_undecodable_file_stops_with_a_paragraph_naming_it(tmp_path):
+    good = _gradient(tmp_path / "good.png")
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not a jpeg" * 20)
+    with pytest.raises(TrainingStopped) as e:
+        list(_loader([good, str(bad), good], True, Augmentation()))
+    assert f"cannot decode {bad}" in str(e.value) and "data.loader=torch" in str(e.value), e.value
+
+
+@pytest.mark.parametrize(
+    "overrides,says",
+    [
+        (["data=synthetic"], "data=synthetic makes its images in memory"),
+        (["data=parquet", "data.root=/nowhere"], "data=parquet holds images inside Parquet row groups"),
+        (["data=imagefolder", "data.augment_policy=randaugment"], "data.augment_policy=randaugment cannot run"),
+        (["data=imagefolder", "data.random_erasing=0.25"], "data.random_erasing=0.25 cannot run"),
+    ],
+)
+def test_what_dali_cannot_do_is_one_paragraph_naming_the_key(compose, overrides, says, small_images):
+    cfg = compose(f"data.root={small_images}", *overrides, "data.loader=dali")
+    with pytest.raises(ConfigError) as e:
+        ImageDataModule(cfg.data, cfg.seed).build()
+    assert says in str(e.value) and "data.loader=torch" in str(e.value) and "\n" not in str(e.value), e.value
+
+
+def test_without_dali_installed_it_says_how_to_install_it(compose, small_images, monkeypatch):
+    monkeypatch.setitem(sys.modules, "nvidia.dali", None)  # what an environment without the wheel imports
+    cfg = compose("data=imagefolder", f"data.root={small_images}", "data.loader=dali")
+    with pytest.raises(ConfigError) as e:
+        ImageDataModule(cfg.data, cfg.seed).build()
+    assert "pip install 'trainer-switchboard[dali]'" in str(e.value) and "nvidia-dali-cuda120" in str(e.value)
+
+
+@pytest.mark.slow
+def test_a_refusal_from_train_py_is_one_paragraph_and_exit_2(tmp_path):
+    r = run_cli(f"hydra.run.dir={tmp_path / 'run'}", "data=synthetic", "data.loader=dali")
+    assert r.returncode == 2 and "Traceback" not in r.stdout + r.stderr, r.stderr[-2000:]
+    assert "error: data.loader=dali reads JPEG files from class folders" in r.stderr
+
+
+@pytest.mark.slow
+def test_learns_like_the_torch_loader_on_the_same_folder(train, small_images):
+    """The tiny CNN on the small built-in JPEGs (10 classes), two seeds per loader: both far above
+    chance (0.1), and DALI's mean within the spread two seeds of the torch loader show."""
+    common = ["data=imagefolder", f"data.root={small_images}", "data.image_size=32", "data.batch_size=16"]
+    acc = {}
+    for loader in ("torch", "dali"):
+        for seed in (1, 2):
+            m, _ = train(*common, f"data.loader={loader}", f"seed={seed}", "trainer.max_epochs=6")
+            assert m["status"] == "ok" and m["flags"]["data.loader"] == loader, m.get("error")
+            assert m["data_wait_fraction"] is not None and all(e["data_wait_s"] >= 0 for e in m["epochs"])
+            acc.setdefault(loader, []).append(m["val_acc"])
+    assert min(acc["torch"] + acc["dali"]) > 0.5, acc
+    assert abs(np.mean(acc["dali"]) - np.mean(acc["torch"])) < 0.15, acc
+
+
+@pytest.mark.slow
+def test_a_resume_at_an_epoch_boundary_ends_with_the_straight_runs_weights(train, small_images):
+    common = [
+        "data=imagefolder",
+        f"data.root={small_images}",
+        "data.loader=dali",
+        "data.image_size=16",
+        "data.batch_size=20",
+        "trainer.max_epochs=2",
+        "checkpoint.enabled=true",
+        "checkpoint.keep_last_k=-1",
+    ]
+    _, straight = train(*common)
+    first = next((straight / "checkpoints").glob("epoch000-*.ckpt"))
+    _, resumed = train(*common, f"ckpt_path={first}")
+    a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    b = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
