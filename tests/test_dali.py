@@ -237,6 +237,7 @@ def test_learns_like_the_torch_loader_on_the_same_folder(train, small_images):
         for seed in (1, 2):
             m, _ = train(*common, f"data.loader={loader}", f"seed={seed}", "trainer.max_epochs=6")
             assert m["status"] == "ok" and m["flags"]["data.loader"] == loader, m.get("error")
+            assert m["decoder"] == ("dali-cpu" if loader == "dali" else "pil"), m["decoder"]
             assert m["data_wait_fraction"] is not None and all(e["data_wait_s"] >= 0 for e in m["epochs"])
             acc.setdefault(loader, []).append(m["val_acc"])
     assert min(acc["torch"] + acc["dali"]) > 0.5, acc

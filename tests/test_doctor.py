@@ -480,3 +480,29 @@ def test_the_monitor_splits_the_training_process_from_its_loader_workers(train, 
     sw, sa = with_worker["diagnosis"]["evidence"], alone["diagnosis"]["evidence"]
     assert 0 < sw["main_process_cpu_cores"] < sw["process_cpu_cores"], sw
     assert sa["main_process_cpu_cores"] == pytest.approx(sa["process_cpu_cores"], abs=0.05), sa
+
+
+def test_input_bound_under_dali_speaks_of_its_threads_and_a_torch_run_on_files_is_offered_dali():
+    """data.loader=dali: DALI's threads, not loader workers, no pinned memory or persistent workers to
+    ask for, and on the GPU nothing about decoders (it decodes with nvJPEG already); a torch-loader run
+    on image files is offered data.loader=dali where DALI is installed (the test environment has it)."""
+    pytest.importorskip("nvidia.dali")
+    args = dict(
+        metrics={"data_wait_fraction": 0.5},
+        system={"cpu_busy_cores": 4.0, "process_cpu_cores": 3.8},
+        hardware=H100,
+        flags={},
+        is_convnet=True,
+    )
+    dali = doctor.diagnose(data={"name": "builtin", "loader": "dali", "num_workers": 4}, **args)
+    assert dali["bottleneck"] == "input pipeline" and "4 DALI threads" in dali["verdict"], dali["verdict"]
+    assert dali["try"] == ["data.num_workers=15"], dali["try"]
+    torch_run = doctor.diagnose(data={"name": "builtin", "loader": "torch", "num_workers": 4}, **args)
+    assert "4 loader workers" in torch_run["verdict"] and "data.loader=dali" in torch_run["try"], torch_run["try"]
+    packed = doctor.diagnose(data={"name": "packed", "num_workers": 4}, **args)
+    assert "data.loader=dali" not in packed["try"]
+    cpu = dict(
+        args, hardware={"accelerator": "cpu", "cpu_cores": 2}, system={"cpu_busy_cores": 2.0, "process_cpu_cores": 1.9}
+    )
+    on_cpu = doctor.diagnose(data={"name": "builtin", "loader": "dali", "num_workers": 1}, **cpu)
+    assert any("DALI's decoding threads run inside the training process" in n for n in on_cpu["hardware"]), on_cpu

@@ -34,15 +34,12 @@ in one paragraph naming the key (``check``).
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, TrainingStopped
 from .augment import CROP_RATIO, Augmentation
 from .gpu_transforms import IMAGENET_MEAN, IMAGENET_STD
-
-log = logging.getLogger(__name__)
 
 FOLDER_FORMATS = ("imagefolder", "builtin", "imagenette")
 READER = "Reader"

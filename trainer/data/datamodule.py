@@ -236,6 +236,14 @@ class ImageDataModule(pl.LightningDataModule):
             return self._build_cifar10()
         return self._build_image_folders()
 
+    @property
+    def decoder_in_use(self) -> str:
+        """What decodes the training images (metrics.json ``decoder``): the torch loader's decoder, or DALI's
+        (on the CPU, or ``mixed``: nvJPEG on the GPU)."""
+        if self.dali:
+            return "dali-mixed" if self.accelerator == "cuda" else "dali-cpu"
+        return self.decoder
+
     def _check_keys(self) -> None:
         """The data keys where they cannot act, before anything is built: said, or refused."""
         self._check_device_flags()
