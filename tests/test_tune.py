@@ -596,3 +596,29 @@ def test_a_bad_tuned_file_is_one_paragraph(tmp_path):
         [sys.executable, "train.py", f"+tuned={bad}"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60
     )
     assert r.returncode == 2 and "no 'overrides:' list" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_dali_is_a_candidate_for_image_files_where_installed_and_then_the_torch_loaders_own_are_not():
+    """data.loader=dali: offered on an input-bound image folder (DALI is installed with the tests);
+    kept, the torch loader's decoder, cache, prefetch and copy candidates are skipped, saying why;
+    and not offered where DALI cannot read the data or run the recipe's augmentation."""
+    from types import SimpleNamespace
+
+    from trainer.tune.candidates import CATALOGUE, Context
+    from trainer.tune.search import Search
+
+    pytest.importorskip("nvidia.dali")
+    offered, _ = _offered("epoch_time")
+    assert "dali" in offered, offered
+    ctx = Context(cuda=True, bf16_native=True, capability=9.0, cores=16, data_name="imagefolder", allocators=())
+    cfg = SimpleNamespace(budget_min=30, horizon_epochs=10, verify_epochs=1, acc_tolerance=0.02)
+    by_name = {c.name: c for c in CATALOGUE}
+    search = Search(None, CATALOGUE, ctx, {"data.decoder": "pil"}, cfg, lambda: 0.0)
+    kept = ["data.loader=dali", "data.auto_workers=true"]
+    for name in ("decoder_turbo", "decode_scale", "cache_in_memory", "decoder_nvjpeg", "pin_memory", "device_prefetch"):
+        assert search._eligible(by_name[name], [], []) is None or name == "decoder_turbo", name
+        assert "data.loader=dali reads" in search._eligible(by_name[name], kept, ["dali"]), name
+    packed = Context(cuda=False, bf16_native=True, capability=0.0, cores=4, data_name="packed", allocators=())
+    assert "not a folder of image files" in by_name["dali"].skip(packed, {})
+    assert "random erasing" in by_name["dali"].skip(ctx, {"data.random_erasing": 0.25})
+    assert by_name["dali"].skip(ctx, {"data.augment_policy": "randaugment"}) is None  # DALI's own policies

@@ -28,6 +28,7 @@ not, the caller starts a fresh interpreter.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -135,6 +136,9 @@ def _child(
     import runpy
 
     _leave_the_server(new_session, die_with_parent)
+    # the server's imports (torch's, torchvision's, torchmetrics' objects) out of every collection's walk,
+    # as a run freezes what lives before its first job (trainer.run.freeze_long_lived_objects)
+    gc.freeze()
     # multiprocessing's view of this process as a fresh interpreter has it: the main process, its
     # start method not chosen (a loader's workers fork, as they would, not through the server)
     process = sys.modules["multiprocessing.process"]  # (the package's name "process" is not this module)

@@ -129,6 +129,9 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
     return final
 
 
+_FROZEN = False  # freeze_long_lived_objects has run in this process
+
+
 def freeze_long_lived_objects() -> None:
     """Once per process, before its first job: what is alive then (torch's, Lightning's and Dynamo's
     modules, about half a million objects) is moved out of the garbage collector's sight (gc.freeze).
@@ -141,9 +144,11 @@ def freeze_long_lived_objects() -> None:
     """
     import gc
 
-    if gc.get_freeze_count() == 0:
+    global _FROZEN
+    if not _FROZEN:
         gc.collect()
         gc.freeze()
+        _FROZEN = True
 
 
 @contextmanager

@@ -27,9 +27,12 @@ What it does as the torch loader does, so that a row differs only in the pipelin
 - **Measured as a loader**: the step loop's wait in ``__next__`` is data wait (``StepClock``); DALI's
   prefetch queue is the loader. ``data.num_workers`` (or ``data.auto_workers``) is DALI's thread count.
 
-What DALI has no operator for here (the automatic policies, random erasing) and the formats it
-cannot read (Parquet, WebDataset, packed arrays, CIFAR-10's pickles, object-store roots) are refused
-in one paragraph naming the key (``check``).
+- **The automatic policies** (``data.augment_policy``) as DALI's own (``nvidia.dali.auto_aug``), after
+  the crop on uint8 pixels as torchvision orders them, with torchvision's fill and translation ranges.
+
+What DALI has no operator for here (random erasing's box drawing) and the formats it cannot read
+(Parquet, WebDataset, packed arrays, CIFAR-10's pickles, object-store roots) are refused in one
+paragraph naming the key (``check``).
 """
 
 from __future__ import annotations
@@ -66,17 +69,12 @@ def check(data_cfg, augmentation: Augmentation) -> None:
             f"data={c.name} {_why_not(c.name)}. Use data.loader=torch with data={c.name}, or point data=imagefolder "
             "at a folder of class subfolders of images."
         )
-    unsupported = []
-    if augmentation.policy != "none":
-        unsupported.append(f"data.augment_policy={augmentation.policy}")
     if augmentation.random_erasing > 0:
-        unsupported.append(f"data.random_erasing={augmentation.random_erasing}")
-    if unsupported:
         raise ConfigError(
-            f"{', '.join(unsupported)} cannot run under data.loader=dali: the DALI pipeline here does random-resized "
-            "crop, flip and normalization, and the automatic policies and random erasing are torchvision "
-            "transforms it does not run. Set data.loader=torch to use them (data.mixup_alpha, data.cutmix_alpha "
-            "and data.repeated_augment work with either loader)."
+            f"data.random_erasing={augmentation.random_erasing} cannot run under data.loader=dali: DALI erases boxes "
+            "it is given (fn.erase) but has no operator that draws them as torchvision's RandomErasing does (area, "
+            "aspect ratio, ten tries to fit). Set data.loader=torch to use it (the policies, data.mixup_alpha, "
+            "data.cutmix_alpha and data.repeated_augment work with either loader)."
         )
     if not installed():
         raise ConfigError(
@@ -229,13 +227,15 @@ def _undecodable(files: List[str], error: Exception) -> str:
 
 
 def build_pipeline(files: List[str], labels: List[int], loader: DaliLoader, seed: int):
-    """The DALI pipeline of one epoch: read ``files`` in order, decode, transform as ``transforms_for``."""
-    # why longer: the training and the validation graph share the reader, the decoder's device and
-    # the last op's arguments; apart, each would repeat them
+    """The DALI pipeline of one epoch: read ``files`` in order, decode, transform as ``transforms_for``
+    (crop or resize + center crop, then the automatic policy on uint8 pixels, then flip and normalize)."""
+    # why longer: the training and the validation graph share the reader, the decoder's device, the
+    # policy and the last op's arguments; apart, each would repeat them
     from nvidia.dali import fn, pipeline_def, types
 
     augment = loader.augmentation
     decoder = "mixed" if loader.device_id is not None else "cpu"
+    policy = loader.train and augment.policy != "none"
 
     @pipeline_def(
         batch_size=loader.batch_size,
@@ -243,10 +243,11 @@ def build_pipeline(files: List[str], labels: List[int], loader: DaliLoader, seed
         device_id=loader.device_id,
         seed=seed,
         prefetch_queue_depth=2,
+        enable_conditionals=policy,  # DALI's automatic augmentations choose their ops per sample
     )
     def epoch():
         jpegs, y = fn.readers.file(files=files, labels=labels, name=READER, random_shuffle=False)
-        mirror, crop = 0, None
+        mirror = 0
         if loader.train and augment.crop_flip:
             images = fn.decoders.image_random_crop(
                 jpegs,
@@ -256,7 +257,8 @@ def build_pipeline(files: List[str], labels: List[int], loader: DaliLoader, seed
                 random_aspect_ratio=list(CROP_RATIO),
                 num_attempts=10,
             )
-            images = fn.resize(images, resize_x=loader.image_size, resize_y=loader.image_size, antialias=True)
+            side = loader.image_size
+            images = fn.resize(images, resize_x=side, resize_y=side, antialias=True)
             mirror = fn.random.coin_flip(probability=0.5)
         else:
             side = loader.image_size if loader.train else augment.eval_size(loader.image_size)
@@ -266,8 +268,9 @@ def build_pipeline(files: List[str], labels: List[int], loader: DaliLoader, seed
                 else augment.eval_resize(loader.image_size)
             )
             images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
-            images = fn.resize(images, resize_shorter=short, antialias=True)
-            crop = (side, side)
+            images = fn.crop(fn.resize(images, resize_shorter=short, antialias=True), crop=(side, side))
+        if policy:
+            images = _policy(images, augment, side)
         normalize = {} if loader.keep_uint8 else {
             "mean": [m * 255 for m in IMAGENET_MEAN],
             "std": [s * 255 for s in IMAGENET_STD],
@@ -277,9 +280,29 @@ def build_pipeline(files: List[str], labels: List[int], loader: DaliLoader, seed
             dtype=types.UINT8 if loader.keep_uint8 else types.FLOAT,
             output_layout="HWC" if loader.channels_last else "CHW",
             mirror=mirror,
-            **({"crop": crop} if crop else {}),
             **normalize,
         )
         return images, (y.gpu() if decoder == "mixed" else y)  # labels beside the images: no host copy per step
 
     return epoch()
+
+
+def _policy(images, augment: Augmentation, side: int):
+    """data.augment_policy as DALI's own automatic augmentations (nvidia.dali.auto_aug), with
+    torchvision's settings where the two differ: black fill, RandAugment's magnitude on the same 31
+    bins and its translation up to 150/331 of the side, TrivialAugmentWide's up to 32 px."""
+    from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment
+
+    if augment.policy == "randaugment":
+        return rand_augment.rand_augment(
+            images,
+            n=augment.num_ops,
+            m=augment.magnitude,
+            num_magnitude_bins=31,
+            shape=(side, side),
+            max_translate_rel=150 / 331,
+            fill_value=0,
+        )
+    if augment.policy == "trivialaugment":
+        return trivial_augment.trivial_augment_wide(images, num_magnitude_bins=31, max_translate_abs=32, fill_value=0)
+    return auto_augment.auto_augment_image_net(images, shape=(side, side), fill_value=0)

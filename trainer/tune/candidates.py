@@ -168,27 +168,39 @@ def _turbo(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
     return None if importlib.util.find_spec("simplejpeg") else "needs simplejpeg (pip install simplejpeg)"
 
 
+def _torch_loader(skip: Callable) -> Callable:
+    """A candidate of the torch loader's (its decoders, cache, workers' prefetch, the device copy): skipped
+    once data.loader=dali is set or kept, since DALI then reads, decodes and hands over the batches."""
+
+    def skip_under_dali(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
+        if cfg.get("data.loader") == "dali":
+            return "data.loader=dali reads, decodes and hands over the batches itself"
+        return skip(ctx, cfg)
+
+    return skip_under_dali
+
+
 def _dali(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
     from ..data.dali import installed
 
     if ctx.data_name not in IMAGE_FILES:
         return f"data={ctx.data_name} is not a folder of image files, which is what DALI's file reader reads"
-    if cfg.get("data.augment_policy", "none") != "none" or (cfg.get("data.random_erasing") or 0) > 0:
-        return "DALI's pipeline here runs no automatic augmentation policy or random erasing"
+    if (cfg.get("data.random_erasing") or 0) > 0:
+        return "DALI has no operator that draws random erasing's boxes as torchvision does"
     return None if installed() else "NVIDIA DALI is not installed (pip install 'trainer-switchboard[dali]')"
 
 
 CATALOGUE: List[Candidate] = [
     # input pipeline
     Candidate("workers", INPUT, ("data.auto_workers=true", "data.persistent_workers=true"), _workers),
-    Candidate("decoder_torchvision", INPUT, ("data.decoder=torchvision",), _encoded),
-    Candidate("decoder_turbo", INPUT, ("data.decoder=turbo",), _turbo),
+    Candidate("decoder_torchvision", INPUT, ("data.decoder=torchvision",), _torch_loader(_encoded)),
+    Candidate("decoder_turbo", INPUT, ("data.decoder=turbo",), _torch_loader(_turbo)),
     # decode, crop and normalize in DALI's own threads (nvJPEG on a GPU), a thread per core the workers would use
     Candidate("dali", INPUT, ("data.loader=dali", "data.auto_workers=true"), _dali),
-    Candidate("cache_in_memory", INPUT, ("data.cache_in_memory=true",), _image_files),
-    Candidate("decode_scale", INPUT, ("data.decode_scale=auto",), _decode_scale),
+    Candidate("cache_in_memory", INPUT, ("data.cache_in_memory=true",), _torch_loader(_image_files)),
+    Candidate("decode_scale", INPUT, ("data.decode_scale=auto",), _torch_loader(_decode_scale)),
     # needs loader workers, kept by the tuner or set by the user (data.num_workers): _prefetch says which
-    Candidate("prefetch", INPUT, ("data.prefetch_factor=4",), _prefetch),
+    Candidate("prefetch", INPUT, ("data.prefetch_factor=4",), _torch_loader(_prefetch)),
     Candidate(
         "gpu_normalize",
         INPUT,
@@ -196,14 +208,19 @@ CATALOGUE: List[Candidate] = [
         _cuda_only("it moves normalization from the loader to the GPU"),
     ),
     # host-device transfer
-    Candidate("pin_memory", TRANSFER, ("data.pin_memory=true",), _cuda_only("pinned memory speeds host-to-GPU copies")),
+    Candidate(
+        "pin_memory",
+        TRANSFER,
+        ("data.pin_memory=true",),
+        _torch_loader(_cuda_only("pinned memory speeds host-to-GPU copies")),
+    ),
     Candidate(
         "device_prefetch",
         TRANSFER,
         ("data.device_prefetch=true",),
-        _cuda_only("it overlaps the copy to the GPU on a CUDA stream"),
+        _torch_loader(_cuda_only("it overlaps the copy to the GPU on a CUDA stream")),
     ),
-    Candidate("decoder_nvjpeg", TRANSFER, ("data.decoder=nvjpeg",), _nvjpeg),
+    Candidate("decoder_nvjpeg", TRANSFER, ("data.decoder=nvjpeg",), _torch_loader(_nvjpeg)),
     # compute
     Candidate("amp", COMPUTE, ("amp=true",), _amp),
     Candidate("channels_last", COMPUTE, ("channels_last=true",)),
