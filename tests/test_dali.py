@@ -72,20 +72,40 @@ def test_each_epoch_reads_every_sample_once_in_the_torch_loaders_order(compose, 
     assert sorted(_labels(dm.val_dataloader(), 0)) == list(range(23))
 
 
-def test_ranks_get_the_shares_lightnings_distributed_sampler_deals():
-    """rank_share against Lightning's own wrapper of the torch loader's sampler, an odd length included."""
+def test_ranks_get_the_samples_lightning_deals_the_torch_loaders_ranks(compose, one_per_class):
+    """Training: the shares of Lightning's own DistributedSamplerWrapper around the torch loader's
+    sampler, as Lightning makes it for a training loader (shuffled by PL_GLOBAL_SEED and the epoch);
+    validation: DistributedSampler's unshuffled shares. Odd lengths included."""
+    from types import SimpleNamespace
+
     from lightning_fabric.utilities.distributed import DistributedSamplerWrapper
+    from torch.utils.data import DistributedSampler
 
     from trainer.data.dali import rank_share
     from trainer.data.sampler import EpochShuffleSampler
 
     for n, world in ((23, 2), (24, 2), (10, 3), (5, 8)):
-        sampler = EpochShuffleSampler(n, seed=7)
-        order = list(sampler)
-        shares = [rank_share(order, r, world) for r in range(world)]
+        shares = [rank_share(range(n), r, world) for r in range(world)]
         for r in range(world):
-            assert shares[r] == list(DistributedSamplerWrapper(sampler, num_replicas=world, rank=r, shuffle=False))
+            assert shares[r] == list(DistributedSampler(range(n), num_replicas=world, rank=r, shuffle=False)), (n, r)
         assert {i for s in shares for i in s} == set(range(n)) and len({len(s) for s in shares}) == 1
+    dm = _datamodule(compose, one_per_class)
+    for epoch in (0, 1):
+        seen = []
+        for r in (0, 1):
+            dm.trainer = SimpleNamespace(
+                world_size=2,
+                global_rank=r,
+                current_epoch=epoch,
+                strategy=SimpleNamespace(root_device=torch.device("cpu")),
+            )
+            lightning = DistributedSamplerWrapper(
+                EpochShuffleSampler(23, dm.seed), num_replicas=2, rank=r, shuffle=True
+            )
+            lightning.set_epoch(epoch)
+            seen.append(_labels(dm.train_dataloader()))
+            assert seen[-1] == list(lightning), (epoch, r)
+        assert len(seen[0]) == len(seen[1]) == 12 and set(seen[0]) | set(seen[1]) == set(range(23))
 
 
 @pytest.mark.slow
@@ -274,3 +294,27 @@ def test_a_resume_at_an_epoch_boundary_ends_with_the_straight_runs_weights(train
     a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     b = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_epochs_pipeline_goes_with_its_last_batch(tmp_path, monkeypatch):
+    """Lightning takes len() batches and lets the generator go only when it starts the next epoch's:
+    the pipeline (and its threads) must not live on through the next epoch or validation."""
+    import weakref
+
+    from trainer.data import dali as dali_mod
+
+    made = []
+    real = dali_mod.build_pipeline
+
+    def recorded(*args):
+        pipe = real(*args)
+        made.append(weakref.ref(pipe))
+        return pipe
+
+    monkeypatch.setattr(dali_mod, "build_pipeline", recorded)
+    path = _gradient(tmp_path / "gradient.png")
+    loader = _loader([path] * 10, True, Augmentation())
+    loader.batch_size = 4  # 3 batches, the last one partial
+    batches = iter(loader)
+    got = [next(batches) for _ in range(len(loader))]  # as Lightning asks: no StopIteration
+    assert [b[0].shape[0] for b in got] == [4, 4, 2] and made and made[0]() is None

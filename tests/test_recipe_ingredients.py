@@ -295,10 +295,9 @@ def test_weight_decay_groups_follow_the_norm_and_bias_keys():
 def test_repeated_augmentation_repeats_each_sample_on_different_ranks_and_keeps_the_epoch_length():
     from pytorch_lightning.trainer.connectors.data_connector import _get_distributed_sampler
     from pytorch_lightning.trainer.states import RunningStage
-    from pytorch_lightning.utilities.data import _is_dataloader_shuffled
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, DistributedSampler
 
-    from trainer.data.sampler import EpochShuffleSampler, RepeatedSamples
+    from trainer.data.sampler import EpochShuffleSampler, RepeatedSamples, deal_to_ranks
 
     sampler = EpochShuffleSampler(12, seed=1, repeats=3)
     draws = list(sampler)
@@ -308,13 +307,20 @@ def test_repeated_augmentation_repeats_each_sample_on_different_ranks_and_keeps_
     assert RepeatedSamples(list(range(12)), 3)[draws[1]] == samples[1]
     loader = DataLoader(RepeatedSamples(list(range(12)), 3), sampler=sampler, batch_size=2)
 
-    def rank_sampler(rank):  # what Lightning's trainer puts in our sampler's place on each rank under DDP
-        shuffle = _is_dataloader_shuffled(loader)
-        return _get_distributed_sampler(loader, shuffle, 0, RunningStage.TRAINING, num_replicas=3, rank=rank)
+    def lightnings(rank):  # what Lightning puts in a plain sampler's place for training (shuffle=True)
+        return _get_distributed_sampler(loader, True, 0, RunningStage.TRAINING, num_replicas=3, rank=rank)
 
-    ranks = [list(rank_sampler(r)) for r in range(3)]
+    def ours(rank):  # the datamodule's own: already distributed, so Lightning leaves it in place
+        dealt = deal_to_ranks(sampler, rank, 3)
+        assert isinstance(dealt, DistributedSampler)  # (DataConnector._requires_distributed_sampler)
+        return dealt
+
+    ranks = [list(ours(r)) for r in range(3)]
     for k in range(4):  # with 3 ranks, the 3 repeats of each sample land one on each rank
         assert [[d % 12 for d in rank][k] for rank in ranks] == [samples[3 * k]] * 3
+    assert all(len({d % 12 for d in rank}) == 4 for rank in ranks)  # no rank draws a sample twice
+    scattered = [list(lightnings(r)) for r in range(3)]  # Lightning's shuffle first would not keep them apart
+    assert any(len({d % 12 for d in rank}) < 4 for rank in scattered), scattered
     sampler.set_epoch(1)
     assert [d % 12 for d in sampler][::3] != samples[::3]
 
@@ -477,3 +483,20 @@ def test_custom_data_says_which_image_keys_it_cannot_use(compose, caplog):
     with caplog.at_level("WARNING"):
         ImageDataModule(cfg.data).build()
     assert "data.augment_policy=randaugment, data.eval_image_size=24: these act in the trainer's own" in caplog.text
+
+
+def test_under_ddp_the_torch_loader_deals_repeats_itself_so_lightning_leaves_its_sampler(compose, small_images):
+    """The datamodule's training loader with data.repeated_augment on a rank of two: its sampler is
+    already distributed (Lightning replaces only one that is not) and deals the draws in turn."""
+    from types import SimpleNamespace
+
+    from torch.utils.data import DistributedSampler
+
+    from trainer.data import ImageDataModule
+
+    cfg = compose("data=imagefolder", f"data.root={small_images}", "data.repeated_augment=2", "data.image_size=16")
+    dm = ImageDataModule(cfg.data, cfg.seed)
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=1, current_epoch=0)
+    dm.build()
+    sampler = dm.train_dataloader().sampler
+    assert isinstance(sampler, DistributedSampler) and sampler.shuffle is False and sampler.rank == 1, sampler

@@ -186,10 +186,10 @@ def _wait_job_gone(job: str, timeout: float = 240) -> str:
     raise AssertionError(f"job {job} not ended after {timeout} s (sacct: {state!r})")
 
 
-def _array_tasks() -> dict:
-    """The running tasks of the job arrays in the queue, by array index ("12_1" -> {"1": "12_1"})."""
-    ids = [line.strip() for line in _slurm("squeue", "-h", "-t", "RUNNING", "-o", "%i").splitlines()]
-    return {i.split("_", 1)[1]: i for i in ids if "_" in i and "[" not in i}
+def _array_task(sweep: Path, index: str) -> str:
+    """The Slurm id of the sweep's job ``index`` ("12_1"): its submitit folder is named by it."""
+    (folder,) = [p.name for p in (sweep / ".submitit").glob(f"*_{index}") if p.is_dir()]
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +220,7 @@ def preempted(tmp_path_factory, cluster):
         while pending and time.time() < deadline:
             for index, command in list(pending.items()):
                 if (sweep / index / "checkpoints" / "last.ckpt").exists():
-                    _slurm(*command, _array_tasks()[index])
+                    _slurm(*command, _array_task(sweep, index))
                     del pending[index]
             assert proc.poll() is None, f"the sweep ended before its jobs were signalled: {proc.stdout.read()[-3000:]}"
             time.sleep(0.1)
@@ -228,6 +228,8 @@ def preempted(tmp_path_factory, cluster):
         out, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()
+        for folder in (sweep / ".submitit").glob("*_*"):  # nothing of this sweep left running on a failure
+            subprocess.run(["scancel", folder.name], capture_output=True, timeout=30)
     return {"sweep": sweep, "returncode": proc.returncode, "out": out}
 
 
@@ -241,6 +243,7 @@ def test_scontrol_requeue_of_a_sweep_job_resumes_it_to_the_same_weights(preempte
     _assert_whole_history(read_metrics(sweep / "0"), 4)
     log = _submitit_log(sweep, 0)
     assert "SIGTERM received: saved" in log and "requeued by Slurm (restart 1)" in log, log[-3000:]
+    assert "SIGUSR2 received" not in log  # the other job's signal did not reach this one
     assert final_loss(sweep / "0" / "checkpoints" / "last.ckpt") == pytest.approx(uninterrupted, rel=1e-4, abs=1e-5)
     rows = (sweep / "ab_report.csv").read_text().splitlines()
     assert len(rows) == 3 and all(",ok," in row for row in rows[1:]), rows  # the report waited for both requeues

@@ -239,7 +239,7 @@ def decode_suggestions(data: Dict[str, Any], cuda: bool) -> List[str]:
         return []
     files = data.get("name") in ("imagefolder", "builtin", "imagenette")  # nvjpeg decodes image files (not shard bytes)
     if data.get("loader") == "dali":  # DALI decodes with its own decoder (nvJPEG on a GPU) and reads only files
-        return [] if cuda else ["data.loader=torch", "data=packed"]
+        return []
     from .data.dali import installed
 
     out = ["data.loader=dali"] if files and installed() else []  # decode and crop in DALI's own threads

@@ -22,7 +22,14 @@ pytestmark = [
 ]
 
 ROWS = sorted(p.stem for p in (ROOT / "configs" / "bench").glob("*.yaml"))
-INPUT_ROWS = {"workers", "prefetch", "gpu_normalize", "nvjpeg", "all"}  # rows about the input pipeline: real JPEGs
+INPUT_ROWS = {
+    "workers",
+    "prefetch",
+    "gpu_normalize",
+    "nvjpeg",
+    "dali",
+    "all",
+}  # rows about the input pipeline: real JPEGs
 # smoke scale keeps the recipe's model and batch (32; big_batch and all search it, up to 64)
 SMALL = [
     "scale=smoke",
@@ -75,6 +82,10 @@ def test_no_host_sync_inside_the_step_loop(compose, tmp_path, recipe, row, data,
 
     watch = SyncDebugSteps()
     add_callbacks(watch, first=True)
+    if row == "dali":
+        pytest.importorskip(
+            "nvidia.dali", reason="the dali row needs NVIDIA DALI: pip install 'trainer-switchboard[dali]'"
+        )
     args = [f"+recipe={recipe}", f"+bench={row}", *SMALL, *data]
     try:
         m = run_mod.run(compose(*args), str(tmp_path / "run"), args)

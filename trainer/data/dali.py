@@ -9,15 +9,16 @@ that "would DALI pay on my model?" is a row of the A/B table.
 What it does as the torch loader does, so that a row differs only in the pipeline:
 
 - **Which files, in which order**: each epoch's files are ``EpochShuffleSampler``'s order (a pure
-  function of seed and epoch, the torch loader's), dealt to the ranks as Lightning's
-  ``DistributedSampler`` deals them (padded to a multiple of the ranks, rank r takes r, r + world,
-  ...): disjoint samples per rank, the same samples per rank as with ``data.loader=torch``,
+  function of seed and epoch, the torch loader's), dealt to the ranks by the same
+  ``DistributedSamplerWrapper`` Lightning wraps the torch loader's sampler in (``sampler.deal_to_ranks``):
+  disjoint samples per rank, the same samples per rank as with ``data.loader=torch``,
   ``data.repeated_augment`` as there, and a resume that starts the epoch (or the rest of it) where
   the run it continues stopped. DALI's own ``random_shuffle``/``shuffle_after_epoch`` and
   ``shard_id`` would give another order, and its position after epoch E could only come back from
   every rank's DALI checkpoint (a Lightning checkpoint holds rank 0's state), so the reader gets
   the epoch's list itself (``readers.file(files=...)``): one pipeline per epoch, built in
-  milliseconds, seeded by (seed, epoch, rank) so an epoch's crops are the same after a resume.
+  milliseconds, seeded by (seed, epoch, rank) so an epoch's crops are the same after a resume at an
+  epoch boundary.
 - **The transforms** (``augment.transforms_for``'s): random-resized crop at ``data.crop_min_scale``
   .. 1 of the area and aspect ratios 3/4 .. 4/3 (DALI decodes only the crop's region, its own
   reduced-size decode), an even horizontal flip, ImageNet normalization; validation resizes the
@@ -53,9 +54,20 @@ INSTALL = (
 
 
 def installed() -> bool:
+    """Whether DALI is there to import (found, not imported: the doctor and the tuner ask, and a loaded
+    DALI would add its libraries to a sweep's next job's memory)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except (ImportError, ValueError):  # ValueError: imported as None (blocked), or without a spec
+        return False
+
+
+def _importable() -> bool:
     try:
         import nvidia.dali  # noqa: F401
-    except (ImportError, OSError):
+    except (ImportError, OSError):  # OSError: its libraries cannot be loaded here
         return False
     return True
 
@@ -76,7 +88,7 @@ def check(data_cfg, augmentation: Augmentation) -> None:
             "aspect ratio, ten tries to fit). Set data.loader=torch to use it (the policies, data.mixup_alpha, "
             "data.cutmix_alpha and data.repeated_augment work with either loader)."
         )
-    if not installed():
+    if not _importable():
         raise ConfigError(
             f"data.loader=dali needs NVIDIA DALI, which is not installed here: {INSTALL}; or set data.loader=torch."
         )
@@ -124,9 +136,9 @@ def samples_of(dataset) -> List[Tuple[str, int]]:
 
 
 def rank_share(order: Sequence[int], rank: int, world: int) -> List[int]:
-    """Rank ``rank``'s share of an epoch's order, dealt as torch's DistributedSampler deals it (what
-    Lightning wraps the torch loader's sampler in): padded from its start to a multiple of ``world``,
-    then every ``world``-th draw from ``rank``."""
+    """Rank ``rank``'s share of the validation set, dealt as the DistributedSampler Lightning gives the
+    torch loader's validation (not shuffled): padded from its start to a multiple of ``world``, then
+    every ``world``-th sample from ``rank``."""
     order = list(order)
     if world <= 1:
         return order
@@ -188,13 +200,20 @@ class DaliLoader:
         pipe = build_pipeline(files, labels, self, self.seed_of(epoch))
         policy = LastBatchPolicy.DROP if self.drop_last else LastBatchPolicy.PARTIAL
         batches, done = None, 0  # samples handed over this epoch
+        count = len(indices) // self.batch_size if self.drop_last else math.ceil(len(indices) / self.batch_size)
         try:  # the iterator runs the pipeline's first batches as it is made: a bad file can stop it there
             batches = DALIGenericIterator([pipe], ["images", "labels"], reader_name=READER, last_batch_policy=policy)
-            for (out,) in batches:
+            for i in range(count):
+                (out,) = next(batches)
                 images = out["images"]
                 if self.channels_last:  # NHWC from DALI: the same memory seen as NCHW, channels-last strides
                     images = images.permute(0, 3, 1, 2)
                 done += images.shape[0]
+                if i == count - 1:
+                    # Lightning stops after len() batches and lets this generator go only when it asks for
+                    # the next epoch's: the pipeline and its threads go with the last batch (its tensors are
+                    # torch's own copies), not an epoch later
+                    batches = pipe = None
                 yield images, out["labels"].view(-1).long()
         except RuntimeError as e:
             if "Critical error in pipeline" not in str(e):
@@ -305,4 +324,6 @@ def _policy(images, augment: Augmentation, side: int):
         )
     if augment.policy == "trivialaugment":
         return trivial_augment.trivial_augment_wide(images, num_magnitude_bins=31, max_translate_abs=32, fill_value=0)
-    return auto_augment.auto_augment_image_net(images, shape=(side, side), fill_value=0)
+    # "reduced_image_net": the ImageNet policy torchvision's AutoAugment has (DALI's "image_net" is the
+    # EfficientNet one, with translations torchvision's policy does not have)
+    return auto_augment.auto_augment(images, policy_name="reduced_image_net", fill_value=0)  # no translations: no shape

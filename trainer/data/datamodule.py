@@ -469,8 +469,9 @@ class ImageDataModule(pl.LightningDataModule):
 
     @property
     def resumes_mid_epoch_distributed(self) -> bool:
-        """The train sampler is rank-aware and can skip the trained batches on every rank (BlockSampler)."""
-        return self.cfg.name in BLOCK_FORMATS
+        """The train sampler is rank-aware and can skip the trained batches on every rank (BlockSampler, and
+        data.loader=dali's shares, which skip within each rank's own)."""
+        return self.cfg.name in BLOCK_FORMATS or self.dali
 
     def _loader(self, dataset, train: bool) -> DataLoader:
         c = self.cfg
@@ -481,9 +482,11 @@ class ImageDataModule(pl.LightningDataModule):
         if sampler is None and train:
             sampler = self._train_sampler(len(dataset))
             if sampler.repeats > 1:
-                from .sampler import RepeatedSamples
+                from .sampler import RepeatedSamples, deal_to_ranks
 
                 dataset = RepeatedSamples(dataset, sampler.repeats)
+                if self.trainer is not None:  # repeats dealt to different ranks (Lightning would scatter them)
+                    sampler = deal_to_ranks(sampler, self.trainer.global_rank, self.trainer.world_size)
         if c.get("device_resident") and c.name == "synthetic":
             return self._device_resident_loader(dataset, sampler, train)
         from .folder import skip_none_collate
@@ -516,23 +519,30 @@ class ImageDataModule(pl.LightningDataModule):
     def _dali_loader(self, train: bool):
         """data.loader=dali: this rank's DALI loader, over the files the torch loader would read (dali.py)."""
         from .dali import DaliLoader, rank_share
+        from .sampler import deal_to_ranks
 
         samples = self.dali_samples[train]
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
         if train:
             sampler = self._train_sampler(len(samples))  # the epoch's permutation, repeats and a resume's skip
             n = len(samples)
+            dealt = deal_to_ranks(sampler, rank, world)
 
             def order_of(epoch: int) -> list:
                 skip = sampler.skip.pop(epoch, 0)  # a mid-epoch resume: what this rank trained, from its own share
-                sampler.set_epoch(epoch)
-                return [i % n for i in rank_share(list(sampler), rank, world)][skip:]
+                dealt.set_epoch(epoch)
+                return [i % n for i in dealt][skip:]
         else:
 
             def order_of(epoch: int) -> list:
                 return rank_share(range(len(samples)), rank, world)
 
-        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
+        if self.trainer is not None:
+            device = self.trainer.strategy.root_device
+        else:  # used on its own: the accelerator's current device
+            device = (
+                torch.device("cuda", torch.cuda.current_device()) if self.accelerator == "cuda" else torch.device("cpu")
+            )
         return DaliLoader(
             samples,
             order_of,

@@ -9,9 +9,10 @@ skips the batches the interrupted run already trained on (``ResumableState`` tel
 permutation is taken ``repeats`` times in a row and the epoch is cut back to ``length`` draws, so an
 epoch is as long as without it and covers about 1/repeats of the samples. The k-th repeat of sample
 ``i`` is drawn as index ``i + k x length`` (``RepeatedSamples`` maps it back to ``i``), so that each
-repeat gets its own augmentation seed. Under DDP, Lightning's ``DistributedSamplerWrapper`` deals
-the draws to the ranks in turn (rank r takes draws r, r + world, ...), so the repeats of a sample
-land on different ranks, as DeiT's ``RASampler`` does.
+repeat gets its own augmentation seed. Under DDP the draws are dealt to the ranks in turn (rank r
+takes draws r, r + world, ...: ``deal_to_ranks``), so the repeats of a sample land on different
+ranks, as DeiT's ``RASampler`` does; Lightning's own wrapping would shuffle the draws again first
+and scatter the repeats.
 """
 
 from __future__ import annotations
@@ -71,3 +72,19 @@ class RepeatedSamples(Dataset):
         fetch = getattr(self.dataset, "__getitems__", None)
         wrapped = [int(i) % self.n for i in indices]
         return fetch(wrapped) if fetch is not None else [self.dataset[i] for i in wrapped]
+
+
+def deal_to_ranks(sampler: EpochShuffleSampler, rank: int, world: int):
+    """The training sampler under DDP, as this rank draws from it: Lightning's own
+    ``DistributedSamplerWrapper`` with the arguments Lightning gives a training loader's (shuffled by
+    PL_GLOBAL_SEED and the epoch, then dealt in turn), except with repeats, which are dealt in turn
+    without that shuffle so that a sample's repeats go to different ranks. Lightning leaves a sampler
+    that is already distributed as it is, and its set_epoch reaches ours."""
+    if world <= 1:
+        return sampler
+    import os
+
+    from lightning_fabric.utilities.distributed import DistributedSamplerWrapper
+
+    seed = int(os.getenv("PL_GLOBAL_SEED", 0))  # pytorch_lightning's _get_distributed_sampler
+    return DistributedSamplerWrapper(sampler, num_replicas=world, rank=rank, shuffle=sampler.repeats == 1, seed=seed)
