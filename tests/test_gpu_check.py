@@ -20,12 +20,6 @@ SYNTHETIC_ROWS = ["baseline", "amp", "channels_last", "compile", "tf32", "big_ba
 JPEG_ROWS = ["baseline", "workers", "prefetch", "gpu_normalize", "nvjpeg", "all"]
 
 
-def _dali_installed() -> bool:
-    from trainer.data.dali import installed
-
-    return installed()
-
-
 def _script(*args, **env):
     return subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_check.sh"), *args],
@@ -53,7 +47,9 @@ def test_gpu_check_dry_run_writes_results(tmp_path):
         and "vit / jpeg: best `" in summary
     ), summary
     assert "doctor (" in summary and (tmp_path / "gpu_check.log").read_text().count("== [") >= 5
-    jpeg_rows = JPEG_ROWS[:-1] + ["dali", "all"] if _dali_installed() else JPEG_ROWS  # DALI's row where installed
+    from trainer.data.dali import installed
+
+    jpeg_rows = JPEG_ROWS[:-1] + ["dali", "all"] if installed() else JPEG_ROWS  # DALI's row where installed
     for recipe in ("vit",):
         text = (tmp_path / recipe / "RESULTS.md").read_text()
         assert "CPU DRY RUN" in text and "## synthetic" in text and "## jpeg" in text and "train.py -m +recipe=" in text

@@ -135,18 +135,6 @@ def samples_of(dataset) -> List[Tuple[str, int]]:
     return [(str(p), int(y)) for p, y in dataset.samples]
 
 
-def rank_share(order: Sequence[int], rank: int, world: int) -> List[int]:
-    """Rank ``rank``'s share of the validation set, dealt as the DistributedSampler Lightning gives the
-    torch loader's validation (not shuffled): padded from its start to a multiple of ``world``, then
-    every ``world``-th sample from ``rank``."""
-    order = list(order)
-    if world <= 1:
-        return order
-    total = math.ceil(len(order) / world) * world
-    padded = order + (order * math.ceil(total / max(1, len(order))))[: total - len(order)]
-    return padded[rank:total:world]
-
-
 class DaliLoader:
     """What Lightning iterates over as this rank's train or val loader: one DALI pipeline per epoch,
     over this epoch's files (``order_of(epoch)``), yielding (images, labels) batches."""
@@ -185,22 +173,24 @@ class DaliLoader:
         self.drop_last = drop_last
 
     def __len__(self) -> int:
-        n = self.per_epoch
-        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+        return self._batches(self.per_epoch)
+
+    def _batches(self, samples: int) -> int:
+        return samples // self.batch_size if self.drop_last else math.ceil(samples / self.batch_size)
 
     def __iter__(self):
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
         epoch = self.epoch_of()
         indices = self.order_of(epoch)
-        if not indices or (self.drop_last and len(indices) < self.batch_size):
+        count = self._batches(len(indices))
+        if count == 0:
             return
         files = [self.samples[i][0] for i in indices]
         labels = [self.samples[i][1] for i in indices]
         pipe = build_pipeline(files, labels, self, self.seed_of(epoch))
         policy = LastBatchPolicy.DROP if self.drop_last else LastBatchPolicy.PARTIAL
         batches, done = None, 0  # samples handed over this epoch
-        count = len(indices) // self.batch_size if self.drop_last else math.ceil(len(indices) / self.batch_size)
         try:  # the iterator runs the pipeline's first batches as it is made: a bad file can stop it there
             batches = DALIGenericIterator([pipe], ["images", "labels"], reader_name=READER, last_batch_policy=policy)
             for i in range(count):

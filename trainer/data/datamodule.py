@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import random
 import zlib
 
@@ -518,24 +517,27 @@ class ImageDataModule(pl.LightningDataModule):
 
     def _dali_loader(self, train: bool):
         """data.loader=dali: this rank's DALI loader, over the files the torch loader would read (dali.py)."""
-        from .dali import DaliLoader, rank_share
+        from torch.utils.data import DistributedSampler
+
+        from .dali import DaliLoader
         from .sampler import deal_to_ranks
 
         samples = self.dali_samples[train]
+        n = len(samples)
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
         if train:
-            sampler = self._train_sampler(len(samples))  # the epoch's permutation, repeats and a resume's skip
-            n = len(samples)
+            sampler = self._train_sampler(n)  # the epoch's permutation, repeats and a resume's skip
             dealt = deal_to_ranks(sampler, rank, world)
 
             def order_of(epoch: int) -> list:
                 skip = sampler.skip.pop(epoch, 0)  # a mid-epoch resume: what this rank trained, from its own share
                 dealt.set_epoch(epoch)
                 return [i % n for i in dealt][skip:]
-        else:
+        else:  # as Lightning deals the torch loader's validation: not shuffled, padded to even shares
+            dealt = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=False)
 
             def order_of(epoch: int) -> list:
-                return rank_share(range(len(samples)), rank, world)
+                return list(dealt)
 
         if self.trainer is not None:
             device = self.trainer.strategy.root_device
@@ -547,7 +549,7 @@ class ImageDataModule(pl.LightningDataModule):
             samples,
             order_of,
             lambda: self._epoch_now(None),
-            math.ceil(len(samples) / world),
+            len(dealt),  # this rank's samples in a whole epoch
             # the crops of (seed, epoch, rank): an epoch's are the same after a resume
             seed_of=lambda epoch: sample_seed(self.seed, epoch, rank) & 0x7FFFFFFF,
             train=train,
