@@ -31,7 +31,7 @@ DEFAULT = [
 
 
 def loader_images_per_s(overrides, batches: int, repeats: int) -> dict:
-    from trainer.compose import compose_for_run
+    from trainer.config.compose import compose_for_run
     from trainer.data import ImageDataModule
 
     cfg = compose_for_run(overrides)

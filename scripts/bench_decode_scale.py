@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainer.hardware import machine_record  # noqa: E402
+from trainer.measure.hardware import machine_record  # noqa: E402
 
 
 def images_per_s(files, decoder: str, image_size: int, scale: str, seconds: float) -> float:

@@ -62,7 +62,7 @@ def main() -> int:
     from s3server import S3Server
 
     from trainer.data.builtin import ensure_builtin
-    from trainer.pack import pack
+    from trainer.data.pack import pack
 
     work = Path(tempfile.mkdtemp(prefix="bench-formats-"))
     source = ensure_builtin(str(work / "builtin"), 100, 160)

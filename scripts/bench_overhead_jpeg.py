@@ -29,7 +29,7 @@ conclude); then the CPU split per epoch of both sides.
 
 Without ``--folder`` it uses the built-in JPEGs (``data=builtin``: generated once into the cache).
 Results: ``--out`` (default scripts/results/bench_overhead_jpeg.json) holds every raw run and the
-machine (``trainer.hardware.machine_record``).
+machine (``trainer.measure.hardware.machine_record``).
 """
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ def benchmark(args) -> dict:
 
 
 def summarize(args, folder: str, runs: list, repeats: list, load_before) -> dict:
-    from trainer.hardware import machine_record
+    from trainer.measure.hardware import machine_record
 
     per_workers = {}
     for w in args.workers:

@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from trainer.hardware import machine_record, usable_cores  # noqa: E402
+from trainer.measure.hardware import machine_record, usable_cores  # noqa: E402
 
 RUN = [
     "compile=true",

@@ -76,7 +76,7 @@ def probe(base: list, config: list, run_dir: Path, full_samples: float) -> tuple
 def machine() -> str:
     import torch
 
-    from trainer import hardware
+    from trainer.measure import hardware
 
     hw = hardware.detect("auto")
     native = "native bf16" if hw.bf16_native else "no native bf16"

@@ -25,7 +25,7 @@ def subset(src: str, dst: str, n_train: int, n_val: int) -> None:
 
 def keep(sweep: str, out: str) -> None:
     sys.path.insert(0, ".")
-    from trainer.hardware import machine_record
+    from trainer.measure.hardware import machine_record
 
     json.dump(machine_record(), open(os.path.join(out, "machine.json"), "w"), indent=1)
     for path in glob.glob(os.path.join(sweep, "*", "metrics.json")):

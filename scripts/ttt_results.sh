@@ -18,7 +18,7 @@ cp "$tmp/sweep"/ab_report.{md,csv,png} "$out/"
 "$PY" - "$tmp/sweep" "$out/machine.json" <<'PY'
 import json, sys
 sys.path.insert(0, ".")
-from trainer.hardware import machine_record
+from trainer.measure.hardware import machine_record
 json.dump(machine_record(), open(sys.argv[2], "w"), indent=1)
 PY
 echo "wrote $out"

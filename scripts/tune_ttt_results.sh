@@ -17,7 +17,7 @@ cp "$tmp/tune"/tune_report.{md,csv,png} "$tmp/tune/best.yaml" "$out/"
 "$PY" - "$out/machine.json" <<'PY'
 import json, sys
 sys.path.insert(0, ".")
-from trainer.hardware import machine_record
+from trainer.measure.hardware import machine_record
 json.dump(machine_record(), open(sys.argv[1], "w"), indent=1)
 PY
 echo "wrote $out"

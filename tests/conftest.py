@@ -46,7 +46,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_report_header(config):
     """The machine in the suite's header: a slow run reads differently on a CPU that emulates bf16."""
-    from trainer.hardware import cpu_kind, detect
+    from trainer.measure.hardware import cpu_kind, detect
 
     hw = detect("cpu")
     bf16 = "native bf16" if hw.bf16_native else "no native bf16: amp tests keep to tiny models"
@@ -81,7 +81,7 @@ def clear_spies():
 @pytest.fixture
 def compose():
     """What ``python train.py OVERRIDES`` would run, composed in-process."""
-    from trainer.compose import compose_for_run
+    from trainer.config.compose import compose_for_run
 
     return lambda *overrides: compose_for_run(overrides)
 
@@ -129,7 +129,7 @@ def fake_gpu(monkeypatch):
     nothing may run on this "GPU"."""
     import torch
 
-    from trainer import hardware
+    from trainer.measure import hardware
 
     def _fake(name: str, capability: tuple, count: int = 1):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

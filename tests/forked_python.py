@@ -20,7 +20,7 @@ import sys
 import tempfile
 from typing import Dict, List, Optional
 
-from trainer import preloaded
+from trainer.launch import preloaded
 
 # variables the product and its libraries read while running, not at import: a command may set these
 RUNTIME_ENV = {

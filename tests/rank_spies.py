@@ -25,7 +25,7 @@ class RankFailNet(ProbeNet):
 
 def launcher_pid() -> int:
     """The process that started this rank's torchrun agent: ``train.py`` for a job it launched
-    (``trainer.launch``: train.py -> python -m trainer.torchrun -> rank)."""
+    (``trainer.launch.processes``: train.py -> python -m trainer.torchrun -> rank)."""
     stat = Path(f"/proc/{os.getppid()}/stat").read_text()
     return int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state: the parent's pid
 

@@ -297,7 +297,7 @@ class StepLoopWatch(pl.Callback):
 
         import torch.distributed as dist
 
-        from trainer.checkpointing import PreemptionCallback
+        from trainer.launch.checkpointing import PreemptionCallback
 
         dist.broadcast = self._original
         agreement = next(c for c in trainer.callbacks if isinstance(c, PreemptionCallback)).agreement

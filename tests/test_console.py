@@ -10,7 +10,7 @@ import re
 import pytest
 from conftest import read_metrics, run_cli
 
-from trainer import console
+from trainer.output import console
 
 # every line a single smoke run may print on a non-terminal, in order
 SINGLE_RUN_LINES = [
@@ -50,7 +50,7 @@ def test_the_model_summary_comes_back_on_request(tmp_path):
 
 
 def test_a_sweep_prints_one_status_line_per_job_then_the_table(tmp_path):
-    from trainer import hardware
+    from trainer.measure import hardware
 
     sweep = tmp_path / "sweep"
     # data.device_prefetch=true on a CPU: every job warns that it does nothing here

@@ -180,9 +180,9 @@ def test_two_nodes_with_torchrun_on_localhost(tmp_path):
 
 
 def test_more_cpu_processes_than_cores_is_refused(compose):
-    from trainer import switchboard
     from trainer.errors import ConfigError
-    from trainer.hardware import Hardware
+    from trainer.measure.hardware import Hardware
+    from trainer.switches import switchboard
 
     with pytest.raises(ConfigError, match=r"'devices=8'.*devices=1\.\.2"):
         switchboard.resolve(compose("strategy=ddp", "devices=8"), Hardware("cpu", "cpu", 1, 2, False, False))
@@ -190,8 +190,8 @@ def test_more_cpu_processes_than_cores_is_refused(compose):
 
 
 def test_ddp_knobs_reach_the_strategy(compose):
-    from trainer import switchboard
-    from trainer.hardware import Hardware
+    from trainer.measure.hardware import Hardware
+    from trainer.switches import switchboard
 
     cfg = compose(
         "strategy=ddp", "devices=2", "ddp.static_graph=true", "ddp.gradient_as_bucket_view=true", "ddp.bucket_cap_mb=5",
@@ -265,8 +265,8 @@ def test_a_failing_rank_gives_the_same_paragraph_and_exit_code_as_one_process(tm
 def test_a_rank_stopped_because_another_failed_keeps_its_epochs_under_the_failed_ranks_answer(tmp_path, compose):
     """torchrun stops the other ranks with SIGTERM once one fails: rank 0's record keeps its epochs and
     takes the failed rank's answer as its error (the answer itself comes through torchrun: the test above)."""
-    from trainer import metrics
     from trainer.cli import _record_failure
+    from trainer.measure import metrics
 
     cfg = compose()
     stopped = metrics.build(
@@ -328,7 +328,7 @@ def test_a_stop_signal_to_the_launching_process_stops_every_rank_at_one_step_and
     import os
     import signal
 
-    from trainer.checkpointing import PREEMPTED_EXIT_CODE
+    from trainer.launch.checkpointing import PREEMPTED_EXIT_CODE
 
     run_dir, output = tmp_path / "run", tmp_path / "output.txt"
     with open(output, "w") as console:  # a file, not a pipe: ranks left behind would hold a pipe open
@@ -389,7 +389,7 @@ def test_after_a_rank_fails_the_others_get_a_short_grace_before_sigkill(tmp_path
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
     from torch.distributed.elastic.multiprocessing.api import PContext, SubprocessContext
 
-    from trainer import torchrun
+    from trainer.launch import torchrun
 
     monkeypatch.setattr(PContext, "close", PContext.close)  # undone after the test
     torchrun._stop_the_others_promptly()

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from trainer import doctor
+from trainer.output import doctor
 
 CPU = {"accelerator": "cpu", "cpu_cores": 2, "bf16_native": False, "capability": ""}
 H100 = {"accelerator": "cuda", "cpu_cores": 16, "bf16_native": True, "capability": "9.0"}
@@ -36,7 +36,7 @@ def test_planted_heavy_compute_is_compute_bound(train):
     m, _ = train("data.batch_size=256", "data.num_samples=1024", "data.image_size=32", "model.width=48")
     d = m["diagnosis"]
     assert d["bottleneck"] == "compute", d
-    from trainer.hardware import detect
+    from trainer.measure.hardware import detect
 
     native = detect().bf16_native  # AMX/AVX512-BF16 CPUs run bf16 at full speed; AVX2-only ones emulate it
     assert "compile=true" in d["try"]
@@ -196,7 +196,7 @@ def test_competing_processes_are_called_out():
 
 
 def test_hardware_checks(fake_gpu, compose):
-    from trainer import switchboard
+    from trainer.switches import switchboard
 
     v100 = fake_gpu("Tesla V100-SXM2-16GB", (7, 0))  # what detect() itself makes of a V100, not a hand-built one
     assert v100.accelerator == "cuda" and not v100.bf16_native  # emulated bf16 is not native

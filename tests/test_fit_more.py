@@ -56,8 +56,8 @@ def test_lr_scales_with_the_effective_batch(train):
 
 
 def test_activation_checkpointing_recomputes_blocks_in_backward(compose):
-    from trainer import model_transforms
     from trainer.models import build_module
+    from trainer.switches import model_transforms
 
     def conv_calls_per_step(flag: str) -> int:
         module = model_transforms.prepare_model(
@@ -75,8 +75,8 @@ def test_activation_checkpointing_recomputes_blocks_in_backward(compose):
 
 
 def test_activation_checkpointing_trains_and_keeps_state_dict_keys(train, compose):
-    from trainer import model_transforms
     from trainer.models import build_module
+    from trainer.switches import model_transforms
 
     plain = build_module(compose(*RESNET18)).state_dict().keys()
     wrapped = (
@@ -105,7 +105,7 @@ def test_activation_checkpointing_without_blocks_is_a_clear_error(train):
     ],
 )
 def test_optimizer_implementation(compose, value, check):
-    from trainer.optimizers import build_optimizer
+    from trainer.models.optimizers import build_optimizer
 
     for name in ("sgd", "adamw"):
         cfg = compose(f"optim.fused={value}", f"optim.name={name}")
@@ -114,7 +114,7 @@ def test_optimizer_implementation(compose, value, check):
 
 def test_auto_is_fused_under_fp16_loss_scaling_on_a_gpu(compose):
     """torch's GradScaler syncs the host every step with a non-fused optimizer (it reads found_inf on the host)."""
-    from trainer.optimizers import build_optimizer
+    from trainer.models.optimizers import build_optimizer
 
     for name in ("sgd", "adamw"):
         cfg = compose(f"optim.name={name}").optim
@@ -127,7 +127,7 @@ def test_auto_is_fused_under_fp16_loss_scaling_on_a_gpu(compose):
 
 
 def test_fused_falls_back_with_a_message(compose, caplog):
-    from trainer.optimizers import build_optimizer
+    from trainer.models.optimizers import build_optimizer
 
     cfg = compose("optim.fused=true").optim
     opt = build_optimizer(torch.nn.Linear(4, 2), cfg)  # float parameters on the CPU: the fused kernel exists
@@ -166,7 +166,7 @@ def test_cuda_alloc_conf_reaches_the_environment_before_cuda_init(train, monkeyp
     """The allocator reads PYTORCH_CUDA_ALLOC_CONF when CUDA starts, and on a GPU hardware.detect() is
     the first thing that starts it (it asks the device's name and capability): the variable must be
     set before that call. (tests/gpu checks the allocator really runs with it.)"""
-    from trainer import hardware
+    from trainer.measure import hardware
 
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     seen_at_detect = []

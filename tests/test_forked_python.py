@@ -92,7 +92,7 @@ def test_a_forked_command_dies_with_its_caller(tmp_path):
     caller = textwrap.dedent(
         f"""
         import os
-        from trainer import preloaded
+        from trainer.launch import preloaded
         child = preloaded.start(["sleeper.py"], {str(tmp_path)!r}, dict(os.environ), new_session=True, die_with_parent=True)
         open("pid", "w").write(str(child.pid))
         time_left = 50

@@ -19,7 +19,7 @@ BLOCK_FORMATS = ["parquet", "webdataset"]
 @pytest.fixture(scope="module")
 def packed(small_images, tmp_path_factory):
     """The small image folder (200 train, 50 val) as Parquet (row groups of 20) and WebDataset shards (of 30)."""
-    from trainer.pack import pack
+    from trainer.data.pack import pack
 
     out = tmp_path_factory.mktemp("packed")
     pack(small_images, str(out / "parquet"), fmt="parquet", shard_samples=80, group_rows=20)
@@ -61,7 +61,7 @@ def test_pack_writes_the_layouts_other_tools_read(packed, small_images):
 
 
 def test_pack_refuses_size_for_encoded_formats(small_images, tmp_path):
-    from trainer.pack import main
+    from trainer.data.pack import main
 
     assert main([small_images, str(tmp_path / "x"), "--format", "parquet", "--size", "32"]) == 2
     assert not (tmp_path / "x").exists()
@@ -285,7 +285,7 @@ def test_decode_scale_decodes_every_format_at_the_image_folders_size(compose, tm
     import numpy as np
     from PIL import Image
 
-    from trainer.pack import pack
+    from trainer.data.pack import pack
 
     images = tmp_path / "images"
     rng = np.random.default_rng(0)

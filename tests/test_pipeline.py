@@ -462,9 +462,9 @@ def test_packed_shards_exactly_across_ranks_and_workers(tmp_path):
     from lightning_fabric.utilities.distributed import DistributedSamplerWrapper
     from torch.utils.data import DataLoader
 
+    from trainer.data.pack import pack
     from trainer.data.packed import PackedImages
     from trainer.data.sampler import EpochShuffleSampler
-    from trainer.pack import pack
 
     src = _jpeg_folder(tmp_path / "imgs", per_class=8)
     pack(str(src), str(tmp_path / "p"), 16)
@@ -604,7 +604,7 @@ def test_a_rank_waits_for_a_copy_another_rank_is_making_instead_of_calling_it_fo
 def test_allocator_is_preloaded_and_recorded(tmp_path, name):
     from conftest import read_metrics, run_cli
 
-    from trainer.launch import find_allocator
+    from trainer.launch.processes import find_allocator
 
     if find_allocator(name) is None:
         pytest.skip(f"{name} is not installed (Debian: libjemalloc2 / libtcmalloc-minimal4; .ci/run installs them)")
@@ -622,13 +622,13 @@ def test_allocator_is_preloaded_and_recorded(tmp_path, name):
 
 
 def test_missing_allocator_is_a_clear_error(compose, monkeypatch):
-    from trainer import launch
     from trainer.errors import ConfigError
+    from trainer.launch import processes
 
-    monkeypatch.setattr(launch, "find_allocator", lambda name: None)
+    monkeypatch.setattr(processes, "find_allocator", lambda name: None)
     with pytest.raises(ConfigError, match="apt-get install libjemalloc2"):
-        launch.allocator_env(compose("runtime.allocator=jemalloc"))
-    assert launch.allocator_env(compose()) == {}
+        processes.allocator_env(compose("runtime.allocator=jemalloc"))
+    assert processes.allocator_env(compose()) == {}
 
 
 def test_device_resident_synthetic_gathers_whole_batches_on_the_device(compose, train, monkeypatch):

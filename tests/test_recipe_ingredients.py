@@ -256,7 +256,7 @@ def test_the_model_ingredients_are_applied_by_the_config_and_refused_where_they_
 def test_weight_decay_groups_follow_the_norm_and_bias_keys():
     from types import SimpleNamespace
 
-    from trainer.optimizers import build_optimizer
+    from trainer.models.optimizers import build_optimizer
 
     net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(2))
     net(torch.rand(1, 3, 5, 5))
@@ -371,8 +371,8 @@ def test_test_time_flip_averages_each_image_with_its_mirror(compose):
 
 def test_a_packed_dataset_gets_the_policy_and_erasing_after_its_own_crop(tmp_path, small_images):
     from trainer.data.augment import Augmentation
+    from trainer.data.pack import pack
     from trainer.data.packed import PackedImages
-    from trainer.pack import pack
 
     pack(str(small_images), str(tmp_path / "p"), 16)
 
@@ -388,7 +388,7 @@ def test_the_loss_and_the_schedule_follow_their_keys(compose):
     import torch.nn.functional as F
 
     from trainer.models import build_module
-    from trainer.optimizers import warmup_cosine
+    from trainer.models.optimizers import warmup_cosine
 
     module = build_module(compose("loss.name=bce", "data.num_classes=4"))
     x, y = torch.rand(4, 3, 16, 16), torch.tensor([0, 1, 2, 3])
@@ -399,7 +399,7 @@ def test_the_loss_and_the_schedule_follow_their_keys(compose):
     linear, cosine = warmup_cosine(110, 10, 0.0, "linear"), warmup_cosine(110, 10, 0.0, "cosine")
     assert linear(9) == cosine(9) == 1.0 and abs(linear(60) - 0.5) < 1e-9 and abs(linear(35) - 0.75) < 1e-9
     assert abs(cosine(35) - 0.5 * (1 + math.cos(math.pi / 4))) < 1e-9 and linear(110) == 0.0
-    from trainer.optimizers import build_scheduler
+    from trainer.models.optimizers import build_scheduler
 
     sched_cfg = compose("sched.name=linear", "sched.warmup_epochs=1").sched
     opt = torch.optim.SGD(module.parameters(), lr=1.0)
@@ -448,8 +448,8 @@ def test_mixing_leaves_the_global_rngs_alone_and_each_rank_mixes_its_own_way(com
 
 def test_packed_validation_comes_at_the_eval_size(tmp_path, small_images):
     from trainer.data.augment import Augmentation
+    from trainer.data.pack import pack
     from trainer.data.packed import PackedImages
-    from trainer.pack import pack
 
     pack(str(small_images), str(tmp_path / "p"), 16)
     aug = Augmentation(eval_image_size=24)

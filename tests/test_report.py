@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from trainer import console, report
+from trainer import report
+from trainer.output import console
 
 
 def _job(root, name, flags, times, val_acc=0.5, status="ok", error=None, overrides=(), val_samples=None, accs=None):
@@ -144,7 +145,7 @@ def test_report_does_not_import_torch():
 def test_parallel_launcher_gets_a_timing_warning(caplog):
     from omegaconf import OmegaConf
 
-    from trainer import stopping
+    from trainer.launch import stopping
     from trainer.sweep import SweepCallback
 
     cb = SweepCallback()
@@ -317,7 +318,7 @@ def test_time_to_target_speedup_has_an_interval_over_repeats(tmp_path):
 
 
 def test_elapsed_time_counts_a_resumed_partial_epoch_as_a_full_one():
-    from trainer.time_to_target import reach, with_elapsed
+    from trainer.measure.time_to_target import reach, with_elapsed
 
     epochs = [
         {"epoch": 0, "time_s": 2.0, "steps": 10, "val_time_s": 0.5, "val_acc": 0.4},
@@ -359,7 +360,7 @@ def test_a_sweeps_report_settings_reach_its_ab_report(tmp_path, settings, said, 
     of 0 is the baseline's best itself, not the default's 0.01 below it."""
     from hydra import compose, initialize_config_dir
 
-    from trainer.compose import CONFIG_DIR, prepare_hydra
+    from trainer.config.compose import CONFIG_DIR, prepare_hydra
     from trainer.sweep import SweepCallback
 
     sweep = _sweep_to_a_target(tmp_path)

@@ -97,7 +97,7 @@ def test_kill_9_at_five_random_points_keeps_every_epoch_once_and_matches_an_unin
 
 @pytest.mark.slow
 def test_preempted_twice_then_resumed_keeps_the_full_history(tmp_path):
-    from trainer.checkpointing import PREEMPTED_EXIT_CODE
+    from trainer.launch.checkpointing import PREEMPTED_EXIT_CODE
 
     run_dir = tmp_path / "run"
     args = [f"hydra.run.dir={run_dir}", *LONG, "trainer.max_epochs=4", "checkpoint.every_n_steps=7"]
@@ -186,8 +186,8 @@ def test_truncated_last_checkpoint_falls_back_to_the_previous_good_one(train, tm
     last = ckpts / "last.ckpt"
     last.write_bytes(last.read_bytes()[:1000])  # a torn write
     os.utime(last, None)
-    from trainer.checkpointing import resolve_ckpt_path
     from trainer.errors import ConfigError
+    from trainer.launch.checkpointing import resolve_ckpt_path
 
     chosen = resolve_ckpt_path("last", str(out))
     assert chosen != str(last) and chosen.endswith(".ckpt")
@@ -199,7 +199,7 @@ def test_truncated_last_checkpoint_falls_back_to_the_previous_good_one(train, tm
 def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     import errno
 
-    from trainer.checkpointing import AtomicCheckpointIO, CheckpointSaveError
+    from trainer.launch.checkpointing import AtomicCheckpointIO, CheckpointSaveError
 
     io = AtomicCheckpointIO()
     target = tmp_path / "last.ckpt"

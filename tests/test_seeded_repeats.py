@@ -11,7 +11,7 @@ from conftest import TINY, read_metrics, run_cli
 from test_report import _job
 
 from trainer import report
-from trainer.cli import expand_repeats
+from trainer.command_line import expand_repeats
 from trainer.errors import ConfigError
 from trainer.sweep import plan_jobs
 

@@ -15,7 +15,7 @@ GOLDEN = Path(__file__).parent / "golden"
 TRAINER = ROOT / "trainer"
 MAX_LINES = 60
 WHY_LONGER = "why longer:"
-COMPILE_SITE = ("model_transforms.py", "apply_compile")
+COMPILE_SITE = ("switches/model_transforms.py", "apply_compile")
 
 CASES = {
     "base": [],
@@ -34,7 +34,7 @@ def test_the_composed_job_config_is_unchanged(name):
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf, open_dict
 
-    from trainer.compose import prepare_hydra
+    from trainer.config.compose import prepare_hydra
 
     prepare_hydra()
     GlobalHydra.instance().clear()
@@ -62,7 +62,7 @@ def test_train_py_cfg_job_prints_the_golden_config():
 def test_help_lists_every_flag_from_its_schema_field(monkeypatch):
     """``train.py --help`` reads each flag's default, choices and help from the one definition."""
     from trainer import config
-    from trainer.compose import flags_help
+    from trainer.config.compose import flags_help
 
     text = flags_help()
     for key in (*config.FLAG_KEYS, "repeats", "repeat_seeds", "report.val_per_epoch"):
@@ -223,7 +223,8 @@ def test_the_shape_checks_find_what_they_look_for(tmp_path):
         "def d(net):\n    opt = _dynamo.optimize\n    return opt('inductor')(net)\n\n\n"
         "def e(cfg):\n    return cfg.compile and torch.compiler.reset()\n"
     )
-    (pkg / "model_transforms.py").write_text("def apply_compile(net):\n    net.compile()\n")
+    (pkg / "switches").mkdir()
+    (pkg / "switches" / "model_transforms.py").write_text("def apply_compile(net):\n    net.compile()\n")
     (pkg / "sub").mkdir()
     (pkg / "sub" / "model_transforms.py").write_text("def apply_compile(net):\n    net.compile()\n")
     assert long_functions_without_a_reason(pkg) == [f"trainer/long.py:1 too_long ({MAX_LINES + 1} lines)"]

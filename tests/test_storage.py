@@ -29,7 +29,7 @@ NO_AUGMENT = ["data.augment=false", "data.image_size=32", "data.batch_size=10"]
 @pytest.fixture(scope="module")
 def formats(small_images, tmp_path_factory):
     """The small image folder packed in every format: {name: local root}."""
-    from trainer.pack import pack
+    from trainer.data.pack import pack
 
     out = tmp_path_factory.mktemp("formats")
     pack(small_images, str(out / "packed"), 32)

@@ -42,8 +42,8 @@ def test_amp_dtype_fp16_is_refused_on_cpu(train):
 
 
 def test_bf16_without_native_support_warns(compose, caplog):
-    from trainer import switchboard
-    from trainer.hardware import Hardware
+    from trainer.measure.hardware import Hardware
+    from trainer.switches import switchboard
 
     slow_cpu = Hardware("cpu", "test cpu", 1, 2, bf16_native=False, fp16=False)
     plan = switchboard.resolve(compose("amp=true"), slow_cpu)
@@ -171,7 +171,7 @@ def test_the_compiler_warm_up_runs_on_the_given_device_and_draws_no_random_numbe
     which GPU is the rank's), and leaves the job's random state as it found it."""
     import pytorch_lightning as pl
 
-    from trainer import model_transforms
+    from trainer.switches import model_transforms
 
     seen = []
     real = model_transforms.warm_up_compiler
@@ -200,7 +200,7 @@ _FIRST_STEP_IMPORTS = """
 import json, sys
 import pytorch_lightning as pl
 from trainer import run as run_mod
-from trainer.compose import compose_for_run
+from trainer.config.compose import compose_for_run
 
 seen = {}
 
@@ -419,8 +419,8 @@ def test_fsdp_without_gpu_names_fsdp2(train):
 )
 def test_fsdp2_with_fp16_is_refused_before_anything_is_built(fake_gpu, compose, gpu, capability, amp):
     """Lightning's ModelParallelStrategy takes no 16-mixed: refused by resolve(), which runs before data or model exist."""
-    from trainer import switchboard
     from trainer.errors import ConfigError
+    from trainer.switches import switchboard
 
     hw = fake_gpu(gpu, capability, count=2)
     with pytest.raises(ConfigError, match=r"'strategy=fsdp2' cannot run fp16 autocast .*amp_dtype=bf16"):
@@ -527,7 +527,7 @@ def test_sigterm_during_validation_of_an_ema_run_waits_for_a_training_step_and_r
 
     import pytorch_lightning as pl
 
-    from trainer import stopping
+    from trainer.launch import stopping
     from trainer.run import run
 
     seen = {}
@@ -575,8 +575,8 @@ def test_ema_stopped_mid_run_and_resumed_ends_with_the_average_of_a_run_never_st
 
     import pytorch_lightning as pl
 
-    from trainer import stopping
     from trainer.callbacks.ema import EMA
+    from trainer.launch import stopping
     from trainer.run import run
 
     seen = {}
@@ -618,8 +618,9 @@ def test_ema_stopped_mid_run_and_resumed_ends_with_the_average_of_a_run_never_st
 def test_ema_with_weights_only_checkpoints_is_refused_up_front(compose):
     """Lightning skips callbacks on weights-only saves, so such a file would hold the raw weights while
     metrics.json says validation used the average."""
-    from trainer import hardware, switchboard
     from trainer.errors import ConfigError
+    from trainer.measure import hardware
+    from trainer.switches import switchboard
 
     with pytest.raises(ConfigError, match=r"'ema=true' with 'checkpoint.save_weights_only=true'"):
         switchboard.resolve(compose("ema=true", "checkpoint.save_weights_only=true"), hardware.detect("cpu"))

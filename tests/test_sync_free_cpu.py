@@ -27,8 +27,9 @@ SMALL = [
 
 def _runs_here(compose, args) -> str | None:
     """None where the row runs on this machine, else why not (a GPU-only row is refused up front)."""
-    from trainer import hardware, switchboard
     from trainer.errors import ConfigError
+    from trainer.measure import hardware
+    from trainer.switches import switchboard
 
     cfg = compose(*args)
     try:

@@ -11,8 +11,8 @@ import time
 import pytest
 from conftest import clean_env
 
-from trainer import sysstats
 from trainer.callbacks import SystemMonitor
+from trainer.measure import sysstats
 
 needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin a competitor away")
 
@@ -34,7 +34,7 @@ def test_under_a_restricted_affinity_cores_and_busy_time_are_those_cpus_only():
         code = f"""
 import os, time
 os.sched_setaffinity(0, {{{cpus[0]}}})
-from trainer import sysstats, hardware
+from trainer.measure import sysstats, hardware
 busy, tree = sysstats.CpuBusy(), sysstats.ProcessTree()
 c0 = tree.cpu_seconds(); busy.cores(); t0 = time.monotonic()
 while time.monotonic() - t0 < 1.5: pass
@@ -129,7 +129,7 @@ def test_the_process_tree_holds_the_loader_workers_and_their_cpu():
 
 
 def test_under_torchrun_or_srun_the_tree_is_the_launchers_every_local_rank():
-    code = "import os; from trainer import sysstats; print(sysstats.ProcessTree().root.pid == os.getppid(), sysstats.ProcessTree().root.pid)"
+    code = "import os; from trainer.measure import sysstats; print(sysstats.ProcessTree().root.pid == os.getppid(), sysstats.ProcessTree().root.pid)"
     r = subprocess.run(
         [sys.executable, "-c", code], env=clean_env(TORCHELASTIC_RUN_ID="x"), capture_output=True, text=True, timeout=60
     )
@@ -280,7 +280,7 @@ def test_a_run_takes_one_reading_per_epoch_when_the_interval_is_longer(train):
     ],
 )
 def test_the_cpu_kind_a_benchmark_records_follows_the_cpus_flags(monkeypatch, flags, kind):
-    from trainer import hardware
+    from trainer.measure import hardware
 
     monkeypatch.setenv("TRAINER_CPU_FLAGS", flags)
     assert hardware.cpu_kind() == kind and hardware.machine_record()["cpu_kind"] == kind

@@ -88,7 +88,7 @@ def test_flops_per_sample_tflops_and_no_mfu_on_cpu(train):
 
 
 def test_mfu_arithmetic():
-    from trainer.flops import mfu
+    from trainer.measure.flops import mfu
 
     assert mfu(400.0, 989e12, 1) == pytest.approx(0.4044, abs=1e-4)
     assert mfu(400.0, 989e12, 2) == pytest.approx(0.2022, abs=1e-4)
@@ -111,7 +111,7 @@ def test_mfu_arithmetic():
 def test_hopper_peaks_are_known_by_torchs_device_names(monkeypatch, name, precision, tf32, peak, model):
     import torch
 
-    from trainer.flops import peak_flops
+    from trainer.measure.flops import peak_flops
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
@@ -122,7 +122,7 @@ def test_hopper_peaks_are_known_by_torchs_device_names(monkeypatch, name, precis
 def test_an_unknown_gpu_has_an_unknown_peak(monkeypatch):
     import torch
 
-    from trainer.flops import peak_flops
+    from trainer.measure.flops import peak_flops
 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Imaginary GPU 9000")
@@ -179,10 +179,12 @@ def test_merge_keeps_each_epoch_once_full_beats_partial_newer_beats_older():
 
 def test_flops_are_counted_for_the_recipe_models(compose):
     """Batch-normed nets too (a single sample would trip BatchNorm's training-mode check on 1x1 maps)."""
-    from trainer.flops import training_flops_per_sample
+    from trainer.measure.flops import training_flops_per_sample
+    from trainer.models import build_module
 
     for recipe, at_least in (("resnet50", 1e8), ("vit", 1e7)):
-        flops = training_flops_per_sample(compose(f"+recipe={recipe}", "scale=smoke"))
+        cfg = compose(f"+recipe={recipe}", "scale=smoke")
+        flops = training_flops_per_sample(lambda cfg=cfg: build_module(cfg), cfg.data.image_size)
         assert flops is not None and flops > at_least, (recipe, flops)
 
 
@@ -215,7 +217,7 @@ def test_validating_several_times_per_epoch_records_each_validation_at_its_train
     """report.val_per_epoch=4: four validations per epoch (Lightning's val_check_interval), each recorded
     with the epoch's training time when it began and the fraction of the epoch done, so time to target
     resolves to a quarter of an epoch; validation time stays out of the training time."""
-    from trainer.time_to_target import reach, validations
+    from trainer.measure.time_to_target import reach, validations
 
     m, _ = train("report.val_per_epoch=4", "trainer.max_epochs=2", "data.val_samples=16")
     assert m["status"] == "ok", m["error"]
@@ -238,7 +240,7 @@ def test_validating_several_times_per_epoch_records_each_validation_at_its_train
 
 def test_time_to_target_finds_the_first_validation_that_reaches_it_within_an_epoch():
     """Planted journal: epoch 0 validated at its end only; epoch 1 four times, reaching 0.8 at its second."""
-    from trainer.time_to_target import reach, with_elapsed
+    from trainer.measure.time_to_target import reach, with_elapsed
 
     epochs = [
         {"epoch": 0, "time_s": 10.0, "steps": 8, "setup_s": 2.0, "val_time_s": 1.0, "val_acc": 0.5},

@@ -92,7 +92,7 @@ def test_a_stopped_sweep_finished_later_reaches_mlflow_wandb_and_csv_as_one_swee
     pytest.importorskip("wandb")
     from wandb_records import history, read_run
 
-    from trainer.checkpointing import PREEMPTED_EXIT_CODE
+    from trainer.launch.checkpointing import PREEMPTED_EXIT_CODE
 
     sweep = tmp_path / "sweep"
     command = [
@@ -321,8 +321,8 @@ def test_an_unreachable_tracking_server_is_one_paragraph_before_training(tmp_pat
 
 
 def test_a_missing_tracker_package_is_one_paragraph_naming_the_extra(compose, tmp_path, monkeypatch):
-    from trainer import trackers
     from trainer.errors import ConfigError
+    from trainer.output import trackers
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb fails as if it were not installed
     monkeypatch.setattr("pytorch_lightning.loggers.wandb._WANDB_AVAILABLE", False)
@@ -332,8 +332,8 @@ def test_a_missing_tracker_package_is_one_paragraph_naming_the_extra(compose, tm
 
 
 def test_a_typo_under_a_logger_is_one_paragraph_naming_it(compose, tmp_path):
-    from trainer import trackers
     from trainer.errors import ConfigError
+    from trainer.output import trackers
 
     cfg = compose(*TINY, "logger=csv", "+logger.csv.flush_every=3")
     with pytest.raises(ConfigError, match=r"logger\.csv could not be built.*flush_every"):
@@ -345,8 +345,8 @@ def test_a_failed_build_closes_the_runs_it_opened_and_a_resume_keeps_other_track
     reuse it); a resume with fewer trackers keeps the others' run ids in trackers.json for a later resume."""
     import wandb
 
-    from trainer import trackers
     from trainer.errors import ConfigError
+    from trainer.output import trackers
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = compose(*TINY, "logger=[wandb,csv]", "+logger.csv.flush_every=3")
@@ -413,7 +413,7 @@ def test_values_a_user_sets_on_a_logger_win_over_the_trainers(compose, tmp_path,
     them null: here a sweep job's dir (the sweep's group recorded beside it), with the user's own."""
     import wandb
 
-    from trainer import trackers
+    from trainer.output import trackers
     from trainer.paths import SWEEP_PLAN
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -452,8 +452,8 @@ def test_wandb_that_cannot_start_a_run_is_one_paragraph_before_training(compose,
     one paragraph, saying how to log in or run offline."""
     import wandb
 
-    from trainer import trackers
     from trainer.errors import ConfigError
+    from trainer.output import trackers
 
     for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
@@ -473,8 +473,8 @@ def test_wandb_that_cannot_start_a_run_is_one_paragraph_before_training(compose,
 
 
 def test_mlflow_without_a_tracking_server_is_one_paragraph_saying_how_to_set_one(compose, tmp_path, monkeypatch):
-    from trainer import trackers
     from trainer.errors import ConfigError
+    from trainer.output import trackers
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = compose(*TINY, "logger=mlflow")
@@ -541,7 +541,7 @@ def test_what_counts_as_a_credential_and_that_no_key_of_the_product_does(compose
     product's own keys is (a masked ``data.batch_size`` would make params useless)."""
     from omegaconf import OmegaConf
 
-    from trainer import trackers
+    from trainer.output import trackers
 
     names = ("secret", "key", "token", "password", "aws_secret_access_key", "aws_access_key_id", "api_key")
     for name in (*names, "apiKey", "account_key", "sas_token", "client_secret", "connection_string", "credentials"):

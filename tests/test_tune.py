@@ -112,7 +112,7 @@ def test_a_dataset_that_sleeps_gets_loader_workers_first_and_a_killed_tune_resum
 
 @pytest.mark.heavy
 def test_compute_flags_are_kept_on_evidence_and_the_guard_rejects_a_faster_candidate_that_costs_accuracy(tmp_path):
-    from trainer import hardware
+    from trainer.measure import hardware
 
     run_dir = tmp_path / "tune"
     r = _tune(
@@ -462,7 +462,7 @@ def test_probes_start_forked_from_the_preloaded_server_unless_told_or_the_enviro
     server's: a fresh interpreter, the tuner's own child."""
     from types import SimpleNamespace
 
-    from trainer import preloaded
+    from trainer.launch import preloaded
     from trainer.tune.probe import Journal, Prober
 
     for key, value in clean_env().items():

@@ -1,7 +1,7 @@
 """The Hydra entry point behind ``train.py`` and the ``trainer-train`` console script.
 
 It checks the command line against the schema before Hydra composes (so a typo gets a one-paragraph
-answer, not a Hydra stack), finishes the config (``trainer.compose``), runs the job here or
+answer, not a Hydra stack), finishes the config (``trainer.config.compose``), runs the job here or
 launches its ranks, and keeps a sweep going when one job fails (its metrics.json says why; the
 exit code says that something failed).
 """
@@ -12,209 +12,15 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, List, Optional
+from typing import List, Optional
 
-from .errors import ConfigError, UserFacingError
-from .paths import CONFIG_DIR, RECIPE_DIR
+from trainer.command_line import checked_argv, expand_repeats, fail, user_overrides
+from trainer.errors import ConfigError, UserFacingError
+from trainer.paths import CONFIG_DIR
 
 log = logging.getLogger("trainer")
 
-# Hydra options that take a value as the next argument
-_OPTS_WITH_VALUE = {
-    "--cfg",
-    "-c",
-    "--package",
-    "-p",
-    "--config-path",
-    "-cp",
-    "--config-name",
-    "-cn",
-    "--config-dir",
-    "-cd",
-    "--experimental-rerun",
-}
-_NO_CHECK = {"--help", "-h", "--hydra-help", "--version", "--shell-completion", "-sc", "--info", "-i"}
-
 _failed_jobs: List[str] = []
-
-
-def recipes() -> List[str]:
-    return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
-
-
-# Hydra modes that exclude each other ("Only one of --run, --multirun, --cfg, ..." is a ValueError traceback)
-_MODES = {
-    "-m": "--multirun",
-    "--multirun": "--multirun",
-    "--cfg": "--cfg",
-    "-c": "--cfg",
-    "--info": "--info",
-    "-i": "--info",
-    "--shell-completion": "--shell-completion",
-    "-sc": "--shell-completion",
-}
-
-
-def check_modes(argv: List[str]) -> None:
-    modes = sorted({_MODES[a] for a in argv if a in _MODES})
-    if len(modes) > 1:
-        raise ConfigError(
-            f"{' and '.join(modes)} cannot be combined: Hydra runs one mode at a time. To see a sweep job's config, "
-            "give one job's values with --cfg job (e.g. python train.py amp=true --cfg job); to run the sweep, use -m alone."
-        )
-
-
-def user_overrides(argv: List[str]) -> List[str] | None:
-    """The key=value overrides in ``argv`` (Hydra's own options skipped); None for --help and the like."""
-    out, skip = [], False
-    for arg in argv:
-        if skip:
-            skip = False
-            continue
-        if arg in _NO_CHECK:
-            return None
-        if arg in _OPTS_WITH_VALUE:
-            skip = True
-            continue
-        if arg.startswith("-"):  # Hydra's flags (-m, --multirun, ...); overrides never start with "-"
-            continue
-        out.append(arg)
-    return out
-
-
-def check_output_dirs(overrides: List[str]) -> None:
-    """hydra.run.dir / hydra.sweep.dir given on the command line must be creatable and writable."""
-    import tempfile
-
-    for ov in overrides:
-        key, _, value = ov.partition("=")
-        if key.lstrip("+") not in ("hydra.run.dir", "hydra.sweep.dir") or "${" in value or "," in value:
-            continue
-        try:
-            os.makedirs(value, exist_ok=True)
-            with tempfile.TemporaryFile(dir=value):
-                pass
-        except OSError as e:
-            raise ConfigError(
-                f"'{key}={value}' cannot be used as the output dir: {e.strerror or e} ({type(e).__name__}). "
-                "Point it at a writable folder; nothing was written and no earlier result was touched."
-            ) from None
-
-
-def expand_repeats(argv: List[str]) -> List[str]:
-    """``repeats=N`` in a sweep becomes ``repeat=range(N)``, placed first so that it varies slowest:
-    every configuration runs once, then again, so slow drift of the machine hits all of them alike.
-
-    With ``repeat_seeds=true`` the repeats differ in their seed instead: ``seed=S,S+1,...,S+N-1``
-    (S: the command line's ``seed=``, else the schema's default), placed first the same way. The
-    report folds them into one row like a seed sweep, and its time-to-target interval then holds the
-    seeds' variation; repeats of one seed learn alike, so theirs holds timing noise only."""
-    found = [a for a in argv if a.split("=", 1)[0] == "repeats"]
-    if not found:
-        return argv
-    value = found[-1].split("=", 1)[1]
-    if "," in value or "(" in value:
-        raise ConfigError(f"'repeats={value}' takes one integer (how many times each configuration runs), not a sweep.")
-    n = int(value)
-    seeded = [a for a in argv if a.split("=", 1)[0].lstrip("+") == "repeat_seeds"]
-    per_seed = bool(seeded) and seeded[-1].split("=", 1)[1].strip().lower() in ("true", "yes", "on", "y", "1")
-    if n <= 1:
-        return [a for a in argv if a not in found]
-    if not any(a in ("-m", "--multirun") for a in argv):
-        raise ConfigError(
-            f"'repeats={n}' runs each configuration of a sweep {n} times: add -m "
-            f"(python train.py -m ... repeats={n}); a single run is one repetition."
-        )
-    rest = [a for a in argv if a not in found]
-    sweep = [f"repeat=range({n})"]
-    if per_seed:
-        seeds = [a for a in rest if a.split("=", 1)[0].lstrip("+") == "seed" and not a.startswith("-")]
-        given = seeds[-1].split("=", 1)[1].strip() if seeds else None
-        try:
-            first_seed = int(given) if given is not None else _default_seed()
-        except ValueError:
-            raise ConfigError(
-                f"'repeats={n} repeat_seeds=true' gives the repeats the seeds seed, seed+1, ... and needs one integer "
-                f"seed to start from, not 'seed={given}'. To choose the seeds yourself, sweep them without "
-                "repeat_seeds (python train.py -m ... seed=1,2,3): jobs that differ only in their seed fold into one row too."
-            ) from None
-        rest = [a for a in rest if a not in seeds]
-        sweep = ["seed=" + ",".join(str(first_seed + i) for i in range(n))]
-    first = next((i for i, a in enumerate(rest) if "=" in a and not a.startswith("-")), len(rest))
-    return rest[:first] + sweep + rest[first:]
-
-
-def _default_seed() -> int:
-    from .config import SCHEMA_FIELDS
-
-    return int(SCHEMA_FIELDS["seed"].default)
-
-
-def expand_tuned(argv: List[str]) -> List[str]:
-    """``+tuned=PATH`` (a best.yaml of python -m trainer.tune) becomes its overrides, in its place.
-
-    Hydra cannot include a file of overrides, and a config group would not reach the processes a
-    launcher starts (Slurm jobs compose again from the overrides): plain overrides reach them all,
-    and ``.hydra/overrides.yaml`` records what ran."""
-    out: List[str] = []
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if key.lstrip("+") == "tuned" and not arg.startswith("-"):
-            from .tune.output import load_tuned
-
-            out += load_tuned(value)
-        else:
-            out.append(arg)
-    return out
-
-
-def check_config_files(dirs=None) -> None:
-    """Every YAML file of the config tree parses (Hydra would answer a broken one with a yaml traceback)."""
-    import yaml
-
-    for directory in dirs or (CONFIG_DIR, RECIPE_DIR):
-        for path in sorted(Path(directory).rglob("*.yaml")):
-            try:
-                yaml.safe_load(path.read_text())
-            except yaml.YAMLError as e:
-                mark = getattr(e, "problem_mark", None)
-                where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-                what = " ".join(str(getattr(e, "problem", None) or e).split())
-                context = getattr(e, "context", None)
-                raise ConfigError(
-                    f"{path}{where}: not valid YAML ({(context + ': ') if context else ''}{what}). "
-                    "Fix the file (a recipe, or a config you edited); nothing ran."
-                ) from None
-
-
-def checked_argv(
-    argv: List[str], first: Callable[[List[str]], None] | None = None, then: Callable[[List[str]], None] | None = None
-) -> List[str]:
-    """The command line checked before Hydra composes (train.py's and the tuner's), ``+tuned=`` expanded.
-
-    ``first`` sees the raw arguments after the mode check; ``then`` the expanded overrides before
-    the shared checks (which create the output dir). Raises ConfigError."""
-    check_modes(argv)
-    if first:
-        first(argv)
-    if user_overrides(argv) is None:
-        return argv  # --help and the like: Hydra answers
-    from .config import check_overrides
-
-    argv = expand_tuned(argv)
-    overrides = user_overrides(argv)
-    if then:
-        then(overrides)
-    check_config_files()
-    check_overrides(overrides, recipes())
-    check_output_dirs(overrides)
-    return argv
-
-
-def fail(message: str, code: int = ConfigError.exit_code) -> None:
-    print(f"\nerror: {message}\n", file=sys.stderr)
-    sys.exit(code)
 
 
 def _record_failure(out_dir: str, cfg, overrides: List[str], error: str, rank_error: Optional[str] = None) -> None:
@@ -224,8 +30,9 @@ def _record_failure(out_dir: str, cfg, overrides: List[str], error: str, rank_er
     torchrun stops the rest with SIGTERM, so rank 0's own record may say "stopped by SIGTERM": the
     failed rank's answer is the reason, and replaces that record's error (its epochs are kept).
     """
-    from . import metrics, stopping
-    from .run import flags_of
+    from trainer.launch import stopping
+    from trainer.measure import metrics
+    from trainer.run import flags_of
 
     path = os.path.join(out_dir, "metrics.json")
     if os.path.exists(path):
@@ -252,7 +59,8 @@ def _record_failure(out_dir: str, cfg, overrides: List[str], error: str, rank_er
 
 def _log_status(num, overrides: List[str], out_dir: str) -> None:
     """A launched job's status line, from the metrics.json its rank 0 wrote."""
-    from . import console, metrics
+    from trainer.measure import metrics
+    from trainer.output import console
 
     try:
         result = metrics.read(os.path.join(out_dir, "metrics.json"))
@@ -263,7 +71,7 @@ def _log_status(num, overrides: List[str], out_dir: str) -> None:
 
 def _status(line: str, ok: bool) -> None:
     """A sweep job's status line (a warning when the job did not finish)."""
-    from . import console
+    from trainer.output import console
 
     log.log(logging.INFO if ok else logging.WARNING, line, extra={console.STATUS_LINE: True})
 
@@ -298,15 +106,17 @@ class JobContext:
 
     @property
     def label(self) -> str:
-        from . import console
+        from trainer.output import console
 
         return console.job_label(self.num, self.overrides)
 
 
 def task(cfg) -> None:
     """One Hydra job: finish the config (scale, model), then run it here or launch its ranks; record the outcome."""
-    from . import console, stopping, sweep
-    from .compose import finish
+    from trainer import sweep
+    from trainer.config.compose import finish
+    from trainer.launch import stopping
+    from trainer.output import console
 
     job = JobContext.from_hydra()
     console.set_sweep(job.multirun)
@@ -325,7 +135,7 @@ def task(cfg) -> None:
     try:
         cfg = finish(cfg, job.overrides)
         _prepare_job_dir(cfg, job, resume=action == "resume")
-        from .launch import needs_launch
+        from trainer.launch.processes import needs_launch
 
         if needs_launch(cfg):
             _launch_job(cfg, job)
@@ -336,7 +146,7 @@ def task(cfg) -> None:
             # process: a Slurm job (submitit) returns its result, and its sweep goes on waiting
             raise sweep.SweepStopped(stopping.requested())
     except UserFacingError as e:
-        from .outputs import OutputTaken
+        from trainer.output.run_dirs import OutputTaken
 
         if not isinstance(
             e, OutputTaken
@@ -357,9 +167,9 @@ def _prepare_job_dir(cfg, job: JobContext, resume: bool) -> None:
     """A requeued Slurm job or a stopped sweep job resumes from its last.ckpt; any other job's dir must not hold a result."""
     from omegaconf import open_dict
 
-    from .launch import inside_launcher
-    from .outputs import refuse_finished_run_dir
-    from .slurm import resume_if_requeued
+    from trainer.launch.processes import inside_launcher
+    from trainer.launch.slurm import resume_if_requeued
+    from trainer.output.run_dirs import refuse_finished_run_dir
 
     resume_if_requeued(cfg, job.out_dir)
     if resume:  # finishing a stopped sweep: this job stopped after saving
@@ -373,9 +183,10 @@ def _launch_job(cfg, job: JobContext) -> None:
     """Start the job's ranks (or the job under another allocator); rank 0 of them writes metrics.json."""
     from omegaconf import OmegaConf
 
-    from . import hardware, switchboard
-    from .config import validate
-    from .launch import launch
+    from trainer.config import validate
+    from trainer.launch.processes import launch
+    from trainer.measure import hardware
+    from trainer.switches import switchboard
 
     # check the config once here, not once per rank
     validate(cfg)
@@ -387,7 +198,7 @@ def _launch_job(cfg, job: JobContext) -> None:
     # the child processes run this job in this job's dir
     code = launch(cfg, job.out_dir, job.overrides, quiet=job.multirun)
     if code != 0:
-        from .torchrun import first_failure
+        from trainer.launch.torchrun import first_failure
 
         _record_failure(
             job.out_dir,
@@ -406,9 +217,9 @@ def _launch_job(cfg, job: JobContext) -> None:
 
 def _run_job(cfg, job: JobContext) -> None:
     """Train in this process; say how it went (a preempted single run exits with the requeue code)."""
-    from . import console
-    from .run import run
-    from .slurm import leave_for_requeue
+    from trainer.launch.slurm import leave_for_requeue
+    from trainer.output import console
+    from trainer.run import run
 
     result = run(cfg, job.out_dir, job.overrides, config_path=job.config_path)
     leave_for_requeue(result)
@@ -420,7 +231,7 @@ def _run_job(cfg, job: JobContext) -> None:
         )
         log.info("results: %s%s", os.path.join(job.out_dir, "metrics.json"), view)
     if result.get("preempted"):
-        from .stopping import PREEMPTED_EXIT_CODE
+        from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 
         if not job.multirun:
             print(f"\n{result['error']} (exit code {PREEMPTED_EXIT_CODE})", file=sys.stderr)
@@ -429,8 +240,9 @@ def _run_job(cfg, job: JobContext) -> None:
 
 
 def main() -> None:
-    from . import stopping, sweep
-    from .console import quiet_known_warnings
+    from trainer import sweep
+    from trainer.launch import stopping
+    from trainer.output.console import quiet_known_warnings
 
     quiet_known_warnings()
     sweep.remember_argv(sys.argv[1:])
@@ -443,8 +255,8 @@ def main() -> None:
 
     import hydra
 
-    from .compose import prepare_hydra
-    from .launch import exit_launched_rank, leave_process_group
+    from trainer.config.compose import prepare_hydra
+    from trainer.launch.processes import exit_launched_rank, leave_process_group
 
     prepare_hydra()
     stopping.clear()

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import time_to_target as ttt
-from .metrics import atomic_write_text
+from trainer.measure import time_to_target as ttt
+from trainer.measure.metrics import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ def _schema_defaults() -> Dict[str, Any]:
     if not _DEFAULTS_CACHE:
         from omegaconf import OmegaConf
 
-        from .config import SCHEMA_KEYS, TrainSchema
+        from trainer.config import SCHEMA_KEYS, TrainSchema
 
         schema = OmegaConf.structured(TrainSchema)
         for key in SCHEMA_KEYS:
@@ -533,7 +533,7 @@ def to_markdown(columns: List[str], rows: List[dict]) -> str:
     for row in rows:
         cells = [_fmt(row.get(c), c) for c in columns]
         if row.get("time_to_target_ci_holds") == NOT_JUDGED and "time_to_target_speedup" in columns:
-            from .console import one_run  # a ratio without an interval: not judged, and marked so
+            from trainer.output.console import one_run  # a ratio without an interval: not judged, and marked so
 
             cells[columns.index("time_to_target_speedup")] += " " + one_run(row)
         out.write("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |\n")
@@ -711,7 +711,7 @@ def write_report(
     except Exception as e:  # the chart is a convenience; the table is the product
         log.warning("could not draw ab_report.png: %s", e)
     if echo:
-        from .console import TABLE_WIDTH, ab_table
+        from trainer.output.console import TABLE_WIDTH, ab_table
 
         verdicts = verdict_lines(jobs)
         base_job = base.name if base else None

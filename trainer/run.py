@@ -17,16 +17,17 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import OmegaConf, open_dict
 
-from . import config as config_mod
-from . import metrics as metrics_mod
-from . import stopping, trackers
-from .errors import ConfigError, UserFacingError
-from .flops import mfu, training_flops_per_sample
-from .flops import peak_flops as peak_flops_of
-from .launch import allocator_loaded
-from .memory import PeakMemory
-from .outputs import refuse_finished_run_dir
-from .rank import global_rank, is_launched_rank
+from trainer import config as config_mod
+from trainer.errors import ConfigError, UserFacingError
+from trainer.launch import stopping
+from trainer.launch.processes import allocator_loaded
+from trainer.measure import metrics as metrics_mod
+from trainer.measure.flops import mfu, training_flops_per_sample
+from trainer.measure.flops import peak_flops as peak_flops_of
+from trainer.measure.memory import PeakMemory
+from trainer.output import trackers
+from trainer.output.run_dirs import refuse_finished_run_dir
+from trainer.rank import global_rank, is_launched_rank
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
     Raises ConfigError for bad input (before anything is built) and re-raises training errors,
     after metrics.json records them.
     """
-    from .callbacks import EpochTimer
+    from trainer.callbacks import EpochTimer
 
     freeze_long_lived_objects()
     parts = Parts(
@@ -154,7 +155,7 @@ def freeze_long_lived_objects() -> None:
 @contextmanager
 def _compile_scope(parts: Parts):
     """compile=true: the job's own compile cache and shape settings (``model_transforms.compile_scope``)."""
-    from .model_transforms import compile_scope
+    from trainer.switches.model_transforms import compile_scope
 
     with compile_scope(parts.cfg, parts.out_dir) as cache:
         if cache:
@@ -178,9 +179,10 @@ def _plan(parts: Parts) -> None:
     """Check the config, see the hardware, decide precision and strategy, set process-wide state."""
     import pytorch_lightning as pl
 
-    from . import hardware, switchboard
-    from .checkpointing import resolve_ckpt_path
-    from .console import quiet_known_warnings
+    from trainer.launch.checkpointing import resolve_ckpt_path
+    from trainer.measure import hardware
+    from trainer.output.console import quiet_known_warnings
+    from trainer.switches import switchboard
 
     cfg = parts.cfg
     config_mod.validate(cfg)
@@ -214,11 +216,11 @@ def _trackers(parts: Parts) -> None:
 
 def _data_and_model(parts: Parts) -> None:
     """The datamodule (it counts the classes), the model for that many classes, its model-side flags."""
-    from . import model_transforms
-    from .data import ImageDataModule
-    from .launch import processes_per_node
-    from .models import build_module
-    from .models.build import check_user_module, user_lightning_module_class
+    from trainer.data import ImageDataModule
+    from trainer.launch.processes import processes_per_node
+    from trainer.models import build_module
+    from trainer.models.build import check_user_module, user_lightning_module_class
+    from trainer.switches import model_transforms
 
     cfg, overrides = parts.cfg, parts.overrides
     user_class = user_lightning_module_class(cfg)
@@ -262,11 +264,11 @@ def _settle(parts: Parts) -> None:
     """
     import pytorch_lightning as pl
 
-    from . import switchboard
+    from trainer.switches import switchboard
 
     cfg, plan = parts.cfg, parts.plan
     if cfg.data.batch_size == "auto":
-        from .batch_finder import find_batch_size
+        from trainer.switches.batch_finder import find_batch_size
 
         batch_size, parts.notes["batch_size_reason"] = find_batch_size(
             parts.module, parts.datamodule, cfg, plan.accelerator, plan.amp_dtype
@@ -299,11 +301,12 @@ def _trainer(parts: Parts) -> None:
     """The strategy object (it needs the model), the callbacks, and Lightning's Trainer."""
     import pytorch_lightning as pl
 
-    from . import switchboard
-    from .checkpointing import AtomicCheckpointIO
+    from trainer.launch.checkpointing import AtomicCheckpointIO
+    from trainer.models import build_module
+    from trainer.switches import switchboard
 
     cfg, plan = parts.cfg, parts.plan
-    parts.timer.flops_per_sample = training_flops_per_sample(cfg)
+    parts.timer.flops_per_sample = training_flops_per_sample(lambda: build_module(cfg), cfg.data.image_size)
     parts.timer.track_compiles = bool(cfg.compile)
     parts.peak_flops, parts.notes["peak_flops_source"] = peak_flops_of(plan.accelerator, plan.precision, bool(cfg.tf32))
     parts.timer.peak_flops = parts.peak_flops  # each epoch's MFU in the trackers
@@ -344,11 +347,11 @@ def build_callbacks(parts: Parts) -> Callbacks:
     """Every callback of the job, in one place (the order is the order Lightning calls them in)."""
     import pytorch_lightning as pl
 
-    from . import model_transforms
-    from .callbacks import BadSampleCounter, NaNGuard, ProfilerCallback, StepLoss, StopAtAccuracy, SystemMonitor
-    from .callbacks.ema import EMA
-    from .checkpointing import PreemptionCallback, ResumableState, checkpoint_callbacks
-    from .models.classifier import ImageClassifier
+    from trainer.callbacks import BadSampleCounter, NaNGuard, ProfilerCallback, StepLoss, StopAtAccuracy, SystemMonitor
+    from trainer.callbacks.ema import EMA
+    from trainer.launch.checkpointing import PreemptionCallback, ResumableState, checkpoint_callbacks
+    from trainer.models.classifier import ImageClassifier
+    from trainer.switches import model_transforms
 
     cfg, out_dir = parts.cfg, parts.out_dir
     checkpoint_dir = os.path.join(out_dir, "checkpoints")
@@ -416,7 +419,7 @@ def _progressive_sizes(parts: Parts) -> None:
     """progressive_resize: each epoch's training size, checked against the model and said before training."""
     import torch
 
-    from .data.progressive import resize_batch, schedule
+    from trainer.data.progressive import resize_batch, schedule
 
     cfg, p = parts.cfg, parts.cfg.progressive
     full = cfg.data.image_size
@@ -518,14 +521,14 @@ def record(parts: Parts, status: str, error: Optional[str]) -> Dict[str, Any]:
 
 def _profile_page(parts: Parts, final: Dict[str, Any]) -> None:
     """profile=true: the offline summary page, now that the doctor has spoken (rank 0)."""
-    from . import profile_summary
+    from trainer.output import profile_page
 
     if not parts.cfg.profile:
         return
     verdict = (final.get("diagnosis") or {}).get("verdict")
     title = " ".join(parts.overrides) or (parts.cfg.get("recipe") or "train")
     try:
-        path = profile_summary.write_page(os.path.join(parts.out_dir, "profiler"), verdict, title)
+        path = profile_page.write_page(os.path.join(parts.out_dir, "profiler"), verdict, title)
     except Exception as e:  # the traces and metrics.json are the product; the page is a view of them
         log.warning("could not write the profile summary page: %s", metrics_mod.one_line(e))
         return
@@ -584,7 +587,7 @@ def record_of(parts: Parts, status: str, error: Optional[str], train_loss: bool 
 
 def _compile_warmup(found: "Callbacks | None") -> Optional[float]:
     """compile=true: the seconds the compiler's per-process warm-up took (in the first epoch's ``setup_s``)."""
-    from .model_transforms import CompileAfterSetup
+    from trainer.switches.model_transforms import CompileAfterSetup
 
     compile_step = found.find(CompileAfterSetup) if found else None
     seconds = compile_step.warmup_s if compile_step is not None else None
@@ -593,7 +596,7 @@ def _compile_warmup(found: "Callbacks | None") -> Optional[float]:
 
 def _stopped_at_acc(found: "Callbacks | None") -> Optional[int]:
     """The epoch whose val_acc reached ``stop_at_acc`` and stopped training (None: it did not stop early)."""
-    from .callbacks import StopAtAccuracy
+    from trainer.callbacks import StopAtAccuracy
 
     stop = next((c for c in (found.all if found else []) if isinstance(c, StopAtAccuracy)), None)
     return stop.stopped_epoch if stop is not None else None
@@ -602,8 +605,8 @@ def _stopped_at_acc(found: "Callbacks | None") -> Optional[int]:
 def _diagnose(parts: Parts, result: Dict[str, Any]) -> Dict[str, Any]:
     import torch
 
-    from . import doctor
-    from .callbacks import ProfilerCallback
+    from trainer.callbacks import ProfilerCallback
+    from trainer.output import doctor
 
     trainer, timer, module, monitor = parts.trainer, parts.timer, parts.module, parts.callbacks.monitor
     if monitor is not None and not monitor.samples:
@@ -639,7 +642,7 @@ def _previous_result(out_dir: str) -> Optional[Dict[str, Any]]:
 def _last_val_acc(timer, trainer) -> Optional[float]:
     """The last validation's val_acc as the epoch records hold it (either name a model logs, the mean
     over ranks), or what the trainer last logged where no epoch recorded one."""
-    from .callbacks.epoch_timer import VALIDATION_KEYS
+    from trainer.callbacks.epoch_timer import VALIDATION_KEYS
 
     recorded = [e["val_acc"] for e in timer.history() if e.get("val_acc") is not None]
     if recorded:

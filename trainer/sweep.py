@@ -5,7 +5,7 @@ Hydra's basic launcher runs a sweep's jobs one after another in this process. Th
 - **The plan.** When the sweep starts, ``sweep.json`` in the sweep dir records the command line,
   its overrides and every job the sweep will run (Hydra's own sweep parser expands them, as its
   basic sweeper does), with ``state: running``.
-- **A stop.** SIGTERM, SIGUSR1 or Ctrl-C (``trainer.stopping``) during a job: the job saves
+- **A stop.** SIGTERM, SIGUSR1 or Ctrl-C (``trainer.launch.stopping``) during a job: the job saves
   last.ckpt at the next step boundary and stops (``PreemptionCallback``), and the sweep ends there
   (``SweepStopped``) instead of starting its next job. ``finish_stopped`` writes the A/B report of
   what finished, names the jobs that did not run, marks the plan ``stopped`` and says how to finish.
@@ -15,7 +15,7 @@ Hydra's basic launcher runs a sweep's jobs one after another in this process. Th
 - **Finishing it.** The same command with ``hydra.sweep.dir=<that dir>``: a sweep dir that holds a
   stopped sweep of the same overrides (or one whose process died, on this host) is taken up
   again. A job that finished is kept as it is, not trained again; a stopped job resumes from its
-  last.ckpt; the rest run. Anything else in a used sweep dir is still refused (``trainer.outputs``).
+  last.ckpt; the rest run. Anything else in a used sweep dir is still refused (``trainer.output.run_dirs``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .paths import SWEEP_PLAN
-from .rank import is_launched_rank
+from trainer.paths import SWEEP_PLAN
+from trainer.rank import is_launched_rank
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def _read(sweep_dir: str) -> Optional[Dict[str, Any]]:
 
 
 def _write(sweep_dir: str, plan: Dict[str, Any]) -> None:
-    from .metrics import atomic_write_text
+    from trainer.measure.metrics import atomic_write_text
 
     atomic_write_text(Path(sweep_dir, PLAN), json.dumps(plan, indent=1) + "\n")
 
@@ -153,9 +153,9 @@ def _job_config(base, overrides: List[str], swept: List[str]):
     (as ``trainer.cli.task`` will). None where the sweep varies a config group (that needs Hydra to compose)."""
     from omegaconf import open_dict
 
-    from .compose import finish
-    from .config import GROUPS
-    from .scale import _reapply_cli
+    from trainer.config import GROUPS
+    from trainer.config.compose import finish
+    from trainer.config.scale import _reapply_cli
 
     if any(key in GROUPS for key in swept):
         return None
@@ -172,8 +172,8 @@ def expect_slow_jobs(config, jobs: Optional[List[List[str]]]) -> None:
     _state["slow"] = {}
     if not jobs:
         return
-    from . import hardware
-    from .console import swept_keys
+    from trainer.measure import hardware
+    from trainer.output.console import swept_keys
 
     cpu_bf16 = {}
     swept = swept_keys((_read(_state["sweep_dir"]) or {}).get("overrides") or []) if _state["sweep_dir"] else []
@@ -188,7 +188,7 @@ def expect_slow_jobs(config, jobs: Optional[List[List[str]]]) -> None:
             cpu_bf16[num] = cfg
     if not cpu_bf16:
         return
-    from .models import build_module
+    from trainer.models import build_module
 
     first = next(iter(cpu_bf16.values()))
     try:
@@ -198,7 +198,7 @@ def expect_slow_jobs(config, jobs: Optional[List[List[str]]]) -> None:
         factor = None
     for num in cpu_bf16:
         _state["slow"][num] = factor
-    from .console import job_label
+    from trainer.output.console import job_label
 
     names = ", ".join(job_label(num, jobs[num]) for num in cpu_bf16)
     probe = (
@@ -218,7 +218,7 @@ def announce(num: int, overrides: List[str]) -> None:
     """Before a job named by ``expect_slow_jobs``: its expected time, from a finished fp32 twin's."""
     if num not in _state.get("slow", {}):
         return
-    from .console import job_label
+    from trainer.output.console import job_label
 
     factor = _state["slow"][num]
     twin = _finished_twin(num, overrides)
@@ -290,7 +290,7 @@ def resume_action(out_dir: str) -> str:
     """In a sweep being finished: ``keep`` a finished job, ``resume`` one stopped with a checkpoint, else ``run``."""
     if not _state["resuming"]:
         return "run"
-    from .checkpointing import checkpoint_candidates
+    from trainer.launch.checkpointing import checkpoint_candidates
 
     status = _status(Path(out_dir))
     if status == "ok":
@@ -302,7 +302,7 @@ def resume_action(out_dir: str) -> str:
 
 def keep_finished(out_dir: str) -> Dict[str, Any]:
     """A finished job of a sweep being finished: its config put back, its result returned unchanged."""
-    from . import metrics
+    from trainer.measure import metrics
 
     config = _state["configs"].get(str(Path(out_dir).resolve()))
     if config is not None:
@@ -312,7 +312,7 @@ def keep_finished(out_dir: str) -> Dict[str, Any]:
 
 def not_run(sweep_dir: str) -> List[str]:
     """Labels of the planned jobs with no result in the sweep dir (``#2 amp=true ...``)."""
-    from .console import job_label
+    from trainer.output.console import job_label
 
     plan = _read(sweep_dir) or {}
     labels = []
@@ -326,8 +326,8 @@ def finish_stopped(signal_name: str) -> int:
     """After a stop: mark the plan, write the report of what finished, say what did not run and how to finish."""
     import shlex
 
-    from .report import write_report
-    from .stopping import PREEMPTED_EXIT_CODE
+    from trainer.launch.stopping import PREEMPTED_EXIT_CODE
+    from trainer.report import write_report
 
     sweep_dir = _state["sweep_dir"]
     if not sweep_dir:
@@ -366,10 +366,10 @@ class SweepCallback(_HydraCallback):
     def on_run_start(self, config, **kwargs) -> None:
         run_dir = _select(config, "hydra.run.dir")
         if run_dir:
-            _refuse_taken(lambda outputs: outputs.refuse_finished_run_dir(run_dir, config.get("ckpt_path")))
+            _refuse_taken(lambda run_dirs: run_dirs.refuse_finished_run_dir(run_dir, config.get("ckpt_path")))
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        from . import console
+        from trainer.output import console
 
         task_overrides = list(_select(config, "hydra.overrides.task") or [])
         console.set_sweep(True, console.swept_keys(task_overrides))  # each status line shows what the sweep varies
@@ -377,13 +377,13 @@ class SweepCallback(_HydraCallback):
         _state["report"] = report_settings(config)
         if sweep_dir and not is_launched_rank():
             if not resumable(sweep_dir, task_overrides):  # a stopped sweep of the same command is finished instead
-                _refuse_taken(lambda outputs: outputs.refuse_used_sweep_dir(sweep_dir, config.get("ckpt_path")))
+                _refuse_taken(lambda run_dirs: run_dirs.refuse_used_sweep_dir(sweep_dir, config.get("ckpt_path")))
             start(sweep_dir, task_overrides)
             _open_trackers(config, sweep_dir)
             expect_slow_jobs(config, (_read(sweep_dir) or {}).get("jobs"))
         launcher = str(config.hydra.launcher.get("_target_", ""))
         if "BasicLauncher" in launcher and not is_launched_rank():
-            from . import stopping
+            from trainer.launch import stopping
 
             _state["in_process"] = True
             stopping.install()  # the jobs run in this process: a signal stops the sweep after the job in flight
@@ -396,13 +396,13 @@ class SweepCallback(_HydraCallback):
             )
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        from .report import write_report
+        from trainer.report import write_report
 
         sweep_dir = config.hydra.sweep.dir
         done(sweep_dir)
         write_report([sweep_dir], sweep_dir, **report_settings(config))
         if not is_launched_rank():
-            from . import trackers
+            from trainer.output import trackers
 
             trackers.sweep_end(sweep_dir)  # the same report, attached to the sweep's parent run / group
 
@@ -410,7 +410,7 @@ class SweepCallback(_HydraCallback):
 def report_settings(config) -> Dict[str, Any]:
     """``report.target_acc`` and ``report.target_tolerance`` of the sweep's config, as write_report takes them
     (the defaults only where the config has no such key: a tolerance of 0 is the baseline's best itself)."""
-    from .time_to_target import AUTO, DEFAULT_TOLERANCE
+    from trainer.measure.time_to_target import AUTO, DEFAULT_TOLERANCE
 
     target_acc, tolerance = _select(config, "report.target_acc"), _select(config, "report.target_tolerance")
     return {
@@ -422,8 +422,8 @@ def report_settings(config) -> Dict[str, Any]:
 def _open_trackers(config, sweep_dir: str) -> None:
     """The sweep's parent run (MLflow) and group (W&B), before any job; a server that does not answer
     ends the sweep here, in one paragraph."""
-    from . import trackers
-    from .errors import ConfigError
+    from trainer.errors import ConfigError
+    from trainer.output import trackers
 
     try:
         trackers.sweep_start(config, sweep_dir)
@@ -440,12 +440,12 @@ def _select(config, key: str):
 
 def _refuse_taken(check) -> None:
     """Run an output-dir check; a refusal is the user's one paragraph and exit code 2, not Hydra's error report."""
-    from . import outputs
+    from trainer.output import run_dirs
 
     if is_launched_rank():
         return  # a launched rank runs in its parent's dir, which was checked
     try:
-        check(outputs)
-    except outputs.OutputTaken as e:
+        check(run_dirs)
+    except run_dirs.OutputTaken as e:
         print(f"\nerror: {e}\n", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -1,12 +1,12 @@
 """Lightning callbacks the trainer adds to runs: epoch timing, profiling, system monitor, NaN guard, step loss, bad-sample count, stop at an accuracy."""
 
-from .bad_samples import BadSampleCounter
-from .epoch_timer import EpochTimer
-from .nan_guard import NaNGuard
-from .profiler import ProfilerCallback
-from .step_loss import StepLoss
-from .stop_at_acc import StopAtAccuracy
-from .system_monitor import SystemMonitor
+from trainer.callbacks.bad_samples import BadSampleCounter
+from trainer.callbacks.epoch_timer import EpochTimer
+from trainer.callbacks.nan_guard import NaNGuard
+from trainer.callbacks.profiler import ProfilerCallback
+from trainer.callbacks.step_loss import StepLoss
+from trainer.callbacks.stop_at_acc import StopAtAccuracy
+from trainer.callbacks.system_monitor import SystemMonitor
 
 __all__ = [
     "BadSampleCounter",

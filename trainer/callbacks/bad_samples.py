@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 
-from .epoch_timer import _batch_size
+from trainer.callbacks.epoch_timer import _batch_size
 
 
 class BadSampleCounter(pl.Callback):

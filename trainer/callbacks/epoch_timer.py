@@ -41,10 +41,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import pytorch_lightning as pl
 import torch
 
-from .. import trackers
-from ..flops import mfu
-from ..time_to_target import with_elapsed
-from .step_clock import StepClock
+from trainer.callbacks.step_clock import StepClock
+from trainer.measure.flops import mfu
+from trainer.measure.time_to_target import with_elapsed
+from trainer.output import trackers
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +193,7 @@ class EpochTimer(pl.Callback):
             # creating the loader's iterator (starting its workers unless they persist) and the first fetch
             self._startup = now - self._t0
         if self.track_compiles:
-            from ..model_transforms import compiled_graphs
+            from trainer.switches.model_transforms import compiled_graphs
 
             self._graphs_before = compiled_graphs()
         self._step_start = now
@@ -203,7 +203,7 @@ class EpochTimer(pl.Callback):
         if self.first_step_s is None:
             self.first_step_s = now - self._step_start
         if self.track_compiles:
-            from ..model_transforms import compiled_graphs
+            from trainer.switches.model_transforms import compiled_graphs
 
             compiled = compiled_graphs() > self._graphs_before
             (self._compiling_steps if compiled else self._plain_steps).append(now - self._step_start)

@@ -22,14 +22,14 @@ import os
 import pytorch_lightning as pl
 import torch
 
-from ..errors import TrainingStopped
+from trainer.errors import TrainingStopped
 
 log = logging.getLogger(__name__)
 
 
 class NaNGuard(pl.Callback):
     def __init__(self, mode: str, checkpoint_dir: str | None) -> None:
-        from .host_reads import HostReads
+        from trainer.callbacks.host_reads import HostReads
 
         self.mode = mode
         self.checkpoint_dir = checkpoint_dir
@@ -78,7 +78,7 @@ class NaNGuard(pl.Callback):
 
     def _last_good(self) -> str:
         if self.checkpoint_dir and os.path.isdir(self.checkpoint_dir):
-            from ..checkpointing import checkpoint_candidates
+            from trainer.launch.checkpointing import checkpoint_candidates
 
             found = checkpoint_candidates(os.path.dirname(self.checkpoint_dir))
             if found:

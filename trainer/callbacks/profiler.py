@@ -5,7 +5,7 @@ torch-tb-profiler on GPU traces, and it also wraps every hook in record_function
 steps the profiler once per training batch, writes traces with a clean per-rank worker name into
 ``<run dir>/profiler/`` (so ``tensorboard --logdir <run dir>`` shows them in the PyTorch Profiler
 tab, and the ``.pt.trace.json`` files open in Perfetto), prints the top operators at the end, and
-keeps the numbers of ``profiler/summary.html`` (``trainer.profile_summary``), a page that needs no network.
+keeps the numbers of ``profiler/summary.html`` (``trainer.output.profile_page``), a page that needs no network.
 With ``profiler.memory_snapshot=true`` on CUDA it also records the caching allocator's history and
 dumps ``memory_snapshot_rank<N>.pickle`` for PyTorch's memory_viz.
 """
@@ -94,10 +94,10 @@ class ProfilerCallback(pl.Callback):
             except Exception as e:  # a convenience for the doctor; the trace files are the product
                 log.warning("could not read the copy share from the profile: %s", e)
         if trainer.is_global_zero:
-            from .. import profile_summary
+            from trainer.output import profile_page
 
             try:  # the offline page's numbers (the page itself is written when the doctor has spoken)
-                profile_summary.save(profile_summary.summarize(prof, trainer.strategy.root_device.type), self.out_dir)
+                profile_page.save(profile_page.summarize(prof, trainer.strategy.root_device.type), self.out_dir)
             except Exception as e:  # a convenience; the trace files are the product
                 log.warning("could not summarize the profile for summary.html: %s", e)
             sort = "self_cuda_time_total" if trainer.strategy.root_device.type == "cuda" else "self_cpu_time_total"

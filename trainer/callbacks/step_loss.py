@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytorch_lightning as pl
 import torch
 
-from .host_reads import HostReads
+from trainer.callbacks.host_reads import HostReads
 
 
 class StepLoss(pl.Callback):

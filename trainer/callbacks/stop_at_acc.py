@@ -20,8 +20,8 @@ from typing import Optional
 
 import pytorch_lightning as pl
 
-from ..time_to_target import reaches
-from .epoch_timer import rank_scalars
+from trainer.callbacks.epoch_timer import rank_scalars
+from trainer.measure.time_to_target import reaches
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Why not Lightning's ``DeviceStatsMonitor``: it reads the stats on every step (on
 ``torch.cuda.memory_stats`` each batch) and has no CPU utilization, disk or NVML readings. Here a
 reading is taken at a step boundary only when ``monitor.interval_s`` seconds have passed since the
 last one, so a step costs one ``time.monotonic()`` call. The readings come from psutil and NVML
-through ``trainer.sysstats``, scoped to what the run can use: busy time of the CPUs in its
+through ``trainer.measure.sysstats``, scoped to what the run can use: busy time of the CPUs in its
 affinity mask, its own process tree (loader workers, and under torchrun every local rank), the
 rank's own GPU.
 
@@ -29,8 +29,9 @@ from typing import Collection, Dict, List, Optional
 
 import pytorch_lightning as pl
 
-from .. import sysstats, trackers
-from ..memory import rss_mb
+from trainer.measure import sysstats
+from trainer.measure.memory import rss_mb
+from trainer.output import trackers
 
 log = logging.getLogger(__name__)
 

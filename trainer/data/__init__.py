@@ -1,5 +1,5 @@
 """Data: datasets (synthetic, image folders, the built-in JPEG set) and the Lightning datamodule."""
 
-from .datamodule import ImageDataModule
+from trainer.data.datamodule import ImageDataModule
 
 __all__ = ["ImageDataModule"]

@@ -137,7 +137,7 @@ def transforms_for(image_size: int, train: bool, augment, keep_uint8: bool = Fal
     import torch
     from torchvision.transforms import v2
 
-    from .gpu_transforms import IMAGENET_MEAN, IMAGENET_STD
+    from trainer.data.gpu_transforms import IMAGENET_MEAN, IMAGENET_STD
 
     augment = Augmentation.coerce(augment)
     steps = [v2.ToImage()]

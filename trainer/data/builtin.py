@@ -34,7 +34,7 @@ VERSION = 1
 def _skimage_data_dir() -> str:
     spec = importlib.util.find_spec("skimage")
     if spec is None or not spec.submodule_search_locations:
-        from ..errors import ConfigError
+        from trainer.errors import ConfigError
 
         raise ConfigError(
             "data=builtin needs the scikit-image package, whose wheel carries the photos the built-in dataset is cut "

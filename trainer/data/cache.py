@@ -22,7 +22,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..errors import ConfigError
+from trainer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def _source_name(src: str, storage_options=None) -> tuple:
 
     A URL's identity includes the endpoint (the same bucket name on two servers is two datasets).
     """
-    from .storage import is_remote, local_path, plain_options
+    from trainer.data.storage import is_remote, local_path, plain_options
 
     if is_remote(src):
         options = plain_options(storage_options)
@@ -64,7 +64,7 @@ def _source_name(src: str, storage_options=None) -> tuple:
 
 def cached_copy(src: str, cache_dir: str, storage_options=None) -> str:
     """Return the local copy of ``src`` (a folder or an fsspec URL) under ``cache_dir`` (made on first use)."""
-    from .storage import is_remote, local_path
+    from trainer.data.storage import is_remote, local_path
 
     if not is_remote(src) and not Path(local_path(src)).is_dir():
         raise ConfigError(
@@ -135,13 +135,13 @@ class _RemoteSource:
     """An object store prefix: files known by size and ETag; fetched many at a time (fsspec's batched get)."""
 
     def __init__(self, url: str, storage_options) -> None:
-        from .storage import open_root
+        from trainer.data.storage import open_root
 
         self.url = url
         self.fs, self.path = open_root(url, storage_options)
 
     def files(self):
-        from .storage import explain
+        from trainer.data.storage import explain
 
         try:
             listing = self.fs.find(self.path, detail=True)
@@ -158,7 +158,7 @@ class _RemoteSource:
         }
 
     def fetch(self, rels, tmps) -> list:
-        from .storage import explain
+        from trainer.data.storage import explain
 
         try:
             self.fs.get([f"{self.path}/{rel}" for rel in rels], [str(t) for t in tmps])

@@ -41,9 +41,9 @@ from __future__ import annotations
 import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError, TrainingStopped
-from .augment import CROP_RATIO, Augmentation
-from .gpu_transforms import IMAGENET_MEAN, IMAGENET_STD
+from trainer.data.augment import CROP_RATIO, Augmentation
+from trainer.data.gpu_transforms import IMAGENET_MEAN, IMAGENET_STD
+from trainer.errors import ConfigError, TrainingStopped
 
 FOLDER_FORMATS = ("imagefolder", "builtin", "imagenette")
 READER = "Reader"

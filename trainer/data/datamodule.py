@@ -17,13 +17,13 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from ..errors import ConfigError
-from ..rank import world_size
-from .augment import Augmentation
+from trainer.data.augment import Augmentation
 
 # imported here, not lazily: Lightning records the arguments of DataLoader subclasses that exist
 # when it asks for a loader, so that it can re-create them with a distributed sampler
-from .prefetch import DevicePrefetchLoader, move_to_device
+from trainer.data.prefetch import DevicePrefetchLoader, move_to_device
+from trainer.errors import ConfigError
+from trainer.rank import world_size
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class ImageDataModule(pl.LightningDataModule):
         c = self.cfg
         if not c.get("auto_workers"):
             return c.num_workers
-        from ..hardware import usable_cores
+        from trainer.measure.hardware import usable_cores
 
         cores = usable_cores()
         workers = max(0, min(16, cores // max(1, self.processes_per_node) - 1))
@@ -171,7 +171,7 @@ class ImageDataModule(pl.LightningDataModule):
         """data.cache=DIR: read from a local, checksummed copy of data.root."""
         if not self.cfg.get("cache") or not root:
             return root
-        from .cache import cached_copy
+        from trainer.data.cache import cached_copy
 
         return cached_copy(root, self.cfg.cache, self.cfg.get("storage_options"))
 
@@ -184,7 +184,7 @@ class ImageDataModule(pl.LightningDataModule):
         c = self.cfg
         self._check_keys()
         if c.name == "synthetic":
-            from .synthetic import SyntheticImages
+            from trainer.data.synthetic import SyntheticImages
 
             u8 = bool(c.get("gpu_normalize"))
             self.train_set = SyntheticImages(
@@ -198,7 +198,7 @@ class ImageDataModule(pl.LightningDataModule):
             )
             return c.num_classes
         if c.name == "packed":
-            from .packed import build_packed
+            from trainer.data.packed import build_packed
 
             self.train_set, self.val_set, self.classes = build_packed(
                 self._local_root(c.root),
@@ -287,7 +287,7 @@ class ImageDataModule(pl.LightningDataModule):
 
     def _build_cifar10(self) -> int:
         """data=cifar10: torchvision's pickled batches (downloaded once), raw pixels through the image folder's transforms."""
-        from .standard import build_cifar10, dataset_folder
+        from trainer.data.standard import build_cifar10, dataset_folder
 
         c = self.cfg
         unused = [
@@ -322,16 +322,16 @@ class ImageDataModule(pl.LightningDataModule):
         once; Imagenette is downloaded once)."""
         c = self.cfg
         if c.name == "builtin":
-            from .builtin import ensure_builtin
+            from trainer.data.builtin import ensure_builtin
 
             root, key = ensure_builtin(c.cache_dir, c.images_per_class, c.stored_size), "data.cache_dir"
         elif c.name == "imagenette":
-            from .standard import dataset_folder
+            from trainer.data.standard import dataset_folder
 
             root, key = dataset_folder(c, self._local_root)
         else:
             root, key = self._local_root(c.root), "data.root"
-        from .folder import build_image_folders
+        from trainer.data.folder import build_image_folders
 
         self.decoder = self._folder_decoder(root, key)
         self.train_set, self.val_set, self.classes = build_image_folders(
@@ -351,13 +351,13 @@ class ImageDataModule(pl.LightningDataModule):
         if len(self.train_set) == 0:
             raise ConfigError(f"'{key}' ({root}) has no training images.")
         if self.dali:
-            from .dali import samples_of
+            from trainer.data.dali import samples_of
 
             val = samples_of(self.val_set) if self.val_set is not None else []
             self.dali_samples = {True: samples_of(self.train_set), False: val}
         if self.decoder == "nvjpeg":
-            from .device_decode import DeviceDecoder
-            from .folder import transforms_for
+            from trainer.data.device_decode import DeviceDecoder
+            from trainer.data.folder import transforms_for
 
             self.device_decoders = {
                 train: DeviceDecoder(
@@ -367,7 +367,7 @@ class ImageDataModule(pl.LightningDataModule):
             }
         self._check_batch_fits(root)
         if c.name == "imagenette":  # class folders are WordNet ids: named by torchvision's table
-            from .standard import imagenette_wnids
+            from trainer.data.standard import imagenette_wnids
 
             names = imagenette_wnids()
             self.classes = [names[wnid][0] for wnid in self.classes]
@@ -377,12 +377,12 @@ class ImageDataModule(pl.LightningDataModule):
         """The decoder of an image folder's datasets: data.decoder's, or with data.loader=dali PIL's, which
         then only lists the files and gives example batches (DALI decodes what trains)."""
         if not self.dali:
-            from .decoders import resolve_decoder
+            from trainer.data.decoders import resolve_decoder
 
             decoder = resolve_decoder(self.cfg.decoder, self.accelerator)
             self._check_decode_scale(decoder)
             return decoder
-        from .storage import is_remote
+        from trainer.data.storage import is_remote
 
         if is_remote(root):
             raise ConfigError(
@@ -395,14 +395,14 @@ class ImageDataModule(pl.LightningDataModule):
         """data.loader=dali where it cannot act: refused (dali.check); keys it makes moot: said."""
         if not self.dali:
             return
-        from .dali import check, notes_on_other_keys
+        from trainer.data.dali import check, notes_on_other_keys
 
         check(self.cfg, self.augmentation)
         for note in notes_on_other_keys(self.cfg, self.accelerator):
             log.warning("%s; it changes nothing under data.loader=dali", note)
 
     def _check_decode_scale(self, decoder: str) -> None:
-        from .decoders import SCALED_DECODERS
+        from trainer.data.decoders import SCALED_DECODERS
 
         if self.cfg.decode_scale == "auto" and decoder not in SCALED_DECODERS:
             log.warning(
@@ -418,14 +418,14 @@ class ImageDataModule(pl.LightningDataModule):
             raise ConfigError(
                 f"data.decoder=nvjpeg decodes image files on the GPU; with data={c.name} use data.decoder=pil, torchvision or turbo."
             )
-        from .decoders import resolve_decoder
+        from trainer.data.decoders import resolve_decoder
 
         self.decoder = resolve_decoder(c.decoder, self.accelerator)
         self._check_decode_scale(self.decoder)
         if c.name == "parquet":
-            from .parquet import build_parquet as build
+            from trainer.data.parquet import build_parquet as build
         else:
-            from .webdataset import build_webdataset as build
+            from trainer.data.webdataset import build_webdataset as build
         self.train_set, self.val_set, self.classes = build(
             self._local_root(c.root),
             c.image_size,
@@ -449,7 +449,7 @@ class ImageDataModule(pl.LightningDataModule):
 
     def _block_sampler(self, dataset, train: bool):
         """The sampler for BlockImages: each rank and loader worker reads its own blocks (see shards)."""
-        from .shards import BlockImages, BlockSampler
+        from trainer.data.shards import BlockImages, BlockSampler
 
         if not isinstance(dataset, BlockImages):
             return None
@@ -481,18 +481,18 @@ class ImageDataModule(pl.LightningDataModule):
         if sampler is None and train:
             sampler = self._train_sampler(len(dataset))
             if sampler.repeats > 1:
-                from .sampler import RepeatedSamples, deal_to_ranks
+                from trainer.data.sampler import RepeatedSamples, deal_to_ranks
 
                 dataset = RepeatedSamples(dataset, sampler.repeats)
                 if self.trainer is not None:  # repeats dealt to different ranks (Lightning would scatter them)
                     sampler = deal_to_ranks(sampler, self.trainer.global_rank, self.trainer.world_size)
         if c.get("device_resident") and c.name == "synthetic":
             return self._device_resident_loader(dataset, sampler, train)
-        from .folder import skip_none_collate
+        from trainer.data.folder import skip_none_collate
 
         collate = None if c.name == "synthetic" else skip_none_collate
         if self.device_decoders:
-            from .device_decode import encoded_collate
+            from trainer.data.device_decode import encoded_collate
 
             collate = functools.partial(encoded_collate, train=train)
         if train and workers == 0 and c.name != "synthetic" and not isinstance(dataset, IterableDataset):
@@ -519,8 +519,8 @@ class ImageDataModule(pl.LightningDataModule):
         """data.loader=dali: this rank's DALI loader, over the files the torch loader would read (dali.py)."""
         from torch.utils.data import DistributedSampler
 
-        from .dali import DaliLoader
-        from .sampler import deal_to_ranks
+        from trainer.data.dali import DaliLoader
+        from trainer.data.sampler import deal_to_ranks
 
         samples = self.dali_samples[train]
         n = len(samples)
@@ -571,7 +571,7 @@ class ImageDataModule(pl.LightningDataModule):
         return getattr(sampler, "epoch", 0)
 
     def _train_sampler(self, length: int):
-        from .sampler import EpochShuffleSampler
+        from trainer.data.sampler import EpochShuffleSampler
 
         sampler = EpochShuffleSampler(length, self.seed, self.repeats)
         self._apply_resume(sampler)
@@ -592,7 +592,7 @@ class ImageDataModule(pl.LightningDataModule):
 
     def _device_resident_loader(self, dataset, sampler, train: bool) -> DataLoader:
         """data.device_resident: batches gathered on the device; no workers, pinning or copies."""
-        from .synthetic import DeviceResidentImages, batch_as_is
+        from trainer.data.synthetic import DeviceResidentImages, batch_as_is
 
         device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
         return DataLoader(
@@ -618,7 +618,7 @@ class ImageDataModule(pl.LightningDataModule):
         are drawn from a seed of the epoch and the batch's files (as ``SeededSamples`` does for the
         transforms in the main process), so a resumed run decodes the crops the run it continues did.
         """
-        from .device_decode import EncodedBatch
+        from trainer.data.device_decode import EncodedBatch
 
         if isinstance(batch, EncodedBatch):
             decode = self.device_decoders[batch.train]
@@ -640,8 +640,8 @@ class ImageDataModule(pl.LightningDataModule):
         """
         from pytorch_lightning.utilities.model_helpers import is_overridden
 
-        from .gpu_transforms import model_input
-        from .progressive import resize_batch
+        from trainer.data.gpu_transforms import model_input
+        from trainer.data.progressive import resize_batch
 
         if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
             images = model_input(batch[0])
@@ -660,7 +660,7 @@ class ImageDataModule(pl.LightningDataModule):
         return self.train_sizes[min(epoch, len(self.train_sizes) - 1)]
 
     def teardown(self, stage: str) -> None:
-        from .prefetch import close_all
+        from trainer.data.prefetch import close_all
 
         close_all()  # data.device_prefetch: no producer thread outlives the fit (a sweep's next job runs in this process)
 
@@ -670,7 +670,7 @@ class ImageDataModule(pl.LightningDataModule):
         get as far as the loader's iterator (it raises again after a CUDA error), so the
         data.device_prefetch threads, the device batches they hold and their loader's workers are
         stopped here, before the next job of a local sweep starts in this process."""
-        from .prefetch import close_all
+        from trainer.data.prefetch import close_all
 
         close_all()
 
@@ -680,7 +680,7 @@ class ImageDataModule(pl.LightningDataModule):
 
     def example_batch(self, size: int, device: torch.device = torch.device("cpu")):
         """``size`` training samples as one batch on ``device``, as the model's forward takes them."""
-        from .gpu_transforms import model_input
+        from trainer.data.gpu_transforms import model_input
 
         n = len(self.train_set)
         good = []
@@ -696,7 +696,7 @@ class ImageDataModule(pl.LightningDataModule):
             )
         samples = [good[i % len(good)] for i in range(size)]
         if self.device_decoders is not None:
-            from .device_decode import encoded_collate
+            from trainer.data.device_decode import encoded_collate
 
             x, y = self.to_device(encoded_collate(samples), device)
         else:

@@ -61,7 +61,7 @@ class Loader:
         if self.cache is not None and path in self.cache:
             return self.cache[path]
         if self.fs is not None:
-            from .storage import explain
+            from trainer.data.storage import explain
 
             try:
                 data = self.fs.cat_file(path)

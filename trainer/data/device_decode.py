@@ -19,7 +19,7 @@ from typing import List, Optional
 
 import torch
 
-from .decoders import Loader
+from trainer.data.decoders import Loader
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class DeviceDecoder:
             return decode_jpeg(item, mode=ImageReadMode.RGB, device=device)
         except RuntimeError as e:
             if self.on_bad_sample == "stop":
-                from ..errors import TrainingStopped
+                from trainer.errors import TrainingStopped
 
                 raise TrainingStopped(
                     f"cannot decode {path} (nvJPEG: {str(e).splitlines()[0]}); stopped (data.on_bad_sample=stop). "
@@ -108,7 +108,7 @@ class DeviceDecoder:
         images = self.decode(batch, device)
         keep = [i for i, im in enumerate(images) if im is not None]
         if not keep:
-            from ..errors import TrainingStopped
+            from trainer.errors import TrainingStopped
 
             raise TrainingStopped(
                 f"no image of a batch could be decoded ({', '.join(batch.paths[:3])}, ...): check the files under data.root."

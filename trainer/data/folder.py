@@ -12,9 +12,9 @@ import math
 import os
 from typing import Optional, Tuple
 
-from ..errors import ConfigError
-from .augment import CROP_RATIO, Augmentation, transforms_for
-from .decoders import DECODE_ERRORS
+from trainer.data.augment import CROP_RATIO, Augmentation, transforms_for
+from trainer.data.decoders import DECODE_ERRORS
+from trainer.errors import ConfigError
 
 CROP_SCALE = Augmentation().crop_scale  # RandomResizedCrop's range of area fractions (data.crop_min_scale's default)
 VAL_RESIZE = (
@@ -95,7 +95,7 @@ def _safe_image_folder_class():
             except DECODE_ERRORS as e:
                 path = self.samples[index][0]
                 if self.on_bad_sample == "stop":
-                    from ..errors import TrainingStopped
+                    from trainer.errors import TrainingStopped
 
                     raise TrainingStopped(
                         f"cannot decode {path} ({type(e).__name__}: {e}); stopped (data.on_bad_sample=stop). "
@@ -166,7 +166,7 @@ def _remote_image_folder(fs, path: str, transform, key: str, on_bad_sample: str,
     """An image folder in an object store: the same classes, order and split as a local copy of it."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
-    from .storage import explain
+    from trainer.data.storage import explain
 
     base = _safe_image_folder_class()
 
@@ -231,8 +231,8 @@ def build_image_folders(
     """
     # why longer: the local and the object-store cases set the same four helpers (isdir, join, make,
     # check) side by side, and one layout walk below uses them; split, the pairing would be lost
-    from .decoders import Loader
-    from .storage import is_remote, local_path, open_root
+    from trainer.data.decoders import Loader
+    from trainer.data.storage import is_remote, local_path, open_root
 
     if not root:
         raise ConfigError(
@@ -264,7 +264,7 @@ def build_image_folders(
             check_layout(path, key)
 
     if decoder == "nvjpeg":
-        from .device_decode import BytesLoader
+        from trainer.data.device_decode import BytesLoader
 
         loader = BytesLoader(cache_in_memory, fs=fs)
         make_transform = _no_transform

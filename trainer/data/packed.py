@@ -17,9 +17,9 @@ from typing import Optional, Tuple
 import torch
 from torch.utils.data import Dataset, Subset
 
-from ..errors import ConfigError
-from .augment import Augmentation, uint8_train_steps
-from .gpu_transforms import normalize_uint8
+from trainer.data.augment import Augmentation, uint8_train_steps
+from trainer.data.gpu_transforms import normalize_uint8
+from trainer.errors import ConfigError
 
 
 class RemoteRows:
@@ -46,7 +46,7 @@ class RemoteRows:
     def __getitem__(self, i: int):
         import numpy as np
 
-        from .storage import explain
+        from trainer.data.storage import explain
 
         start = self.offset + int(i) * self.row
         try:
@@ -119,7 +119,7 @@ class PackedImages(Dataset):
 def build_packed(
     root: str, image_size: int, augment, val_split: float, seed: int, keep_uint8: bool, storage_options=None
 ) -> Tuple[Dataset, Optional[Dataset], list]:
-    from .storage import is_remote, local_path, open_root
+    from trainer.data.storage import is_remote, local_path, open_root
 
     fs = None
     if is_remote(root):

@@ -19,8 +19,8 @@ import json
 import os
 from typing import List, Optional, Tuple
 
-from ..errors import ConfigError
-from .shards import BlockImages, find_split_files, require_root, split_blocks
+from trainer.data.shards import BlockImages, find_split_files, require_root, split_blocks
+from trainer.errors import ConfigError
 
 IMAGE_COLUMNS = ("image", "img", "jpg", "png")
 LABEL_COLUMNS = ("label", "labels", "cls", "class")
@@ -67,7 +67,7 @@ class RowGroups:
         return f"{self.files[f]}, row group {rg}"
 
     def __call__(self, block: int):
-        from .storage import explain
+        from trainer.data.storage import explain
 
         f, rg = self.blocks[block]
         try:
@@ -139,9 +139,9 @@ def build_parquet(
     storage_options=None,
     decode_scale: str = "off",
 ) -> Tuple[BlockImages, Optional[BlockImages], list]:
-    from .decoders import Loader
-    from .folder import decode_min_side, transforms_for
-    from .storage import open_root
+    from trainer.data.decoders import Loader
+    from trainer.data.folder import decode_min_side, transforms_for
+    from trainer.data.storage import open_root
 
     require_root(root, "parquet", "Parquet files")
     fs, base = open_root(root, storage_options)

@@ -63,7 +63,7 @@ from typing import Any, Callable, Dict, Iterator, Optional
 import torch
 from torch.utils.data import DataLoader
 
-from ..errors import ConfigError
+from trainer.errors import ConfigError
 
 
 def tensors_in(batch: Any) -> Iterator[torch.Tensor]:

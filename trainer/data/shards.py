@@ -35,8 +35,8 @@ from typing import Callable, Iterator, List, Optional, Sequence
 import torch
 from torch.utils.data import Dataset, DistributedSampler
 
-from ..errors import ConfigError
-from .decoders import DECODE_ERRORS
+from trainer.data.decoders import DECODE_ERRORS
+from trainer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class BlockImages(Dataset):
         except DECODE_ERRORS as e:
             where = f"sample {row} of {self.where(block)}"
             if self.on_bad_sample == "stop":
-                from ..errors import TrainingStopped
+                from trainer.errors import TrainingStopped
 
                 raise TrainingStopped(
                     f"cannot decode {where} ({type(e).__name__}: {e}); stopped (data.on_bad_sample=stop). "
@@ -180,7 +180,7 @@ class BlockSampler(DistributedSampler):
     def num_replicas(self) -> int:
         if self._replicas is not None:
             return self._replicas
-        from ..rank import world_size
+        from trainer.rank import world_size
 
         return world_size()
 
@@ -286,7 +286,7 @@ def find_split_files(fs, root: str, suffix: str, key: str = "data.root"):
     with ``train`` and ``val``/``validation`` anywhere below root (``data/train-00000-of-00004.parquet``);
     else every file is training data (val: None).
     """
-    from .storage import explain
+    from trainer.data.storage import explain
 
     def files(path):
         try:

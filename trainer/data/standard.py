@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..errors import ConfigError
+from trainer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ def dataset_folder(cfg, local_root) -> tuple:
     ``data.root`` set: that folder (or the dataset's folder inside it), read as it is; unset: the
     copy in the cache dir, downloaded on first use. ``local_root`` applies ``data.cache``.
     """
-    from .storage import is_remote
+    from trainer.data.storage import is_remote
 
     ds = standard(cfg.name, cfg.get("imagenette_size", "160px"))
     if not cfg.root:
@@ -179,7 +179,7 @@ def user_folder(ds: Standard, root: str) -> str:
 
 def ensure(ds: Standard, cache_dir: Optional[str], url: str = "auto", md5: Optional[str] = "auto") -> str:
     """The dataset's folder in the cache (downloaded, checked and extracted on first use)."""
-    from .builtin import default_cache_dir
+    from trainer.data.builtin import default_cache_dir
 
     cache = os.path.expanduser(cache_dir or default_cache_dir())
     final = os.path.join(cache, ds.cache_name)
@@ -326,7 +326,7 @@ def build_cifar10(folder: str, image_size: int, augment, keep_uint8: bool) -> tu
     """(train set: the five batches, val set: test_batch, class names from batches.meta)."""
     import pickle
 
-    from .folder import transforms_for
+    from trainer.data.folder import transforms_for
 
     sets = []
     for train in (True, False):

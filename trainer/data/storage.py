@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional, Tuple
 
-from ..errors import ConfigError
+from trainer.errors import ConfigError
 
 # what each protocol needs installed, for the message when it is missing
 PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset
 
-from .gpu_transforms import normalize_uint8
+from trainer.data.gpu_transforms import normalize_uint8
 
 POOL_SIZE = 1024
 

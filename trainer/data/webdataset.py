@@ -25,8 +25,8 @@ import logging
 import tarfile
 from typing import List, Optional, Tuple
 
-from ..errors import ConfigError
-from .shards import BlockImages, find_split_files, require_root, split_blocks
+from trainer.data.shards import BlockImages, find_split_files, require_root, split_blocks
+from trainer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class TarShards:
         return self.urls[block]
 
     def __call__(self, block: int):
-        from .storage import explain
+        from trainer.data.storage import explain
 
         try:
             data = self.fs.cat_file(self.urls[block])
@@ -127,9 +127,9 @@ def build_webdataset(
     storage_options=None,
     decode_scale: str = "off",
 ) -> Tuple[BlockImages, Optional[BlockImages], list]:
-    from .decoders import Loader
-    from .folder import decode_min_side, transforms_for
-    from .storage import open_root
+    from trainer.data.decoders import Loader
+    from trainer.data.folder import decode_min_side, transforms_for
+    from trainer.data.storage import open_root
 
     require_root(root, "webdataset", "tar shards")
     fs, base = open_root(root, storage_options)

@@ -1,5 +1,5 @@
 """Models: the LightningModule that trains any image classifier, a tiny CNN, and the builder."""
 
-from .build import build_module
+from trainer.models.build import build_module
 
 __all__ = ["build_module"]

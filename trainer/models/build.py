@@ -12,8 +12,8 @@ import logging
 import pytorch_lightning as pl
 import torch
 
-from ..errors import ConfigError
-from .classifier import ImageClassifier
+from trainer.errors import ConfigError
+from trainer.models.classifier import ImageClassifier
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,8 @@ def build_module(cfg) -> pl.LightningModule:
         _refuse_classifier_ingredients(cfg, target)
         return obj
     if isinstance(obj, torch.nn.Module):
-        from ..data.mixing import batch_mixing
-        from .losses import TrainingLoss
+        from trainer.data.mixing import batch_mixing
+        from trainer.models.losses import TrainingLoss
 
         return ImageClassifier(
             obj,
@@ -67,7 +67,7 @@ def build_module(cfg) -> pl.LightningModule:
 
 def _apply_recipe_ingredients(net: torch.nn.Module, cfg, what: str) -> None:
     """drop_path_rate and zero_init_residual on the freshly built network (regularize.py)."""
-    from .regularize import apply_drop_path, zero_init_residual
+    from trainer.models.regularize import apply_drop_path, zero_init_residual
 
     eval_size = cfg.data.get("eval_image_size")
     if eval_size and eval_size != cfg.data.image_size and _fixed_input_size(net):

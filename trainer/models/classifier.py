@@ -12,9 +12,9 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 
-from ..data.datamodule import sample_seed
-from ..optimizers import build_optimizer, build_scheduler
-from .losses import TrainingLoss
+from trainer.data.datamodule import sample_seed
+from trainer.models.losses import TrainingLoss
+from trainer.models.optimizers import build_optimizer, build_scheduler
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class ImageClassifier(pl.LightningModule):
             return
         from torch.distributed.fsdp import fully_shard
 
-        from .blocks import repeated_blocks
+        from trainer.models.blocks import repeated_blocks
 
         mesh = self.device_mesh["data_parallel"]
         blocks = repeated_blocks(self.net)

@@ -19,8 +19,8 @@ from typing import List
 
 from torch import nn
 
-from ..errors import ConfigError
-from .blocks import repeated_blocks
+from trainer.errors import ConfigError
+from trainer.models.blocks import repeated_blocks
 
 
 def _branch_ends(block: nn.Module) -> List[nn.Module]:

@@ -1,5 +1,5 @@
 """``python -m trainer.tune +recipe=resnet50 [overrides]``: see trainer/tune/app.py."""
 
-from .app import main
+from trainer.tune.app import main
 
 main()

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import List
 
-from ..errors import ConfigError, UserFacingError
+from trainer.errors import ConfigError, UserFacingError
 
 log = logging.getLogger("trainer.tune")
 
@@ -61,7 +61,7 @@ def check_argv(argv: List[str]) -> None:
 
 def check_run_dir(overrides: List[str]) -> None:
     """Before Hydra writes .hydra/ and tune.log there: the run dir is new, empty, or a tune's own."""
-    from .probe import JOURNAL, check_header
+    from trainer.tune.probe import JOURNAL, check_header
 
     given = [a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "hydra.run.dir" and "${" not in a]
     if not given:
@@ -94,9 +94,9 @@ def own_candidates(tune) -> list:
     """``tune.only`` and ``tune.extra`` checked (a typo is said now, not after a failed probe); the user's own candidates."""
     from omegaconf import OmegaConf
 
-    from ..cli import recipes
-    from ..config import check_overrides
-    from .candidates import NAMES, extra_candidates
+    from trainer.command_line import recipes
+    from trainer.config import check_overrides
+    from trainer.tune.candidates import NAMES, extra_candidates
 
     unknown = [n for n in (tune.only or []) if n not in NAMES and n not in (tune.extra or {})]
     if unknown:
@@ -125,7 +125,7 @@ def base_settings(cfg) -> dict:
     """The starting configuration's flags and loader settings: what the candidates' conditions read."""
     from omegaconf import OmegaConf
 
-    from ..config import FLAG_KEYS
+    from trainer.config import FLAG_KEYS
 
     settings = {k: OmegaConf.select(cfg, k) for k in FLAG_KEYS}
     for key in ("pin_memory", "prefetch_factor", "persistent_workers"):
@@ -158,14 +158,14 @@ def journal_settings(cfg) -> dict:
 def tune_task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    from .. import hardware
-    from ..cli import fail
-    from ..compose import finish
-    from ..config import validate
-    from .candidates import CATALOGUE, Context
-    from .output import machine_name, write_best, write_report
-    from .probe import JOURNAL, Journal, Prober
-    from .search import Search
+    from trainer.command_line import fail
+    from trainer.config import validate
+    from trainer.config.compose import finish
+    from trainer.measure import hardware
+    from trainer.tune.candidates import CATALOGUE, Context
+    from trainer.tune.output import machine_name, write_best, write_report
+    from trainer.tune.probe import JOURNAL, Journal, Prober
+    from trainer.tune.search import Search
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
@@ -216,10 +216,10 @@ def tune_task(cfg) -> None:
 
 
 def main() -> None:
-    from ..cli import checked_argv, fail
-    from ..compose import prepare_hydra
-    from ..console import quiet_known_warnings
-    from ..paths import CONFIG_DIR
+    from trainer.command_line import checked_argv, fail
+    from trainer.config.compose import prepare_hydra
+    from trainer.output.console import quiet_known_warnings
+    from trainer.paths import CONFIG_DIR
 
     quiet_known_warnings()
     try:

@@ -1,7 +1,7 @@
 """What the tuner may try: each candidate is a named set of overrides, grouped by the bottleneck it
 addresses, with the reason it is skipped where this hardware or this data cannot use it.
 
-The groups follow the doctor's verdicts (``trainer.doctor``): an input-bound run gets the loader
+The groups follow the doctor's verdicts (``trainer.output.doctor``): an input-bound run gets the loader
 candidates first, a transfer-bound one the copy candidates, a compute-bound one the flags that make
 the math cheaper, and memory headroom a larger batch. A candidate is skipped, with the reason said
 in the report, where it cannot pay off here (bf16 without native support, fp16 or pinned memory on
@@ -181,7 +181,7 @@ def _torch_loader(skip: Callable) -> Callable:
 
 
 def _dali(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
-    from ..data.dali import installed
+    from trainer.data.dali import installed
 
     if ctx.data_name not in IMAGE_FILES:
         return f"data={ctx.data_name} is not a folder of image files, which is what DALI's file reader reads"
@@ -263,7 +263,7 @@ def extra_candidates(extra: Dict[str, str]) -> List[Candidate]:
 
 
 def allocators_installed() -> tuple:
-    from ..launch import find_allocator
+    from trainer.launch.processes import find_allocator
 
     return tuple(name for name in ("jemalloc", "tcmalloc") if find_allocator(name))
 

@@ -1,7 +1,7 @@
 """What a tune leaves in its run dir: ``best.yaml`` and ``tune_report.md/.csv/.png``.
 
 ``best.yaml`` lists the winning overrides (on top of the command line the tune was given); train.py
-takes it back as ``+tuned=PATH`` (see ``load_tuned``), and its header holds the same as a command
+takes it back as ``+tuned=PATH`` (see ``trainer.command_line.load_tuned``), and its header holds the same as a command
 line to paste. The report has one row per probe: what was tried on which configuration, why (the
 verdict that chose it), its speed-up over the configuration it was tried on with the interval, and
 what was decided and why; then the path taken and the accuracy checks.
@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import platform
 import shlex
 import time
 from pathlib import Path
 from typing import Any, List
 
-from ..errors import ConfigError
-from ..metrics import atomic_write_text
-from ..report import NOT_JUDGED, SEEDED_REPEATS, TIMING_ONLY
-from .search import Outcome, Step
+from trainer.measure.metrics import atomic_write_text
+from trainer.report import NOT_JUDGED, SEEDED_REPEATS, TIMING_ONLY
+from trainer.tune.search import Outcome, Step
 
 COLUMNS = [
     "step",
@@ -203,28 +201,3 @@ def machine_name(hardware: Any) -> str:
     return (
         f"{hardware.name} ({hardware.accelerator}, {hardware.cpu_cores} cores usable), {platform.node() or 'this host'}"
     )
-
-
-def load_tuned(path: str) -> List[str]:
-    """The overrides of a ``best.yaml`` (for ``+tuned=PATH``), with a clear error for anything else."""
-    import yaml
-
-    expanded = os.path.expanduser(path)
-    try:
-        data = yaml.safe_load(Path(expanded).read_text())
-    except OSError as e:
-        raise ConfigError(
-            f"'+tuned={path}': cannot read it ({e.strerror}). Give the best.yaml a tune wrote (python -m trainer.tune ... prints its path)."
-        ) from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"'+tuned={path}' is not a text file. Give the best.yaml a tune wrote.") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(
-            f"'+tuned={path}' is not valid YAML ({' '.join(str(e).split())[:200]}). Give the best.yaml a tune wrote."
-        ) from None
-    overrides = data.get("overrides") if isinstance(data, dict) else None
-    if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
-        raise ConfigError(
-            f"'+tuned={path}' has no 'overrides:' list of key=value strings; it must be a best.yaml written by python -m trainer.tune."
-        )
-    return overrides

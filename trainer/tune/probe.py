@@ -28,9 +28,9 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Dict, List, Optional
 
-from .. import preloaded
-from ..errors import ConfigError
-from ..time_to_target import reaches
+from trainer.errors import ConfigError
+from trainer.launch import preloaded
+from trainer.measure.time_to_target import reaches
 
 log = logging.getLogger("trainer.tune")
 
@@ -89,7 +89,7 @@ def fixed_cost(epoch: Dict[str, Any]) -> float:
 
 
 def _from_metrics(kind: str, config: List[str], run_dir: Path, wall_s: float, stderr: str) -> Result:
-    from .. import metrics as metrics_io
+    from trainer.measure import metrics as metrics_io
 
     path = run_dir / "metrics.json"
     if not path.exists():

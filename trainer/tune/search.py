@@ -33,11 +33,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from ..errors import ConfigError
-from ..report import SEEDED_REPEATS, speedup_interval
-from ..time_to_target import resolve_target, to_target_interval
-from .candidates import EPOCHS, EXTRA, ORDER, Candidate, Context, settings_of
-from .probe import Result
+from trainer.errors import ConfigError
+from trainer.measure.time_to_target import resolve_target, to_target_interval
+from trainer.report import SEEDED_REPEATS, speedup_interval
+from trainer.tune.candidates import EPOCHS, EXTRA, ORDER, Candidate, Context, settings_of
+from trainer.tune.probe import Result
 
 log = logging.getLogger("trainer.tune")
 

@@ -25,8 +25,8 @@ from typing import Tuple
 import torch
 import torch.nn.functional as F
 
-from . import memory
-from .optimizers import build_optimizer
+from trainer.measure import memory
+from trainer.models.optimizers import build_optimizer
 
 log = logging.getLogger(__name__)
 

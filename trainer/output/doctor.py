@@ -214,7 +214,7 @@ def _transfer_advice(transfer: float, h2d_share: Optional[float], cuda: bool, da
 
 
 def _reads_object_store(data: Dict[str, Any]) -> bool:
-    from .data.storage import is_remote
+    from trainer.data.storage import is_remote
 
     return (
         data.get("name") in ("imagefolder", "packed", "parquet", "webdataset")
@@ -240,7 +240,7 @@ def decode_suggestions(data: Dict[str, Any], cuda: bool) -> List[str]:
     files = data.get("name") in ("imagefolder", "builtin", "imagenette")  # nvjpeg decodes image files (not shard bytes)
     if data.get("loader") == "dali":  # DALI decodes with its own decoder (nvJPEG on a GPU) and reads only files
         return []
-    from .data.dali import installed
+    from trainer.data.dali import installed
 
     out = ["data.loader=dali"] if files and installed() else []  # decode and crop in DALI's own threads
     if cuda and files and data.get("decoder") != "nvjpeg":

@@ -34,7 +34,9 @@ def resume_if_requeued(cfg, out_dir: str) -> bool:
     restarts = restart_count()
     if not restarts:
         return False
-    from .checkpointing import checkpoint_candidates  # (Lightning: not imported by a launcher that trains nothing)
+    from trainer.launch.checkpointing import (
+        checkpoint_candidates,  # (Lightning: not imported by a launcher that trains nothing)
+    )
 
     if checkpoint_candidates(out_dir):
         # its own progress, also when it was first started from a given ckpt_path=<file>: else
@@ -74,7 +76,7 @@ def leave_for_requeue(result) -> None:
     attempt's result, which ends the sweep's wait before the requeued job has run; so the process
     leaves without one (as submitit's own SIGTERM handling intends), and the requeued job's result
     is the one the sweep gets. A cancelled job returns: its failed row is its result."""
-    from .checkpointing import PREEMPTED_EXIT_CODE
+    from trainer.launch.checkpointing import PREEMPTED_EXIT_CODE
 
     if not (
         result.get("preempted")

@@ -13,7 +13,7 @@
   checkpoint, so augmentation and dropout continue as if never interrupted.
 - ``PreemptionCallback``: SIGTERM/SIGUSR1 (what SLURM and cloud schedulers send) and Ctrl-C save
   last.ckpt at a training-step boundary (with several ranks, the one step they agree on:
-  ``trainer.stop_agreement``) and stop cleanly; ``trainer.cli`` then exits with
+  ``trainer.launch.stop_agreement``) and stop cleanly; ``trainer.cli`` then exits with
   ``PREEMPTED_EXIT_CODE`` (a local sweep stops as a whole: ``trainer.sweep``).
 """
 
@@ -33,8 +33,8 @@ import pytorch_lightning as pl
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from .errors import ConfigError
-from .stopping import PREEMPTED_EXIT_CODE  # noqa: F401  (the run's exit code after a stop: resume with ckpt_path=last)
+from trainer.errors import ConfigError
+from trainer.launch.stopping import PREEMPTED_EXIT_CODE  # noqa: F401  (the run's exit code after a stop: resume with ckpt_path=last)
 
 log = logging.getLogger(__name__)
 
@@ -291,10 +291,10 @@ def _tuples(value):
 
 
 class PreemptionCallback(pl.Callback):
-    """Checkpoint at a training-step boundary after SIGTERM, SIGUSR1 or Ctrl-C (``trainer.stopping``),
+    """Checkpoint at a training-step boundary after SIGTERM, SIGUSR1 or Ctrl-C (``trainer.launch.stopping``),
     then stop at once (the run's status says preempted; exit code 75).
 
-    With several ranks, every rank stops at the one step they agree on (``trainer.stop_agreement``),
+    With several ranks, every rank stops at the one step they agree on (``trainer.launch.stop_agreement``),
     whichever rank was signalled and when, and they save last.ckpt together. Lightning's own SIGTERM
     handling (its per-step broadcast, its handler that raises at its own check points) is turned off
     for the fit: a signal during validation or between epochs waits for the next training step's end.
@@ -308,7 +308,7 @@ class PreemptionCallback(pl.Callback):
     CHAINED_ONLY = tuple(s for s in (getattr(signal, "SIGUSR2", None),) if s is not None)
 
     def __init__(self, last_path: str) -> None:
-        from .stop_agreement import StopAgreement
+        from trainer.launch.stop_agreement import StopAgreement
 
         self.last_path = last_path
         self.saved_at_step: Optional[int] = None
@@ -323,7 +323,7 @@ class PreemptionCallback(pl.Callback):
     @property
     def received(self) -> Optional[str]:
         """The signal that stopped the run (the agreed one: possibly another rank's), if one did."""
-        from . import stopping
+        from trainer.launch import stopping
 
         return self._agreed or self._chained or stopping.requested()
 
@@ -332,12 +332,12 @@ class PreemptionCallback(pl.Callback):
         self._signum = signum
 
     def setup(self, trainer, pl_module, stage) -> None:
-        from .stop_agreement import take_over_from_lightning
+        from trainer.launch.stop_agreement import take_over_from_lightning
 
         take_over_from_lightning(trainer)  # before fit installs Lightning's handlers
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        from . import stopping
+        from trainer.launch import stopping
 
         # ours for the whole fit (Lightning's are turned off); from here a stop waits for a step boundary
         self._installed = stopping.install()
@@ -362,7 +362,7 @@ class PreemptionCallback(pl.Callback):
         )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        from . import stopping
+        from trainer.launch import stopping
 
         if self.saved_at_step is not None:
             return
@@ -406,7 +406,7 @@ class PreemptionCallback(pl.Callback):
         self._restore()
 
     def _restore(self) -> None:
-        from . import stopping
+        from trainer.launch import stopping
 
         for s, previous in self._previous.items():
             signal.signal(s, previous)

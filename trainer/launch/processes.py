@@ -29,7 +29,11 @@ import sys
 import time
 from typing import List
 
-from .rank import is_launched_rank
+from trainer.rank import is_launched_rank
+
+# Set for the processes a sweep job launches (its ranks, or a child for runtime.allocator): the
+# sweep's own process prints the job's status line, so they stay as quiet as a sweep job (console.set_sweep).
+QUIET_ENV = "TRAINER_QUIET_CONSOLE"
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +100,7 @@ def allocator_loaded() -> str:
 
 def allocator_env(cfg) -> dict:
     """Environment that preloads runtime.allocator (empty when it is already loaded or default)."""
-    from .errors import ConfigError
+    from trainer.errors import ConfigError
 
     name = cfg.runtime.allocator
     if name == "default" or allocator_loaded() == name:
@@ -174,15 +178,14 @@ def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False) -> int:
 
     ``quiet``: a sweep's job; its processes keep the console to warnings and errors.
     """
-    from .console import QUIET_ENV
-    from .paths import ROOT
+    from trainer.paths import ROOT
 
     kept = [
         o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir", "hydra.sweep.dir", "hydra.job.num"))
     ]
     job = [str(ROOT / "train.py"), *kept, f"hydra.run.dir={out_dir}"]
     if launches_ranks(cfg):
-        from .torchrun import FIRST_FAILURE
+        from trainer.launch.torchrun import FIRST_FAILURE
 
         nproc = processes_per_node(cfg)
         stale = os.path.join(out_dir, "ranks", FIRST_FAILURE)  # an earlier launch's (this one resumes it)
@@ -218,7 +221,8 @@ def _preempted_code(code: int, out_dir: str, started: float) -> int:
     """A stop signal's exit code as one process gives it: 75 once the ranks saved. torchrun's agent,
     signalled itself, passes the signal to its ranks, waits for them, and exits with 128 + the signal's
     number whether or not they saved; their record (rank 0's metrics.json, written by this launch) says."""
-    from . import metrics, stopping
+    from trainer.launch import stopping
+    from trainer.measure import metrics
 
     name = stopping.requested()
     if not name or code != 128 + int(signal.Signals[name]):
@@ -232,10 +236,10 @@ def _preempted_code(code: int, out_dir: str, started: float) -> int:
 
 
 def _wait_forwarding_stop(proc: subprocess.Popen) -> int:
-    """Wait for the job's processes; a SIGTERM/SIGUSR1 this process gets (``trainer.stopping``) is
+    """Wait for the job's processes; a SIGTERM/SIGUSR1 this process gets (``trainer.launch.stopping``) is
     passed on, so they save and stop too (torchrun passes it to every rank). Ctrl-C in a terminal
     reaches them already (the whole foreground process group gets it)."""
-    from . import stopping
+    from trainer.launch import stopping
 
     forwarded = False
     while True:

@@ -40,7 +40,7 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from trainer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ def apply_activation_checkpointing(module: nn.Module, cfg) -> int:
         return 0
     from torch.utils.checkpoint import checkpoint
 
-    from .models.blocks import repeated_blocks
+    from trainer.models.blocks import repeated_blocks
 
     blocks = repeated_blocks(module)
     if not blocks:

@@ -1,6 +1,6 @@
 """How the ranks of a multi-process run agree on one step to stop at, with no host wait per step.
 
-A stop signal (``trainer.stopping``) reaches each rank on its own clock: Slurm signals each node's
+A stop signal (``trainer.launch.stopping``) reaches each rank on its own clock: Slurm signals each node's
 step, a cloud scheduler's SIGTERM reaches the nodes seconds apart, Ctrl-C reaches one node's
 terminal. A rank that saved as soon as *it* was signalled met the checkpoint's barrier while the
 others, not yet signalled, entered the next step's gradient all-reduce: the job hung. So a rank
@@ -119,7 +119,7 @@ def take_over_from_lightning(trainer) -> None:
             "so that ranks agree on a stop without a host sync per step (trainer/stop_agreement.py). "
             "Use pytorch-lightning 2.6 (pyproject.toml pins it), or update trainer/stop_agreement.py."
         )
-    # the stop signals stay ours for the whole fit (trainer.stopping); Lightning's teardown then has
+    # the stop signals stay ours for the whole fit (trainer.launch.stopping); Lightning's teardown then has
     # nothing of its own to restore
     connector.register_signal_handlers = _no_lightning_handlers(connector)
     trainer.fit_loop.epoch_loop._broadcast_sigterm_tensor = _no_broadcast

@@ -13,7 +13,7 @@ sweep reads between jobs, so a finished job's result is always written.
 Installed for a single run by ``trainer.cli``, for a whole local sweep when it starts (only where
 its jobs run in this process: a Slurm sweep's process just waits, and stops as any process does),
 and during ``fit`` by ``PreemptionCallback``, which also keeps Lightning from installing its own
-SIGTERM handler inside ``fit`` (``trainer.stop_agreement``): a stop is ours alone, everywhere.
+SIGTERM handler inside ``fit`` (``trainer.launch.stop_agreement``): a stop is ours alone, everywhere.
 Nested installs restore what they replaced.
 """
 

@@ -16,8 +16,8 @@ from typing import Any, List
 
 import torch
 
-from .errors import ConfigError
-from .hardware import Hardware
+from trainer.errors import ConfigError
+from trainer.measure.hardware import Hardware
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def resolve(cfg, hw: Hardware) -> Plan:
 def _refuse_with_sharding(cfg) -> None:
     """Flags whose work a sharded strategy cannot do (or would undo): refused before anything is built."""
     if cfg.strategy == "fsdp2":
-        from .models.build import refuse_unsharded_user_module
+        from trainer.models.build import refuse_unsharded_user_module
 
         refuse_unsharded_user_module(cfg)  # a module that cannot be sharded, before its ranks start
     if cfg.strategy == "fsdp2" and cfg.channels_last:
@@ -198,8 +198,8 @@ def build_strategy(cfg, plan: Plan, hw: Hardware, module: torch.nn.Module) -> An
     if cfg.strategy == "fsdp":
         from pytorch_lightning.strategies import FSDPStrategy
 
-        from .model_transforms import fsdp_checkpoint_policy
-        from .models.blocks import repeated_blocks
+        from trainer.models.blocks import repeated_blocks
+        from trainer.switches.model_transforms import fsdp_checkpoint_policy
 
         block_types = {type(b) for b in repeated_blocks(module)}
         return FSDPStrategy(

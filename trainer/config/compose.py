@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .paths import CONFIG_DIR
-from .rank import global_rank
+from trainer.paths import CONFIG_DIR
+from trainer.rank import global_rank
 
 
 def prepare_hydra() -> None:
     """The schema in Hydra's ConfigStore and the resolvers configs/train.yaml uses."""
     from omegaconf import OmegaConf
 
-    from .config import register_schema
+    from trainer.config import register_schema
 
     register_schema()
     rank = str(global_rank())
@@ -35,7 +35,7 @@ SWEEP_KEYS = ("repeats", "repeat_seeds", "report.target_acc", "report.val_per_ep
 
 def flags_help() -> str:
     """``train.py --help``'s list of flags: each key's default, allowed values and help, from the schema."""
-    from .config import CHOICES, OPTIMIZATION_FLAGS, RECIPE_FLAGS, RUN_SETTINGS, SCHEMA_FIELDS, help_text
+    from trainer.config import CHOICES, OPTIMIZATION_FLAGS, RECIPE_FLAGS, RUN_SETTINGS, SCHEMA_FIELDS, help_text
 
     def shown(value: Any) -> str:
         return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
@@ -58,8 +58,8 @@ def flags_help() -> str:
 
 def finish(cfg: Any, overrides: Sequence[str]) -> Any:
     """Hydra's composed config -> the job's config: the scale preset applied, a retargeted model rebuilt."""
-    from .model_config import replace_retargeted_model
-    from .scale import apply_scale
+    from trainer.config.model_config import replace_retargeted_model
+    from trainer.config.scale import apply_scale
 
     overrides = list(overrides)
     return replace_retargeted_model(apply_scale(cfg, overrides), overrides)

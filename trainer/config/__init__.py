@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional
 
-from .errors import ConfigError
+from trainer.errors import ConfigError
 
 # Config groups: selecting one of these is not a value override.
 GROUPS = ("data", "model", "scale", "recipe", "bench", "logger")
@@ -531,7 +531,7 @@ class TrainSchema:
         check=(lambda v: v >= 1, "an integer >= 1 (with -m: how many times to run each configuration)"),
     )
     repeat: int = 0
-    # repeats=N repeat_seeds=true sweeps seed=S,S+1,...,S+N-1 instead of repeat (trainer.cli.expand_repeats)
+    # repeats=N repeat_seeds=true sweeps seed=S,S+1,...,S+N-1 instead of repeat (trainer.command_line.expand_repeats)
     repeat_seeds: bool = key(
         False,
         "with repeats=N: each repeat trains with its own seed (seed, seed+1, ...), so the report's time-to-target "

@@ -14,7 +14,8 @@ import re
 import warnings
 from typing import Any, Dict, Iterable, List, Optional, Set
 
-from .rank import global_rank
+from trainer.launch.processes import QUIET_ENV
+from trainer.rank import global_rank
 
 # Lightning's INFO lines ("GPU available: ...", "TPU available: ...", the LitLogger tip, "Loading
 # `train_dataloader` to estimate ...", "`Trainer.fit` stopped: ...") say nothing a user of this
@@ -28,10 +29,6 @@ _MODEL_SUMMARY_LOGGER = "pytorch_lightning.callbacks.model_summary"
 STATUS_LINE = "trainer_status_line"
 
 _state: Dict[str, Any] = {"sweep": False, "swept_keys": None, "warned": set()}
-
-# Set for the processes a sweep job launches (its ranks, or a child for runtime.allocator): the
-# sweep's own process prints the job's status line, so they stay as quiet as a sweep job.
-QUIET_ENV = "TRAINER_QUIET_CONSOLE"
 
 
 def set_sweep(on: bool, swept_keys: Optional[Iterable[str]] = None) -> None:

@@ -74,7 +74,7 @@ def machine_record() -> dict:
 
 def usable_cores() -> int:
     """CPU cores this run can keep busy: its affinity mask cut to its cgroup's CPU quota (see sysstats)."""
-    from .sysstats import usable_cores as from_affinity_and_quota
+    from trainer.measure.sysstats import usable_cores as from_affinity_and_quota
 
     return from_affinity_and_quota()
 
@@ -114,7 +114,7 @@ def bf16_slowdown(module, image_size: int) -> float:
 def detect(accelerator: str = "auto") -> Hardware:
     import torch
 
-    from . import sysstats
+    from trainer.measure import sysstats
 
     cpus, limit = sysstats.allowed_cpus(), sysstats.cgroup_cpu_limit()  # read once for both
     cores = sysstats.usable_cores(cpus, limit)

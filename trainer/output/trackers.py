@@ -49,9 +49,9 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from omegaconf import OmegaConf
 
-from . import metrics as metrics_mod
-from .errors import ConfigError
-from .rank import global_rank
+from trainer.errors import ConfigError
+from trainer.measure import metrics as metrics_mod
+from trainer.rank import global_rank
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def build(cfg, out_dir: str, overrides: List[str], resuming: bool) -> List[Any]:
     """
     from hydra.utils import instantiate
 
-    from .slurm import restart_count
+    from trainer.launch.slurm import restart_count
 
     entries = OmegaConf.to_container(cfg.get("logger") or {}, resolve=True)
     restart = restart_count()
@@ -668,8 +668,8 @@ def _group_name(sweep_dir: str) -> str:
 def _sweep_of(out_dir: str) -> tuple:
     """(the sweep's trackers.json, the keys it varies) when this job is one of a sweep's (its parent
     dir holds the sweep's plan), else ({}, [])."""
-    from .console import swept_keys
-    from .paths import SWEEP_PLAN
+    from trainer.output.console import swept_keys
+    from trainer.paths import SWEEP_PLAN
 
     parent = os.path.dirname(os.path.abspath(out_dir))
     plan = _read(os.path.join(parent, SWEEP_PLAN))

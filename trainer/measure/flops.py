@@ -14,23 +14,21 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 log = logging.getLogger(__name__)
 
 
-def training_flops_per_sample(cfg) -> Optional[float]:
-    """Forward + backward FLOPs of one sample of ``cfg``'s model, or None where they cannot be counted."""
+def training_flops_per_sample(build_model: Callable[[], Any], size: int) -> Optional[float]:
+    """Forward + backward FLOPs of one ``size`` x ``size`` sample of the model ``build_model()`` builds (the
+    run's own builder: measuring builds no model of its), or None where they cannot be counted."""
     import torch
     from lightning_fabric.utilities.throughput import measure_flops
 
-    from .models import build_module
-
-    size = cfg.data.image_size
     batch = 2  # not 1: BatchNorm in training mode refuses one value per channel (ResNet's last 1x1 maps)
     try:
         with torch.device("meta"):
-            module = build_module(cfg)
+            module = build_model()
             x = torch.empty(batch, 3, size, size)
         return float(measure_flops(module, lambda: module(x), lambda y: y.float().sum())) / batch
     except Exception as e:  # a model that cannot be built or run on meta (loads files, no forward, ...)
