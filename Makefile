@@ -38,7 +38,9 @@ test: setup $(SERVER_VENV)/.installed
 test-fast: setup
 	$(PY) -m pytest -q -n 2 -m "not slow and not whole_machine"
 
-# Style, as CI checks it (pyproject.toml's [tool.ruff]); `$(VENV)/bin/ruff format .` fixes the layout.
+# Style and the package's layers, as CI checks them (pyproject.toml's [tool.ruff] and [tool.importlinter]);
+# `$(VENV)/bin/ruff format .` fixes the layout.
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports

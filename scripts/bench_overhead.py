@@ -62,7 +62,7 @@ TARGET_RATIO = 1.03  # the trainer may cost at most 3% more per epoch than the p
 BUSY_LOAD = 0.5  # a 1-minute load average above this before the start: something else is running
 
 # What both sides train. The trainer gets all of these on its command line, so a change to the
-# config defaults cannot make the two sides drift apart; they match the schema defaults (trainer/config.py) today.
+# config defaults cannot make the two sides drift apart; they match the schema defaults (trainer/config/) today.
 SEED = 42
 IMAGE_SIZE = 32
 BATCH_SIZE = 32
@@ -80,7 +80,7 @@ def plain_loop(epochs: int, batches: int) -> dict:
     """Train like ``train.py`` would, without the framework; return the last epoch's mean loss.
 
     Mirrors the trainer's recipe: synthetic data from the same class and seed, torchvision
-    ResNet-18 (random init), SGD with weight decay on weights only (trainer/optimizers.py's param
+    ResNet-18 (random init), SGD with weight decay on weights only (trainer/models/optimizers.py's param
     groups, torch's default implementation as with optim.fused=auto), a per-step cosine schedule with
     no warm-up, gradients set to None, plain cross-entropy, shuffled batches with drop_last, no
     workers, no validation, no checkpoints.
@@ -100,7 +100,7 @@ def plain_loop(epochs: int, batches: int) -> dict:
 
 
 def plain_training(model, loader, epochs: int) -> float:
-    """The trainer's recipe by hand: SGD with weight decay on weights only (trainer/optimizers.py's
+    """The trainer's recipe by hand: SGD with weight decay on weights only (trainer/models/optimizers.py's
     param groups, torch's default implementation as with optim.fused=auto), a per-step cosine
     schedule with no warm-up, gradients set to None, plain cross-entropy. Returns the last epoch's
     mean training loss (rounded to 5 decimals)."""

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from trainer import report  # noqa: E402
+from trainer.report.render import _fmt  # noqa: E402  (numbers written as the A/B table writes them)
 
 # what each sweep name measures (gpu_check.sh's tables)
 TABLES = {
@@ -157,12 +158,12 @@ def headline(recipe: str, name: str, rows: List[dict], dry_run: bool = False) ->
     if ok:
         best = max(ok, key=lambda r: r["samples_per_s"])
         lines.append(
-            f"fastest row: `{best['bench']}` at {best['samples_per_s']:.0f} samples/s ({report._fmt(best['speedup'], 'speedup')} over the baseline)"
+            f"fastest row: `{best['bench']}` at {best['samples_per_s']:.0f} samples/s ({_fmt(best['speedup'], 'speedup')} over the baseline)"
         )
     if base and every:
         lines.append(
             f"all on vs all off: {every['samples_per_s']:.0f} vs {base['samples_per_s']:.0f} samples/s, "
-            f"{report._fmt(every['speedup'], 'speedup')}; the doctor says `{every['bottleneck']}` with everything on"
+            f"{_fmt(every['speedup'], 'speedup')}; the doctor says `{every['bottleneck']}` with everything on"
         )
     target = {} if dry_run else TARGETS.get(recipe, {})  # a CPU dry run is not read against GPU targets
     if name == "synthetic" and "synthetic_samples_per_s" in target and ok:
@@ -180,7 +181,7 @@ def headline(recipe: str, name: str, rows: List[dict], dry_run: bool = False) ->
         goal = target["jpeg_samples_per_s"]
         lines.append(
             f"target {goal:,} img/s end to end with everything on: {'reached' if every['samples_per_s'] >= goal else 'not reached'} "
-            f"({every['samples_per_s']:,.0f} img/s; data wait {report._fmt(every['data_wait_fraction'])}, transfer {report._fmt(every['transfer_fraction'])})"
+            f"({every['samples_per_s']:,.0f} img/s; data wait {_fmt(every['data_wait_fraction'])}, transfer {_fmt(every['transfer_fraction'])})"
         )
     best = max(ok, key=lambda r: r["samples_per_s"]) if ok else None
     if best and best.get("mfu") is not None:
@@ -290,9 +291,9 @@ def summary(paths: List[Path]) -> List[str]:
             )
             lines.append(
                 f"{r['recipe']} / {name}: best `{best['bench']}` {best['samples_per_s']:.0f} samples/s, "
-                f"{report._fmt(best['speedup'], 'speedup')} over baseline"
+                f"{_fmt(best['speedup'], 'speedup')} over baseline"
                 + (f" [{best['speedup_ci']}]" if best.get("speedup_ci") else "")
-                + f", MFU {mfu}, data wait {report._fmt(best['data_wait_fraction'])}, transfer {report._fmt(best['transfer_fraction'])}"
+                + f", MFU {mfu}, data wait {_fmt(best['data_wait_fraction'])}, transfer {_fmt(best['transfer_fraction'])}"
                 + (f"; all on vs off {table['all_vs_baseline']:.2f}x" if table.get("all_vs_baseline") else "")
             )
             lines.append(f"  doctor ({best['bench']}): {best.get('verdict') or '-'}")

@@ -106,9 +106,9 @@ def train(tmp_path, compose):
 def add_callbacks(monkeypatch):
     """``add_callbacks(cb, ..., first=False)``: every run of this test gets these callbacks too (after the
     trainer's own, or before them with ``first=True``), through the one place callbacks are built."""
-    from trainer import run as run_mod
+    from trainer.run import build as run_build  # where the job looks build_callbacks up
 
-    real = run_mod.build_callbacks
+    real = run_build.build_callbacks
 
     def _add(*callbacks, first: bool = False) -> None:
         def with_callbacks(parts):
@@ -116,7 +116,7 @@ def add_callbacks(monkeypatch):
             found.all = [*callbacks, *found.all] if first else [*found.all, *callbacks]
             return found
 
-        monkeypatch.setattr(run_mod, "build_callbacks", with_callbacks)
+        monkeypatch.setattr(run_build, "build_callbacks", with_callbacks)
 
     return _add
 

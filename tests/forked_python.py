@@ -2,7 +2,7 @@
 
 The suite runs ``train.py`` and ``python -m trainer....`` a hundred times and more, and importing torch,
 torchvision and the torchmetrics Lightning pulls in took most of a short test's time. ``run_python``
-forks each command from the product's preloaded server (``trainer/preloaded.py``, which the tuner's
+forks each command from the product's preloaded server (``trainer/launch/preloaded.py``, which the tuner's
 probes use too; it says what a forked command gets and what it cannot), under the tests' own rule,
 stricter than the product's: a command whose environment differs from the server's in anything but
 ``RUNTIME_ENV`` (variables read while running) runs in a fresh interpreter, as does every command

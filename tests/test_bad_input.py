@@ -146,13 +146,13 @@ def test_a_recipe_with_a_yaml_error_names_the_file_and_line(tmp_path, monkeypatc
     import shutil
     import sys
 
-    from trainer import cli
+    from trainer import cli, command_line
 
     recipes = tmp_path / "recipes"
     shutil.copytree(ROOT / "recipes", recipes)
     broken = recipes / "broken.yaml"
     broken.write_text("data:\n  image_size: [32\n")
-    monkeypatch.setattr(cli, "RECIPE_DIR", recipes)
+    monkeypatch.setattr(command_line, "RECIPE_DIR", recipes)  # where the recipes are listed and parsed
     monkeypatch.setattr(sys, "argv", ["train.py", "+recipe=broken", f"hydra.run.dir={tmp_path / 'run'}"])
     with pytest.raises(SystemExit) as e:
         cli.main()

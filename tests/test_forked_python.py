@@ -80,7 +80,7 @@ def test_a_forked_command_sees_multiprocessing_as_a_fresh_interpreter_does(tmp_p
 
 
 def test_a_forked_command_dies_with_its_caller(tmp_path):
-    """trainer/preloaded.py's die_with_parent (the tuner's probes): a caller that dies without cleaning up
+    """trainer/launch/preloaded.py's die_with_parent (the tuner's probes): a caller that dies without cleaning up
     (a tune killed with SIGKILL) takes the preloaded server and the command with it, though the
     command inherited the server's "alive" pipe."""
     import os

@@ -222,7 +222,7 @@ def test_seeded_samples_draw_by_epoch_and_index_and_leave_the_process_rngs_as_th
 
     import numpy as np
 
-    from trainer.data.datamodule import SeededSamples
+    from trainer.data.seeding import SeededSamples
 
     epoch = [0]
     data = SeededSamples(_Draws(), seed=7, epoch_of=lambda: epoch[0])

@@ -257,7 +257,7 @@ def test_time_to_target_a_faster_epoch_that_needs_more_epochs_loses_and_a_row_th
     # the written report says how the target was chosen, and the chart gains the curves: read back
     # from the figure write_report saved (its own, passed through unchanged)
     drawn, real_chart = [], report.chart
-    monkeypatch.setattr(report, "chart", lambda *args: drawn.append(real_chart(*args)) or drawn[-1])
+    monkeypatch.setattr("trainer.report.write.chart", lambda *args: drawn.append(real_chart(*args)) or drawn[-1])
     markdown = report.write_report([str(sweep)], str(sweep), echo=False)
     assert "target val_acc 0.890 = the baseline's best 0.900 minus 0.01" in markdown
     assert "| 0.89x (1 run) | - | not judged |" in markdown and (sweep / "ab_report.png").stat().st_size > 0

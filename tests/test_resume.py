@@ -187,7 +187,7 @@ def test_truncated_last_checkpoint_falls_back_to_the_previous_good_one(train, tm
     last.write_bytes(last.read_bytes()[:1000])  # a torn write
     os.utime(last, None)
     from trainer.errors import ConfigError
-    from trainer.launch.checkpointing import resolve_ckpt_path
+    from trainer.launch.checkpoint_files import resolve_ckpt_path
 
     chosen = resolve_ckpt_path("last", str(out))
     assert chosen != str(last) and chosen.endswith(".ckpt")
@@ -199,7 +199,7 @@ def test_truncated_last_checkpoint_falls_back_to_the_previous_good_one(train, tm
 def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     import errno
 
-    from trainer.launch.checkpointing import AtomicCheckpointIO, CheckpointSaveError
+    from trainer.launch.checkpoint_files import AtomicCheckpointIO, CheckpointSaveError
 
     io = AtomicCheckpointIO()
     target = tmp_path / "last.ckpt"

@@ -1,5 +1,5 @@
-"""The code's shape, checked: the config a command composes does not drift, functions stay short
-enough to read (or say why not), and the compiler is called from one place only."""
+"""The code's shape, checked: the config a command composes does not drift, functions and modules stay
+short enough to read (or say why not), and the compiler is called from one place only."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from conftest import ROOT, clean_env
 GOLDEN = Path(__file__).parent / "golden"
 TRAINER = ROOT / "trainer"
 MAX_LINES = 60
+MAX_MODULE_LINES = 400  # a module past this has more than one job, or says in its docstring why not
 WHY_LONGER = "why longer:"
 COMPILE_SITE = ("switches/model_transforms.py", "apply_compile")
 
@@ -124,6 +125,17 @@ def long_functions_without_a_reason(root: Path = TRAINER) -> list:
     return found
 
 
+def long_modules_without_a_reason(root: Path = TRAINER) -> list:
+    """Modules over MAX_MODULE_LINES lines whose docstring has no ``why longer:`` line."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        length = len(text.splitlines())
+        if length > MAX_MODULE_LINES and WHY_LONGER not in (ast.get_docstring(ast.parse(text)) or ""):
+            found.append(f"{path.relative_to(root.parent)} ({length} lines)")
+    return found
+
+
 def _aliases(tree: ast.AST) -> tuple:
     """Names a module binds to ``torch.compile`` and to ``torch._dynamo`` by importing them."""
     compile_names, dynamo_names = set(), set()
@@ -195,6 +207,20 @@ def compile_calls_outside_the_one_place(root: Path = TRAINER) -> list:
 
 def test_no_function_in_trainer_is_over_60_lines_without_saying_why():
     assert long_functions_without_a_reason() == []
+
+
+def test_no_module_in_trainer_is_over_400_lines_without_saying_why():
+    assert long_modules_without_a_reason() == []
+
+
+def test_the_module_check_finds_a_long_module(tmp_path):
+    pkg = tmp_path / "trainer"
+    (pkg / "sub").mkdir(parents=True)
+    body = "\n".join(f"x{i} = {i}" for i in range(MAX_MODULE_LINES))
+    (pkg / "sub" / "long.py").write_text(f'"""Does two things."""\n{body}\n')
+    (pkg / "said.py").write_text(f'"""One table.\n\nwhy longer: the table is one piece.\n"""\n{body}\n')
+    (pkg / "short.py").write_text(f"{body}\n")  # exactly the limit
+    assert long_modules_without_a_reason(pkg) == [f"trainer/sub/long.py ({MAX_MODULE_LINES + 1} lines)"]
 
 
 def test_the_compiler_is_called_only_in_apply_compile():

@@ -201,6 +201,7 @@ import json, sys
 import pytorch_lightning as pl
 from trainer import run as run_mod
 from trainer.config.compose import compose_for_run
+from trainer.run import build as run_build
 
 seen = {}
 
@@ -213,8 +214,8 @@ class Imports(pl.Callback):
         seen.setdefault("after", set(sys.modules))
 
 
-real = run_mod.build_callbacks
-run_mod.build_callbacks = lambda parts: (lambda found: (found.all.append(Imports()), found)[1])(real(parts))
+real = run_build.build_callbacks
+run_build.build_callbacks = lambda parts: (lambda found: (found.all.append(Imports()), found)[1])(real(parts))
 args = sys.argv[2:]
 m = run_mod.run(compose_for_run(args), sys.argv[1], args)
 # the compiler's own modules; not the job's generated code, which Inductor loads as modules under compile_tasks

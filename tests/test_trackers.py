@@ -254,7 +254,7 @@ def test_a_slurm_requeue_before_any_checkpoint_keeps_its_tracker_runs_and_sets_t
     tmp_path, mlflow_server
 ):
     """A job Slurm requeues before its first checkpoint trains again from epoch 0 in its own dir
-    (trainer/slurm.py): it stays one MLflow run and one W&B run, marked as started over; metrics.csv
+    (trainer/launch/slurm.py): it stays one MLflow run and one W&B run, marked as started over; metrics.csv
     starts again with this training, as metrics.json does, and keeps the first attempt's rows beside it."""
     pytest.importorskip("wandb")
     from wandb_records import read_run

@@ -16,6 +16,9 @@ Hydra's basic launcher runs a sweep's jobs one after another in this process. Th
   stopped sweep of the same overrides (or one whose process died, on this host) is taken up
   again. A job that finished is kept as it is, not trained again; a stopped job resumes from its
   last.ckpt; the rest run. Anything else in a used sweep dir is still refused (``trainer.output.run_dirs``).
+
+why longer: Hydra gives a sweep one callback object; the plan file, the resume of a stopped sweep
+and the stop between jobs are that object's state and read it together.
 """
 
 from __future__ import annotations
@@ -290,7 +293,7 @@ def resume_action(out_dir: str) -> str:
     """In a sweep being finished: ``keep`` a finished job, ``resume`` one stopped with a checkpoint, else ``run``."""
     if not _state["resuming"]:
         return "run"
-    from trainer.launch.checkpointing import checkpoint_candidates
+    from trainer.launch.checkpoint_files import checkpoint_candidates
 
     status = _status(Path(out_dir))
     if status == "ok":
@@ -327,7 +330,7 @@ def finish_stopped(signal_name: str) -> int:
     import shlex
 
     from trainer.launch.stopping import PREEMPTED_EXIT_CODE
-    from trainer.report import write_report
+    from trainer.report.write import write_report
 
     sweep_dir = _state["sweep_dir"]
     if not sweep_dir:
@@ -396,7 +399,7 @@ class SweepCallback(_HydraCallback):
             )
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        from trainer.report import write_report
+        from trainer.report.write import write_report
 
         sweep_dir = config.hydra.sweep.dir
         done(sweep_dir)

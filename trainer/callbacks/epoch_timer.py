@@ -29,6 +29,9 @@ beats a partial one, a newer record beats an older one of the same kind). After 
 Lightning does not call ``on_train_epoch_start``; that epoch is timed from its first batch in this
 process and marked ``partial`` (and ``resumed``), so it never claims time it did not see and stays
 out of the medians. ``on_epoch`` is called on rank 0 after every epoch (the metrics.json journal).
+
+why longer: one callback that sees every epoch's hooks; the timing, the resume history and the
+per-epoch figures it hands the trackers are read from the same clocks.
 """
 
 from __future__ import annotations

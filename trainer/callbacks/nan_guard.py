@@ -78,7 +78,7 @@ class NaNGuard(pl.Callback):
 
     def _last_good(self) -> str:
         if self.checkpoint_dir and os.path.isdir(self.checkpoint_dir):
-            from trainer.launch.checkpointing import checkpoint_candidates
+            from trainer.launch.checkpoint_files import checkpoint_candidates
 
             found = checkpoint_candidates(os.path.dirname(self.checkpoint_dir))
             if found:

@@ -6,7 +6,7 @@ it applies the ``scale=`` preset over the recipe (the command line applied again
 still wins) and rebuilds the model node when ``model._target_`` was pointed at another class.
 ``compose_for_run`` is both steps for callers without ``@hydra.main``. After ``finish`` the config
 changes only where a run resumes (``ckpt_path``: a requeued Slurm job, a stopped sweep's job) and
-for the values a run settles itself (``trainer.run.Parts``).
+for the values a run settles itself (``trainer.run.parts.Parts``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def prepare_hydra() -> None:
     """The schema in Hydra's ConfigStore and the resolvers configs/train.yaml uses."""
     from omegaconf import OmegaConf
 
-    from trainer.config import register_schema
+    from trainer.config.schema import register_schema
 
     register_schema()
     rank = str(global_rank())
@@ -35,7 +35,7 @@ SWEEP_KEYS = ("repeats", "repeat_seeds", "report.target_acc", "report.val_per_ep
 
 def flags_help() -> str:
     """``train.py --help``'s list of flags: each key's default, allowed values and help, from the schema."""
-    from trainer.config import CHOICES, OPTIMIZATION_FLAGS, RECIPE_FLAGS, RUN_SETTINGS, SCHEMA_FIELDS, help_text
+    from trainer.config.tables import CHOICES, OPTIMIZATION_FLAGS, RECIPE_FLAGS, RUN_SETTINGS, SCHEMA_FIELDS, help_text
 
     def shown(value: Any) -> str:
         return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)

@@ -14,7 +14,7 @@ from typing import Iterable
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from trainer.config import GROUPS
+from trainer.config.schema import GROUPS
 
 
 def apply_scale(cfg: DictConfig, cli_overrides: Iterable[str]) -> DictConfig:

@@ -3,116 +3,34 @@
 It also owns how a batch reaches the device: ``data.device_prefetch`` (a side-stream copy one batch
 ahead, ``prefetch``) and ``data.decoder=nvjpeg`` (decode and transform on the device,
 ``device_decode``) both go through ``to_device``.
+
+why longer: Lightning asks one LightningDataModule for every loader; each ``data=`` format's build,
+each loader (torch, DALI, device-resident) and the hand-over to the device are short methods of
+that one object, sharing its state (the datasets, the sampler, the epoch). Its seeds: ``seeding``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import random
 import zlib
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 from trainer.data.augment import Augmentation
 
 # imported here, not lazily: Lightning records the arguments of DataLoader subclasses that exist
 # when it asks for a loader, so that it can re-create them with a distributed sampler
 from trainer.data.prefetch import DevicePrefetchLoader, move_to_device
+from trainer.data.seeding import SeededSamples, own_rngs, sample_seed, seed_rngs
 from trainer.errors import ConfigError
 from trainer.rank import world_size
 
 log = logging.getLogger(__name__)
 
 BLOCK_FORMATS = ("parquet", "webdataset")  # read by blocks (row groups, tar shards) with shards.BlockSampler
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def sample_seed(seed: int, epoch: int, index: int) -> int:
-    """A 64-bit seed of (data seed, epoch, sample index), well mixed: neighbouring samples and epochs
-    get unrelated random streams."""
-    h = _splitmix64(seed & _MASK64)
-    h = _splitmix64(h ^ (epoch & _MASK64))
-    return _splitmix64(h ^ (index & _MASK64))
-
-
-@contextlib.contextmanager
-def own_rngs():
-    """Inside the block the process's RNGs (torch's CPU generator, ``random``, numpy's) are the
-    block's to seed with ``seed_rngs``; after it they are as they were."""
-    import numpy as np
-
-    cpu = torch.default_generator
-    saved = cpu.get_state(), random.getstate(), np.random.get_state()
-    try:
-        yield
-    finally:
-        cpu.set_state(saved[0])
-        random.setstate(saved[1])
-        np.random.set_state(saved[2])
-
-
-def seed_rngs(seed: int) -> None:
-    import numpy as np
-
-    torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that reseeds the CUDA generators too
-    random.seed(seed)
-    np.random.seed(seed & 0xFFFFFFFF)
-
-
-class SeededSamples(Dataset):
-    """The training set with no loader workers: each sample's random augmentation is drawn from a
-    seed of (data seed, epoch, sample index), and the process's RNGs (torch's CPU generator,
-    ``random``, numpy's) are put back as they were after each batch.
-
-    Why: the transforms draw from those global RNGs. In the main process their draws used to follow
-    the process's stream, so what a batch drew depended on everything drawn before it: a mid-epoch
-    resume restored the stream at the checkpoint, but the resumed fit made a new loader iterator
-    (which draws its base seed) before its first batch, and with ``data.device_prefetch`` the
-    producer thread had drawn for the batches it prepared ahead, so the resumed run trained on
-    other crops than the run it continued. A seed per sample makes a batch's draws a function of
-    the data alone: the same after a resume, with or without the prefetch thread, however far
-    ahead it is. Putting the RNGs back keeps the model's own CPU draws apart from the data's.
-    Loader workers each have their own RNGs and are left as they are.
-    """
-
-    def __init__(self, dataset, seed: int, epoch_of) -> None:
-        self.dataset = dataset
-        self.seed = seed
-        self.epoch_of = epoch_of  # () -> the epoch being trained (read at each batch)
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getattr__(self, name):
-        # everything else is the dataset's (classes, sizes, ...); "dataset" itself is not, while unpickling
-        if name == "dataset":
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
-
-    def __getitems__(self, indices):
-        """One batch (the DataLoader's batched fetch): the RNGs are saved and put back once per batch."""
-        epoch = int(self.epoch_of())
-        samples = []
-        with own_rngs():
-            for index in indices:
-                seed_rngs(sample_seed(self.seed, epoch, int(index)))
-                samples.append(self.dataset[index])
-        return samples
-
-    def __getitem__(self, index):
-        return self.__getitems__([index])[0]
 
 
 class ImageDataModule(pl.LightningDataModule):

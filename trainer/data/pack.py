@@ -32,6 +32,9 @@ It never destroys what it did not create: DST must not exist or be an empty fold
 SRC or lie inside it. Everything is written to a temp dir beside DST (marked as ours, with our
 PID), then renamed into place, so an interrupted pack leaves no half-written DST; the only thing a
 later pack removes is such a temp dir whose packing process is gone.
+
+why longer: one command with three output formats that share the source walk, the split and the
+all-or-nothing write; each format's writer is a short function.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ while the host waited, for the copying share of that wait, and its stall on the 
 read once per epoch. A producer that keeps ahead costs neither: the GPU never waited for the batch.
 
 Randomness: with no loader workers the producer thread runs the dataset's random transforms ahead
-of the step. The datamodule seeds them per sample (``datamodule.SeededSamples``: a seed of data
+of the step. The datamodule seeds them per sample (``seeding.SeededSamples``: a seed of data
 seed, epoch and sample index, the process's RNG put back after each batch), so what a batch draws
 does not depend on how far ahead the producer is, and a mid-epoch resume sees the crops the
 uninterrupted run saw. While the producer fetches, the process's CPU generator holds the sample's

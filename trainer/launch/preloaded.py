@@ -137,7 +137,7 @@ def _child(
 
     _leave_the_server(new_session, die_with_parent)
     # the server's imports (torch's, torchvision's, torchmetrics' objects) out of every collection's walk,
-    # as a run freezes what lives before its first job (trainer.run.freeze_long_lived_objects)
+    # as a run freezes what lives before its first job (trainer.run.job.freeze_long_lived_objects)
     gc.freeze()
     # multiprocessing's view of this process as a fresh interpreter has it: the main process, its
     # start method not chosen (a loader's workers fork, as they would, not through the server)

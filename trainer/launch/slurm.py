@@ -5,8 +5,8 @@ requeue``, nor submitit's requeue of a preempted or timed-out job, nor ``sbatch 
 ``ckpt_path=last``. Slurm says that a run is a rerun (``SLURM_RESTART_COUNT`` >= 1), and the run
 dir is the same (the sweep job's, or the batch script's ``outputs/slurm-<job id>``), so the rerun
 resumes from that dir's newest checkpoint, or starts over in it when the first run was stopped
-before it saved one; either way it continues the first run's tracker runs (trainer/trackers.py).
-Nothing else may reuse a dir that holds a run (see trainer/outputs.py).
+before it saved one; either way it continues the first run's tracker runs (trainer/output/trackers/).
+Nothing else may reuse a dir that holds a run (see trainer/output/run_dirs.py).
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ def resume_if_requeued(cfg, out_dir: str) -> bool:
     restarts = restart_count()
     if not restarts:
         return False
-    from trainer.launch.checkpointing import (
-        checkpoint_candidates,  # (Lightning: not imported by a launcher that trains nothing)
-    )
+    # here, not at the top: a launcher that trains nothing does not import torch
+    from trainer.launch.checkpoint_files import checkpoint_candidates
 
     if checkpoint_candidates(out_dir):
         # its own progress, also when it was first started from a given ckpt_path=<file>: else

@@ -116,8 +116,8 @@ def take_over_from_lightning(trainer) -> None:
 
         raise RuntimeError(
             f"pytorch-lightning {pl.__version__} no longer has {', '.join(missing)}, which the trainer turns off "
-            "so that ranks agree on a stop without a host sync per step (trainer/stop_agreement.py). "
-            "Use pytorch-lightning 2.6 (pyproject.toml pins it), or update trainer/stop_agreement.py."
+            "so that ranks agree on a stop without a host sync per step (trainer/launch/stop_agreement.py). "
+            "Use pytorch-lightning 2.6 (pyproject.toml pins it), or update trainer/launch/stop_agreement.py."
         )
     # the stop signals stay ours for the whole fit (trainer.launch.stopping); Lightning's teardown then has
     # nothing of its own to restore

@@ -12,7 +12,7 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 
-from trainer.data.datamodule import sample_seed
+from trainer.data.seeding import sample_seed
 from trainer.models.losses import TrainingLoss
 from trainer.models.optimizers import build_optimizer, build_scheduler
 

@@ -166,7 +166,7 @@ _DROP = re.compile(r"ACCURACY DROP [+-][\d.]+")
 
 
 def ab_table(rows: List[Dict[str, Any]], varied: List[str], base_job: Optional[str], width: int = TABLE_WIDTH) -> str:
-    """The A/B report's rows (``trainer.report.build_rows``) as a plain-text table at most ``width``
+    """The A/B report's rows (``trainer.report.rows.build_rows``) as a plain-text table at most ``width``
     columns wide: the job, its configuration (what differs from the baseline), epoch time and
     speed-up with its interval, val_acc, time to target with its speed-up and interval, and the
     verdict (a failure or an accuracy drop first, then the doctor's bottleneck). A speed-up whose

@@ -40,7 +40,7 @@ def refuse_finished_run_dir(out_dir: str, ckpt_path: Optional[str], key: str = "
     except (OSError, ValueError, AttributeError):
         status = None
     if restart_count() > 0 and status != "ok":
-        return  # a job Slurm requeued before it finished reruns in its own dir (trainer/slurm.py)
+        return  # a job Slurm requeued before it finished reruns in its own dir (trainer/launch/slurm.py)
     if status == "ok":
         held.append("metrics.json of a finished run")
     elif status == "running":

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, List
 
 from trainer.measure.metrics import atomic_write_text
-from trainer.report import NOT_JUDGED, SEEDED_REPEATS, TIMING_ONLY
+from trainer.report.rows import NOT_JUDGED, SEEDED_REPEATS, TIMING_ONLY
 from trainer.tune.search import Outcome, Step
 
 COLUMNS = [

@@ -5,7 +5,7 @@ A probe is ``python -m trainer.cli`` with the user's overrides, the configuratio
 own (a fixed number of steps per epoch, one warm-up epoch, no validation or checkpoints). Each runs
 in a process of its own so that nothing carries over between configurations (a compiled graph, an
 allocator preloaded by re-launch, torch.backends settings): forked from a server that has imported
-torch and nothing of ours (``trainer/preloaded.py``, ``tune.preloaded_probes``), or a fresh
+torch and nothing of ours (``trainer/launch/preloaded.py``, ``tune.preloaded_probes``), or a fresh
 interpreter. It is timed by the same EpochTimer as any run: its metrics.json is the measurement.
 
 The journal (``tune_journal.jsonl``) holds one line per finished probe. The search is a function of
@@ -255,7 +255,7 @@ class Prober:
         """The probe's process, in a session of its own (a timed-out probe is stopped with every process
         it started: loader workers, ranks) that dies with the tuner (a killed tune leaves no run behind
         to slow the next one). ``tune.preloaded_probes``: forked from a server that has imported torch
-        (trainer/preloaded.py: the 3-5 s of imports paid once per tune, not per probe), unless the probe's
+        (trainer/launch/preloaded.py: the 3-5 s of imports paid once per tune, not per probe), unless the probe's
         environment differs in what those imports read; else a fresh ``python``."""
         if self.cfg.get("preloaded_probes", True) and preloaded.forkable(env):
             return preloaded.start(args, os.getcwd(), env, stderr=stderr_path, new_session=True, die_with_parent=True)

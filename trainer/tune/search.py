@@ -24,6 +24,9 @@ own time to it, and each probe trains the same schedule until it reaches the tar
 or to the end, where it is dropped as not reaching it. Reaching the target is the accuracy guard, so
 step 4 is not needed; the search, the second look and the final measurement are the same. The tuner
 says at the start when the budget cannot hold the probes this needs.
+
+why longer: the search is one loop (probe, keep or drop, second look, accuracy check, final
+measurement) over one state; its steps read best as one module.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 from trainer.errors import ConfigError
 from trainer.measure.time_to_target import resolve_target, to_target_interval
-from trainer.report import SEEDED_REPEATS, speedup_interval
+from trainer.report.noise import speedup_interval
+from trainer.report.rows import SEEDED_REPEATS
 from trainer.tune.candidates import EPOCHS, EXTRA, ORDER, Candidate, Context, settings_of
 from trainer.tune.probe import Result
 

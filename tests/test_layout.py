@@ -1,0 +1,142 @@
+"""The package's layout as users and CI rely on it.
+
+Every module path a user is told about (``python -m trainer.X``, a console script, a ``_target_``
+in the README, the docs or the configs, a ``from trainer... import`` in the docs, a ``trainer/...py``
+file named there) resolves; and the layers stated in pyproject.toml's ``[tool.importlinter]`` hold,
+while an import planted against them breaks them (so ``make lint`` can fail).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from trainer.paths import ROOT
+
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+CONFIGS = [*sorted((ROOT / "configs").rglob("*.yaml")), *sorted((ROOT / "recipes").glob("*.yaml"))]
+# the commands whose module paths users run (the README names the first three; the launcher the last)
+COMMANDS = ("trainer.pack", "trainer.report", "trainer.tune", "trainer.torchrun")
+
+_COMMAND = re.compile(r"python -m (trainer[\w.]*)")
+_TARGET = re.compile(r"(?:_target_\s*[:=]|\(\):)\s*['\"]?(trainer\.[\w.]+)")
+_IMPORT = re.compile(r"from (trainer[\w.]*) import (\w+)")
+_FILE = re.compile(r"(?<![\w/])(trainer/[\w/]+\.py)")
+
+
+def _texts(paths):
+    return [(p, p.read_text()) for p in paths]
+
+
+def documented_paths() -> dict:
+    """What the README, docs and configs tell users about: commands, targets, imports, files."""
+    found = {"commands": set(COMMANDS), "targets": set(), "imports": set(), "files": set()}
+    for path, text in _texts(DOCS + CONFIGS):
+        found["commands"] |= set(_COMMAND.findall(text))
+        found["targets"] |= set(_TARGET.findall(text))
+        found["imports"] |= set(_IMPORT.findall(text))
+        if path.suffix == ".md":
+            found["files"] |= set(_FILE.findall(text))
+    found["scripts"] = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"].values())
+    return found
+
+
+def _resolve(dotted: str):
+    """``a.b.C`` -> the object: the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        name = ".".join(parts[:i])
+        try:
+            obj = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name is not None and not name.startswith(e.name):
+                raise  # the module exists but one of its own imports is missing
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def test_the_scan_finds_what_users_are_told():
+    """The patterns below match the documented paths (so the next test cannot pass on an empty scan)."""
+    found = documented_paths()
+    assert {"trainer.examples.MyNet", "trainer.examples.MyLightningModule", "trainer.models.tiny.TinyCNN"} <= found[
+        "targets"
+    ]
+    assert "trainer.sweep.SweepCallback" in found["targets"]  # Hydra's callback, in configs/train.yaml
+    assert {"trainer.pack", "trainer.report", "trainer.tune"} <= found["commands"]
+    assert {"trainer.cli:main", "trainer.report:main", "trainer.pack:main", "trainer.tune.app:main"} <= found["scripts"]
+    assert found["files"], "docs/architecture.md names the modules by file"
+
+
+def test_every_documented_path_resolves():
+    found = documented_paths()
+    missing = []
+    for command in sorted(found["commands"]):
+        spec = importlib.util.find_spec(command)
+        runnable = spec is not None and (
+            spec.submodule_search_locations is None or importlib.util.find_spec(command + ".__main__") is not None
+        )
+        if not runnable:
+            missing.append(f"python -m {command}")
+    for script in sorted(found["scripts"]):
+        module, _, function = script.partition(":")
+        if not callable(getattr(importlib.import_module(module), function, None)):
+            missing.append(f"console script {script}")
+    for target in sorted(found["targets"]):
+        try:
+            _resolve(target)
+        except (ImportError, AttributeError) as e:
+            missing.append(f"_target_ {target} ({e})")
+    for module, name in sorted(found["imports"]):
+        if not hasattr(importlib.import_module(module), name):
+            missing.append(f"from {module} import {name}")
+    for file in sorted(found["files"]):
+        if not (ROOT / file).is_file():
+            missing.append(file)
+    assert missing == []
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """import-linter on the package under ``root``, with the contracts of pyproject.toml (as make lint runs it)."""
+    tool = Path(sys.executable).parent / "lint-imports"
+    if not tool.exists():
+        pytest.skip("import-linter is not installed (pip install -e '.[test]')")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root), "HOME": str(root)}
+    return subprocess.run(
+        [str(tool), "--config", "pyproject.toml", "--no-cache"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_layers_hold():
+    r = _lint_imports(ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "0 broken" in r.stdout
+
+
+def test_an_import_against_the_layers_breaks_them(tmp_path):
+    """The contracts can fail: measuring that imports the entry point, and the tuner importing it back."""
+    shutil.copytree(ROOT / "trainer", tmp_path / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    assert _lint_imports(tmp_path).returncode == 0  # the copy itself is clean
+    metrics = tmp_path / "trainer" / "measure" / "metrics.py"
+    metrics.write_text(
+        metrics.read_text() + "\n\ndef _planted():\n    from trainer.cli import main\n\n    return main\n"
+    )
+    r = _lint_imports(tmp_path)
+    assert r.returncode != 0
+    assert "trainer.measure.metrics -> trainer.cli" in r.stdout, r.stdout[-3000:]

@@ -1,0 +1,14 @@
+"""One training job, from a composed config to its metrics.json: ``run(cfg, out_dir)``.
+
+``job`` is the job's order (build, fit, record, whatever fails), ``parts`` what a job is made of,
+``build`` how each part is made, ``record`` what the job leaves behind. ``trainer.cli`` runs a job
+through ``run`` once per (sweep) job; tests call it in-process with a config composed by ``hydra.compose``.
+
+May use every package below it (``callbacks``, ``output``, ``switches``, ``models``, ``data``,
+``launch``, ``measure``, ``config``, the base modules); never ``cli``, ``sweep``, ``tune`` or ``report``.
+"""
+
+from trainer.run.job import run
+from trainer.run.parts import flags_of
+
+__all__ = ["flags_of", "run"]
