@@ -1,4 +1,10 @@
-"""Models: the LightningModule that trains any image classifier, a tiny CNN, and the builder."""
+"""What is trained: the model built from ``model=`` (``build``), the LightningModule that trains any image
+classifier (``classifier``), its losses and regularization, its optimizers and schedules (``optimizers``),
+and a tiny CNN for tests and the demo (``tiny``; ``trainer.models.tiny.TinyCNN`` is a documented ``_target_``).
+
+May use: ``data`` (the batch mixing and the data's seeds), ``measure``, ``launch``, ``config`` and the
+base modules; never ``switches``, ``output``, ``report``, ``callbacks``, ``run`` or the commands.
+"""
 
 from trainer.models.build import build_module
 
