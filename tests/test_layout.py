@@ -2,8 +2,9 @@
 
 Every module path a user is told about (``python -m trainer.X``, a console script, a ``_target_``
 in the README, the docs or the configs, a ``from trainer... import`` in the docs, a ``trainer/...py``
-file named there) resolves; and the layers stated in pyproject.toml's ``[tool.importlinter]`` hold,
-while an import planted against them breaks them (so ``make lint`` can fail).
+file named there) resolves; the layers stated in pyproject.toml's ``[tool.importlinter]`` hold,
+while an import planted against them breaks them (so ``make lint`` can fail); and the modules that
+answer before a job starts still import no torch.
 """
 
 from __future__ import annotations
@@ -17,14 +18,35 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from trainer.paths import ROOT
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CONFIGS = [*sorted((ROOT / "configs").rglob("*.yaml")), *sorted((ROOT / "recipes").glob("*.yaml"))]
+# the scripts (not their committed results, which record what ran then)
+SCRIPTS = sorted(
+    p for p in (ROOT / "scripts").rglob("*") if p.suffix in (".py", ".sh", ".sbatch") and "results" not in p.parts
+)
 # the commands whose module paths users run (the README names the first three; the launcher the last)
 COMMANDS = ("trainer.pack", "trainer.report", "trainer.tune", "trainer.torchrun")
+# what runs before a job starts (--help, a refused command line, a report, pack's checks): no torch at
+# import, so they answer in well under a second (trainer/__init__.py's docstring names them)
+LIGHT = (
+    "trainer.errors",
+    "trainer.paths",
+    "trainer.rank",
+    "trainer.config",
+    "trainer.measure.metrics",
+    "trainer.output.console",
+    "trainer.output.run_dirs",
+    "trainer.command_line",
+    "trainer.report",
+    "trainer.sweep",
+    "trainer.tune.app",
+    "trainer.cli",
+    "trainer.pack",
+    "trainer.torchrun",
+)
 
 _COMMAND = re.compile(r"python -m (trainer[\w.]*)")
 _TARGET = re.compile(r"(?:_target_\s*[:=]|\(\):)\s*['\"]?(trainer\.[\w.]+)")
@@ -33,18 +55,20 @@ _FILE = re.compile(r"(?<![\w/])(trainer/[\w/]+\.py)")
 
 
 def _texts(paths):
-    return [(p, p.read_text()) for p in paths]
+    return [p.read_text() for p in paths]
 
 
 def documented_paths() -> dict:
     """What the README, docs and configs tell users about: commands, targets, imports, files."""
+    import tomllib  # Python 3.11+: here, so that collecting this file works on 3.10
+
     found = {"commands": set(COMMANDS), "targets": set(), "imports": set(), "files": set()}
-    for path, text in _texts(DOCS + CONFIGS):
+    for text in _texts(DOCS + CONFIGS):
         found["commands"] |= set(_COMMAND.findall(text))
         found["targets"] |= set(_TARGET.findall(text))
         found["imports"] |= set(_IMPORT.findall(text))
-        if path.suffix == ".md":
-            found["files"] |= set(_FILE.findall(text))
+    for text in _texts(DOCS + CONFIGS + SCRIPTS):
+        found["files"] |= set(_FILE.findall(text))
     found["scripts"] = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"].values())
     return found
 
@@ -75,7 +99,7 @@ def test_the_scan_finds_what_users_are_told():
     assert "trainer.sweep.SweepCallback" in found["targets"]  # Hydra's callback, in configs/train.yaml
     assert {"trainer.pack", "trainer.report", "trainer.tune"} <= found["commands"]
     assert {"trainer.cli:main", "trainer.report:main", "trainer.pack:main", "trainer.tune.app:main"} <= found["scripts"]
-    assert found["files"], "docs/architecture.md names the modules by file"
+    assert "trainer/launch/slurm.py" in found["files"]  # named in docs and in scripts/slurm/train.sbatch
 
 
 def test_every_documented_path_resolves():
@@ -129,7 +153,7 @@ def test_the_layers_hold():
 
 
 def test_an_import_against_the_layers_breaks_them(tmp_path):
-    """The contracts can fail: measuring that imports the entry point, and the tuner importing it back."""
+    """The contracts can fail: measuring that imports train.py's entry point is refused."""
     shutil.copytree(ROOT / "trainer", tmp_path / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     assert _lint_imports(tmp_path).returncode == 0  # the copy itself is clean
@@ -140,3 +164,17 @@ def test_an_import_against_the_layers_breaks_them(tmp_path):
     r = _lint_imports(tmp_path)
     assert r.returncode != 0
     assert "trainer.measure.metrics -> trainer.cli" in r.stdout, r.stdout[-3000:]
+
+
+def test_what_answers_before_a_job_imports_no_torch():
+    """Each module in turn, in one fresh interpreter: the first that pulls torch (or Lightning) in is named."""
+    code = (
+        "import importlib, sys\n"
+        f"for name in {LIGHT!r}:\n"
+        "    importlib.import_module(name)\n"
+        "    heavy = sorted({'torch', 'pytorch_lightning'} & set(sys.modules))\n"
+        "    if heavy:\n"
+        "        sys.exit(f'{name} imports {heavy}')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from trainer.data import ImageDataModule
+from trainer.data.datamodule import ImageDataModule
 
 
 def _jpeg_folder(root: Path, classes=("a", "b", "c"), per_class=6, size=40) -> Path:

@@ -1,8 +1,8 @@
 """Lightning callbacks the trainer adds to runs: epoch timing, profiling, system monitor, NaN guard, step
 loss, bad-sample count, stop at an accuracy.
 
-May use every package below ``run`` (``report``, ``output``, ``switches``, ``models``, ``data``, ``launch``,
-``measure``, ``config``, the base modules); never ``run`` or the commands.
+May use every package below ``run`` (``output``, ``switches``, ``models``, ``data``, ``launch``,
+``measure``, ``config``, the base modules); never ``run``, ``report`` or the commands.
 """
 
 from trainer.callbacks.bad_samples import BadSampleCounter

@@ -5,6 +5,6 @@ overwritten), ``trackers`` and ``csv_logger`` hand the run to TensorBoard, MLflo
 ``profile_page`` is the offline profile summary, ``doctor`` says where the time went.
 (A sweep's A/B report, built from many runs' records, is ``trainer.report``.)
 
-May use: ``data``, ``models``, ``launch``, ``measure``, ``config`` and the base modules; never
-``run``, ``cli``, ``sweep``, ``tune``, ``callbacks`` or ``report``.
+May use: ``switches``, ``models``, ``data``, ``launch``, ``measure``, ``config`` and the base modules;
+never ``callbacks``, ``run``, ``report`` or the commands.
 """

@@ -5,7 +5,8 @@
 through ``run`` once per (sweep) job; tests call it in-process with a config composed by ``hydra.compose``.
 
 May use every package below it (``callbacks``, ``output``, ``switches``, ``models``, ``data``,
-``launch``, ``measure``, ``config``, the base modules); never ``cli``, ``sweep``, ``tune`` or ``report``.
+``launch``, ``measure``, ``config``, the base modules); never ``report`` (its sibling layer: a job
+never reads a sweep's report), ``cli``, ``sweep`` or ``tune``.
 """
 
 from trainer.run.job import run

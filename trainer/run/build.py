@@ -73,7 +73,7 @@ def _trackers(parts: Parts) -> None:
 
 def _data_and_model(parts: Parts) -> None:
     """The datamodule (it counts the classes), the model for that many classes, its model-side flags."""
-    from trainer.data import ImageDataModule
+    from trainer.data.datamodule import ImageDataModule
     from trainer.launch.processes import processes_per_node
     from trainer.models import build_module
     from trainer.models.build import check_user_module, user_lightning_module_class

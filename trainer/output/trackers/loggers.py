@@ -28,7 +28,7 @@ from trainer.measure import metrics as metrics_mod
 from trainer.output.trackers.redaction import _redacted_argv, redact_text
 from trainer.rank import global_rank
 
-log = logging.getLogger("trainer.output.trackers")  # the package's one logger: train.log names it as before
+log = logging.getLogger("trainer.output.trackers")  # the package's one logger, whichever of its modules logs
 
 STATE = "trackers.json"  # in a run dir: its tracker runs; in a sweep dir: the sweep's parent run and group
 PACKAGES = {"mlflow": "mlflow", "wandb": "wandb"}  # the trackers whose package is an optional extra

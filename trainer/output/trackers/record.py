@@ -25,7 +25,7 @@ from trainer.output.trackers.loggers import _kind, _target_of
 from trainer.output.trackers.redaction import _uploads, redact, redact_text
 from trainer.rank import global_rank
 
-log = logging.getLogger("trainer.output.trackers")  # the package's one logger: train.log names it as before
+log = logging.getLogger("trainer.output.trackers")  # the package's one logger, whichever of its modules logs
 
 # the run's files a tracker keeps beside its numbers (those that exist when the job ends)
 ARTIFACTS = ("metrics.json", ".hydra/config.yaml", "profiler/summary.html", "profiler/breakdown.png")

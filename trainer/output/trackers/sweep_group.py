@@ -23,7 +23,7 @@ from trainer.output.trackers.loggers import NO_SERVER, STATE, _fail_fast_mlflow,
 from trainer.output.trackers.record import _mlflow_artifacts, _wandb_files
 from trainer.output.trackers.redaction import _redacted_argv, redact_text
 
-log = logging.getLogger("trainer.output.trackers")  # the package's one logger: train.log names it as before
+log = logging.getLogger("trainer.output.trackers")  # the package's one logger, whichever of its modules logs
 
 REPORT_FILES = ("ab_report.md", "ab_report.csv", "ab_report.png")
 
