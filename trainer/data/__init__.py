@@ -4,6 +4,17 @@ samplers, the data's seeds, DALI, and ``pack`` (the converter behind ``python -m
 May use: ``launch``, ``measure`` (what the machine is: ``data.auto_workers``), ``config`` and the base
 modules; never ``models``, ``switches``, ``output``, ``report``, ``callbacks``, ``run`` or the commands.
 
-This file imports nothing: ``python -m trainer.pack``, ``data.storage`` and ``dali.installed`` are used
-before torch is (the datamodule is ``trainer.data.datamodule.ImageDataModule``).
+``ImageDataModule`` is imported from here when first asked for, not with the package: ``python -m
+trainer.pack``, ``data.storage`` and ``dali.installed`` are used before torch is, and the datamodule
+imports torch and Lightning.
 """
+
+__all__ = ["ImageDataModule"]
+
+
+def __getattr__(name: str):
+    if name == "ImageDataModule":
+        from trainer.data.datamodule import ImageDataModule
+
+        return ImageDataModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
