@@ -144,6 +144,7 @@ def _cpu_reading(proc) -> dict:
 
     try:
         threads = proc.threads()
+        own = proc.cpu_times()  # the whole process: every thread, also those that have ended since
         children = proc.children(recursive=True)
     except psutil.Error:
         return {}
@@ -154,9 +155,12 @@ def _cpu_reading(proc) -> dict:
             workers[child.pid] = times.user + times.system
         except psutil.Error:
             pass
+    main = sum(t.user_time + t.system_time for t in threads if t.id == proc.pid)
     return {
-        "main_thread": sum(t.user_time + t.system_time for t in threads if t.id == proc.pid),
-        "other_threads": sum(t.user_time + t.system_time for t in threads if t.id != proc.pid),
+        "main_thread": main,
+        # the process's total less its main thread, not the sum over the threads alive now: a thread
+        # that ended between two readings (a pool torch rebuilt, a short-lived helper) keeps its CPU
+        "other_threads": max(0.0, own.user + own.system - main),
         "workers": workers,
         "threads": len(threads),
     }
