@@ -7,9 +7,9 @@ pyproject.toml's ``[tool.importlinter]`` states the layers and ``make lint`` che
   around a multirun), with ``command_line`` (the command line checked before Hydra composes);
   ``pack`` and ``torchrun`` are the documented paths of ``trainer.data.pack`` and
   ``trainer.launch.torchrun``; ``examples`` holds the ``_target_`` examples the README shows;
-- ``run``: one training job (build the parts, fit, record);
+- ``run``: one training job (build the parts, fit, record); beside it ``report``, the A/B report a
+  sweep ends with (python -m trainer.report), which a job never reads;
 - ``callbacks``: the Lightning callbacks a job adds;
-- ``report``: the A/B report a sweep ends with (python -m trainer.report);
 - ``output``: what a run leaves for the user (console, output dirs, trackers, profile page, doctor);
 - ``switches``: where the optimization flags become Lightning's arguments and model changes;
 - ``models`` and ``data``: what is trained, on what;
