@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from trainer.launch.processes import process_alive
 from trainer.paths import SWEEP_PLAN
 from trainer.rank import is_launched_rank
 
@@ -96,16 +97,6 @@ def _write(sweep_dir: str, plan: Dict[str, Any]) -> None:
     atomic_write_text(Path(sweep_dir, PLAN), json.dumps(plan, indent=1) + "\n")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def resumable(sweep_dir: str, task_overrides: List[str]) -> Optional[str]:
     """Why this sweep dir may be taken up again by a sweep of ``task_overrides`` (None: it may not)."""
     plan = _read(sweep_dir)
@@ -116,7 +107,7 @@ def resumable(sweep_dir: str, task_overrides: List[str]) -> Optional[str]:
     if (
         plan.get("state") == "running"
         and plan.get("host") == socket.gethostname()
-        and not _alive(int(plan.get("pid") or 0))
+        and not process_alive(int(plan.get("pid") or 0))
     ):
         return "its process ended without finishing it"
     return None

@@ -49,6 +49,8 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Optional
 
+from trainer.launch.processes import process_alive
+
 FORMAT = 1
 TEMP_PREFIX = ".pack-"
 MARKER = ".trainer-pack-in-progress"  # inside our temp dir: "host pid" of the packing process
@@ -93,18 +95,8 @@ def _remove_stale_temp_dirs(parent: Path) -> None:
             pid = int(pid)
         except (OSError, ValueError):
             continue  # not ours (no readable marker): never touched
-        if host == socket.gethostname() and not _alive(pid):  # another host's pack may still be running
+        if host == socket.gethostname() and not process_alive(pid):  # another host's pack may still be running
             shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _image_folder(path: Path):

@@ -40,6 +40,19 @@ log = logging.getLogger(__name__)
 DISTRIBUTED = ("ddp", "fsdp", "fsdp2")
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs on this host (one we may not signal counts as running).
+
+    Used before taking over what a process left behind: a sweep's plan, a pack's temp dir."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def inside_launcher() -> bool:
     """True when some launcher (torchrun, SLURM srun, Lightning) already started this process as a rank."""
     if is_launched_rank() or "TORCHELASTIC_RUN_ID" in os.environ:
