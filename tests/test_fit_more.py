@@ -126,6 +126,38 @@ def test_auto_is_fused_under_fp16_loss_scaling_on_a_gpu(compose):
         )  # asked for: kept
 
 
+def test_fused_sgd_under_a_loss_scaler_survives_a_skipped_first_step(compose):
+    """fp16's first steps usually overflow and the scaler skips them; the fused kernel then writes
+    nothing, and torch had made its momentum buffers with empty_like: the next step read whatever
+    memory they held as momentum (NaN weights within ten steps on an H100). The skipped step must
+    leave everything as it was, and the first real one must be the stock SGD update."""
+    from trainer.models.optimizers import build_optimizer
+
+    cfg = compose("optim.name=sgd", "optim.weight_decay=0").optim
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 256)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = build_optimizer(model, cfg, loss_scaled_on_cuda=True)
+    assert opt.defaults["fused"] is True
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(torch.ones(()))  # the scale is made at the first loss scaled, as in a training step
+    for _ in range(4):  # freed memory full of NaN, for new buffers to be given
+        junk = [torch.full_like(p, float("nan")) for p in model.parameters()]
+        del junk
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float("inf"))
+    scaler.step(opt)  # overflow: skipped
+    scaler.update()
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    grads = [torch.randn_like(p) for p in model.parameters()]
+    for p, g in zip(model.parameters(), grads):
+        p.grad = g * scaler.get_scale()
+    scaler.step(opt)
+    scaler.update()
+    for p, b, g in zip(model.parameters(), before, grads):
+        torch.testing.assert_close(p.detach(), b - cfg.lr * g)  # the first step's momentum is the gradient itself
+
+
 def test_fused_falls_back_with_a_message(compose, caplog):
     from trainer.models.optimizers import build_optimizer
 

@@ -77,6 +77,28 @@ def _check_fused(groups) -> None:
             _device_dtype_check_for_fused(p)
 
 
+def _zero_momentum_for_fused_sgd(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Fused SGD with momentum: start every momentum buffer at zero, before the first step.
+
+    torch's fused SGD makes its buffers with ``torch.empty_like`` at the first step and relies on
+    the kernel to fill them (``buf = grad`` on that step); under a loss scaler the kernel returns
+    without writing anything when the gradients overflowed, which fp16's first steps at scale 65536
+    usually do. The buffers then hold whatever memory they were given, and the next step reads it
+    as momentum: NaN weights (a ResNet-50 fp16 run on an H100 stopped at a NaN loss within ten steps).
+    Zeros give the first real step exactly the stock update: ``momentum * 0 + (1 - dampening) *
+    grad`` is ``grad`` with no dampening (this trainer never sets one). See also
+    LibreYOLO/libreyolo#771.
+    """
+    for group in optimizer.param_groups:
+        if not group.get("fused") or not group.get("momentum"):
+            continue
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return optimizer
+
+
 def build_optimizer(model: torch.nn.Module, cfg, loss_scaled_on_cuda: bool = False) -> torch.optim.Optimizer:
     groups = param_groups(model, cfg.weight_decay, cfg.get("norm_weight_decay", 0.0), cfg.get("bias_weight_decay", 0.0))
     if cfg.name == "sgd":
@@ -103,7 +125,7 @@ def build_optimizer(model: torch.nn.Module, cfg, loss_scaled_on_cuda: bool = Fal
     try:
         if impl.get("fused"):
             _check_fused(groups)
-        return cls(groups, **kwargs, **impl)
+        return _zero_momentum_for_fused_sgd(cls(groups, **kwargs, **impl))
     except (RuntimeError, ValueError) as e:
         if not impl.get("fused"):
             raise
