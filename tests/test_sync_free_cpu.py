@@ -77,3 +77,21 @@ def test_a_planted_per_step_item_is_caught(train, add_callbacks, monkeypatch):
     finally:
         guard.restore()
     assert guard.checked_steps == 1  # caught in the first checked step
+
+
+def test_a_nan_found_inside_the_steady_steps_stops_the_run_without_a_host_read(train, add_callbacks, clear_spies):
+    """NaNGuard stops with the values its deferred read brought to the host: reading its device record
+    there again would wait for the GPU (an fp16 run on an H100 died of that sync instead of the NaN)."""
+    from trainer.errors import TrainingStopped
+
+    guard = HostReadGuard()
+    add_callbacks(guard, first=True)
+    try:
+        with pytest.raises(TrainingStopped, match=r"non-finite training loss \(nan\) at step 10;"):
+            train(
+                "on_nan=stop", "model._target_=spies.ProbeNet", "~model.width", "+model.nan_after=10",
+                "trainer.log_every_n_steps=1", "trainer.max_epochs=2",
+            )  # fmt: skip
+    finally:
+        guard.restore()
+    assert guard.checked_steps >= 2  # the NaN came, and was found, inside the checked (second) epoch

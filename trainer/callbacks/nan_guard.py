@@ -37,6 +37,7 @@ class NaNGuard(pl.Callback):
         self._first_bad: torch.Tensor | None = None  # on the device: -1, or the first non-finite step
         self._bad_value: torch.Tensor | None = None
         self._reads = HostReads()
+        self._arrived_bad_value = float("nan")
 
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
         if self.mode != "stop":
@@ -49,10 +50,13 @@ class NaNGuard(pl.Callback):
         self._first_bad = torch.where(newly_bad, torch.full_like(self._first_bad, trainer.global_step), self._first_bad)
         self._bad_value = torch.where(newly_bad, loss, self._bad_value)
         if (trainer.global_step + 1) % max(1, trainer.log_every_n_steps) == 0:
+            self._reads.push("bad_value", self._bad_value)  # arrives before first_bad: pushed first
             self._reads.push("first_bad", self._first_bad)
-        for _, step in self._reads.ready():  # copies asked for earlier that have arrived
-            if step >= 0:
-                self._raise_if_bad(trainer)
+        for tag, value in self._reads.ready():  # copies asked for earlier that have arrived
+            if tag == "bad_value":
+                self._arrived_bad_value = value
+            elif value >= 0:  # stopped with the values that arrived: reading the device here would wait for it
+                self._stop(int(value), self._arrived_bad_value)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.mode == "skip" and not outputs:  # training_step returned None: no backward, no step
@@ -66,15 +70,19 @@ class NaNGuard(pl.Callback):
         self._raise_if_bad(trainer)
 
     def _raise_if_bad(self, trainer) -> None:
+        """Read the record outright (a device sync): at epoch end and before a checkpoint save only."""
         if self._first_bad is None:
             return
         step = int(self._first_bad)
         if step >= 0:
-            raise TrainingStopped(
-                f"non-finite training loss ({float(self._bad_value)}) at step {step}; stopped instead of training on "
-                f"garbage (on_nan=stop). Last good checkpoint: {self._last_good()}. Try a lower optim.lr, gradient "
-                "clipping (trainer.gradient_clip_val=1.0), amp_dtype=bf16, or on_nan=skip."
-            )
+            self._stop(step, float(self._bad_value))
+
+    def _stop(self, step: int, value: float) -> None:
+        raise TrainingStopped(
+            f"non-finite training loss ({value}) at step {step}; stopped instead of training on "
+            f"garbage (on_nan=stop). Last good checkpoint: {self._last_good()}. Try a lower optim.lr, gradient "
+            "clipping (trainer.gradient_clip_val=1.0), amp_dtype=bf16, or on_nan=skip."
+        )
 
     def _last_good(self) -> str:
         if self.checkpoint_dir and os.path.isdir(self.checkpoint_dir):
