@@ -455,6 +455,39 @@ def test_nvjpeg_decode_overlaps_the_step_with_device_prefetch(train, compose, tm
     )
 
 
+def test_nvjpeg_never_writes_into_memory_the_compute_stream_still_reads():
+    """torchvision's decoder allocates its outputs on the caller's stream and writes them from a stream
+    of its own that does not wait for the caller's: blocks freed while kernels queued on the compute
+    stream still read them were handed to it and overwritten (a NaN loss in the fp32 nvjpeg row on an
+    H100). Victim tensors of the decoded images' size are read by kernels queued behind a long stall
+    and freed before the decode: their sums must come out as written."""
+    from torchvision.io import encode_jpeg
+
+    from trainer.data.device_decode import DeviceDecoder, EncodedBatch
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    side = 128
+    n = 8
+    encoded = [encode_jpeg(torch.randint(0, 256, (3, side, side), dtype=torch.uint8), quality=90) for _ in range(n)]
+    batch = EncodedBatch(encoded, torch.arange(n), [f"{i}.jpg" for i in range(n)], train=True)
+    decoder = DeviceDecoder(transform=lambda image: image)
+    a = torch.randn(4096, 4096, device=device)
+    c = torch.empty_like(a)
+    wrong = 0
+    for _ in range(10):
+        victims = [torch.full((3 * side * side // 4,), 1.0, device=device) for _ in range(2 * n)]  # the images' bytes
+        torch.cuda.synchronize(device)
+        for _ in range(20):  # tens of ms of work queued ahead of the reads
+            torch.mm(a, a, out=c)
+        sums = torch.stack([v.sum() for v in victims])  # queued behind the stall, on the same stream
+        del victims  # their blocks are free on the compute stream while those reads still wait
+        x, _ = decoder(batch, device)
+        torch.cuda.synchronize(device)
+        wrong += int((sums != 3 * side * side // 4).sum())
+        assert x.shape == (n, 3, side, side)
+    assert wrong == 0, f"{wrong} of {10 * 2 * n} sums read memory the decoder wrote"
+
+
 @pytest.mark.parametrize("busy", [False, True], ids=["gpu-idle", "gpu-busy"])
 def test_prefetch_transfer_counts_only_the_time_the_gpu_waited_for_its_batch(busy):
     """A producer whose copy takes 10 ms of host time per batch: with light steps the GPU idles while

@@ -8,14 +8,31 @@ then run on each decoded image on the device, and the stacked uint8 batch is nor
 datamodule's ``on_after_batch_transfer``, as with ``data.gpu_normalize``. Files that are not JPEG (PNG,
 ...) are decoded in the workers and join the batch already decoded.
 
+Where nvJPEG may write: torchvision's CUDA decoder allocates its output tensors while the caller's
+stream is current, then decodes on a private stream of its own that never waits for the caller's
+stream (and nvJPEG's hardware engine writes its outputs without regard to stream order anyway). The
+caching allocator hands out a block as soon as it is freed on the stream that owns it, since later
+use on that stream is ordered after the earlier; so in the step loop the decoder was given blocks
+that kernels already queued on the compute stream were still to read (the last step's activations),
+and overwrote them: the fp32 ``data.decoder=nvjpeg`` row of the ResNet-50 table on an H100 died of a
+NaN loss at its seventh step, while the same data decoded on the CPU trained. The upstream reports:
+pytorch/vision#9606 (corrupted sums in 199 of 200 tries on an H100), meta-pytorch/torchcodec#1634.
+So the decode runs with a stream of its own current (``decode_stream``, one per device, on which
+nothing else runs and nothing but the decoder's outputs is allocated): a block in its pool was freed
+only after every stream that read it had passed that point, because each decoded image is
+``record_stream``-ed onto the stream that consumes it; the consumer then waits for the decode on the
+device (``wait_stream``), so the host never does.
+
 Everything here also runs with ``device="cpu"`` (torchvision's CPU decoder): that is how it is
 tested on machines without a GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import List, Optional
+import threading
+from typing import Dict, List, Optional
 
 import torch
 
@@ -24,6 +41,38 @@ from trainer.data.decoders import Loader
 log = logging.getLogger(__name__)
 
 JPEG_MAGIC = b"\xff\xd8"
+
+_DECODE_STREAMS: Dict[int, "torch.cuda.Stream"] = {}
+_DECODE_LOCK = threading.Lock()
+
+
+def decode_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The process's one stream for ``device`` that is current while nvJPEG decodes (see the module's
+    docstring): only the decoder's output tensors are allocated on it, and no kernel runs on it."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _DECODE_LOCK:
+        stream = _DECODE_STREAMS.get(index)
+        if stream is None:
+            stream = _DECODE_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
+        return stream
+
+
+@contextlib.contextmanager
+def _decoding_on(device: torch.device, out: List[Optional[torch.Tensor]]):
+    """Decode with ``decode_stream`` current; afterwards the caller's stream waits for it (on the
+    device) and owns the decoded images (``record_stream``), so their blocks go back to the decode
+    stream's pool only once the caller's stream is done with them."""
+    if device.type != "cuda":
+        yield
+        return
+    consumer = torch.cuda.current_stream(device)
+    private = decode_stream(device)
+    with torch.cuda.stream(private):
+        yield
+    consumer.wait_stream(private)  # torchvision made the decode stream wait for its own: chained on the device
+    for image in out:
+        if image is not None and image.is_cuda:
+            image.record_stream(consumer)
 
 
 class BytesLoader(Loader):
@@ -76,7 +125,10 @@ class DeviceDecoder:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         try:
-            return decode_jpeg(item, mode=ImageReadMode.RGB, device=device)
+            out: List[Optional[torch.Tensor]] = []
+            with _decoding_on(device, out):
+                out.append(decode_jpeg(item, mode=ImageReadMode.RGB, device=device))
+            return out[0]
         except RuntimeError as e:
             if self.on_bad_sample == "stop":
                 from trainer.errors import TrainingStopped
@@ -97,7 +149,9 @@ class DeviceDecoder:
         ]
         if jpeg:
             try:  # one batched call: nvJPEG decodes the whole batch on the device
-                decoded = decode_jpeg([batch.items[i] for i in jpeg], mode=ImageReadMode.RGB, device=device)
+                decoded: List[Optional[torch.Tensor]] = []
+                with _decoding_on(device, decoded):
+                    decoded.extend(decode_jpeg([batch.items[i] for i in jpeg], mode=ImageReadMode.RGB, device=device))
             except RuntimeError:  # a bad file fails the whole call: find it, one file at a time
                 decoded = [self._decode_one(batch.items[i], batch.paths[i], device) for i in jpeg]
             for i, image in zip(jpeg, decoded):
