@@ -162,7 +162,10 @@ DISTRIBUTED_ENV = (
 
 def clean_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
-    env.update(PYTHONPATH=os.pathsep.join([str(TESTS), str(ROOT)]), **extra)
+    # the tests' and the project's folders first; then the caller's own (packages installed with
+    # pip --target, as on a GPU machine that keeps its own torch, are found only through it)
+    paths = [str(TESTS), str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env.update(PYTHONPATH=os.pathsep.join(paths), **extra)
     return env
 
 

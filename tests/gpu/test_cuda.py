@@ -354,7 +354,9 @@ def test_compute_bound_gpu_run_is_not_called_input_bound(train):
         "data.num_samples=2048",
         "data.batch_size=256",
         "data.image_size=64",
-        "model.width=96",
+        # width 96 took about 20 ms a step on an H100, no more than the host's 16 ms to build a batch
+        # of 256 (56% data wait); 256 is about 7x the work a step
+        "model.width=256",
         "trainer.max_epochs=2",
     )
     assert m["data_wait_fraction"] < 0.25 and m["transfer_fraction"] is not None, m["epochs"]
@@ -431,6 +433,9 @@ def test_nvjpeg_decode_overlaps_the_step_with_device_prefetch(train, compose, tm
     )
 
     class SlowStep(pl.Callback):
+        def on_train_start(self, *a):
+            threads.clear()  # the batch decoded while the run was built (in this thread) is not a step's
+
         def on_train_batch_end(self, *a):
             time.sleep(0.05)  # a step the decode of 8 small JPEGs easily keeps up with
 
@@ -498,7 +503,7 @@ def test_prefetch_transfer_counts_only_the_time_the_gpu_waited_for_its_batch(bus
 
     def slow_copy(batch, device):
         time.sleep(0.010)
-        return batch.to(device, non_blocking=True)
+        return [t.to(device, non_blocking=True) for t in batch]  # a TensorDataset's batch: a list of one
 
     device = torch.device("cuda", torch.cuda.current_device())
     clock = StepClock()

@@ -67,6 +67,8 @@ class SyncDebugSteps(pl.Callback):
 def _cases():
     for recipe in ("resnet50", "vit"):
         for row in ROWS:
+            if (recipe, row) == ("vit", "progressive"):
+                continue  # refused before it runs: a ViT's position embeddings fix its input size (tests/test_switches.py)
             yield pytest.param(recipe, row, JPEGS if row in INPUT_ROWS else SYNTHETIC, id=f"{recipe}-{row}")
     # uint8 batches normalized where the device-resident pool gathers them (DeviceResidentImages.__getitems__)
     yield pytest.param(
