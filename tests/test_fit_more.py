@@ -158,6 +158,39 @@ def test_fused_sgd_under_a_loss_scaler_survives_a_skipped_first_step(compose):
         torch.testing.assert_close(p.detach(), b - cfg.lr * g)  # the first step's momentum is the gradient itself
 
 
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_gradient_clipping_reaches_the_step(train, add_callbacks, algorithm):
+    """trainer.gradient_clip_val clips what the optimizer steps with (the classifier's
+    configure_gradient_clipping: FSDP's own norm clipping under strategy=fsdp, Lightning's otherwise)."""
+    import pytorch_lightning as pl
+
+    seen = []
+
+    class Grads(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):  # after the step, before the next zero_grad
+            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+            seen.append(
+                (
+                    torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item(),
+                    max(g.abs().max().item() for g in grads),
+                )
+            )
+
+    add_callbacks(Grads())
+    m, _ = train(
+        "trainer.gradient_clip_val=0.001", f"trainer.gradient_clip_algorithm={algorithm}", "trainer.max_epochs=1"
+    )
+    assert m["status"] == "ok" and seen
+    norm, largest = max(seen)
+    if algorithm == "norm":
+        assert norm <= 0.001 * 1.01, norm
+    else:
+        assert largest <= 0.001 * 1.001 and norm > 0.002, (largest, norm)  # clipped element by element
+    clipped = len(seen)
+    m, _ = train("trainer.max_epochs=1")  # the same run unclipped: far larger gradients
+    assert m["status"] == "ok" and max(n for n, _ in seen[clipped:]) > 0.01
+
+
 def test_fused_falls_back_with_a_message(compose, caplog):
     from trainer.models.optimizers import build_optimizer
 

@@ -109,6 +109,22 @@ class ImageClassifier(pl.LightningModule):
         # writing zeros into it
         optimizer.zero_grad(set_to_none=self._zero_grad_to_none)
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        """trainer.gradient_clip_val with strategy=fsdp: clipping by norm through FSDP's own method.
+
+        Lightning's FSDP precision plugin refuses ``gradient_clip_algorithm="norm"`` at the first step
+        (Lightning-AI/pytorch-lightning#19235): ``torch.nn.utils.clip_grad_norm_`` would see only this
+        rank's shards, and the plugin has no reference to the root FSDP module whose
+        ``clip_grad_norm_`` reduces the norm across ranks. This module does (``trainer.strategy.model``).
+        Every other strategy, and clipping by value, takes Lightning's own path.
+        """
+        from pytorch_lightning.strategies import FSDPStrategy
+
+        if gradient_clip_val and gradient_clip_algorithm == "norm" and isinstance(self.trainer.strategy, FSDPStrategy):
+            self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)  # gradients unscaled by now under fp16
+            return
+        self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def configure_optimizers(self):
         loss_scaled_on_cuda = str(self.trainer.precision) == "16-mixed" and self.device.type == "cuda"
         optimizer = build_optimizer(self.net, self.optim_cfg, loss_scaled_on_cuda)
