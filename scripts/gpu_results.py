@@ -11,6 +11,14 @@ MFU, data-wait and transfer shares, peak memory, val_acc and the doctor's verdic
 numbers against the targets, the commands, and the chart of each sweep copied beside it as
 `<sweep>.png`. results.json holds the same, for machines: the environment, the tests, and per table
 its rows and its best row.
+
+    python scripts/gpu_results.py --recipe resnet50 --sweeps ... --out recipes/resnet50 \
+        --environment-from recipes/resnet50/results.json --note "what the tables cannot say"
+
+``--note`` (repeatable) adds a maintainer's note on the run (a row stopped by the check's time limit,
+what a short epoch hides) under "Notes on this run". ``--environment-from`` takes the device,
+driver, torch, date and commit from a results.json written where the sweeps ran, so the page can be
+written again elsewhere from the same sweep dirs (with a note added) without naming this machine.
 """
 
 from __future__ import annotations
@@ -192,7 +200,15 @@ def headline(recipe: str, name: str, rows: List[dict], dry_run: bool = False) ->
     return lines
 
 
-def write(recipe: str, sweeps: List[Path], out: Path, dry_run: bool = False, tests: Optional[Path] = None) -> Path:
+def write(
+    recipe: str,
+    sweeps: List[Path],
+    out: Path,
+    dry_run: bool = False,
+    tests: Optional[Path] = None,
+    notes: Optional[List[str]] = None,
+    environment_from: Optional[Path] = None,
+) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     all_jobs = []
     sections = []
@@ -224,8 +240,9 @@ def write(recipe: str, sweeps: List[Path], out: Path, dry_run: bool = False, tes
             parts += [f"![{name}]({name}.png)", ""]
         parts += ["Command:", "", "```bash", command, "```", ""]
         sections.append("\n".join(parts))
-    env = environment(all_jobs)
-    outcome = test_outcome(tests)
+    earlier = json.loads(environment_from.read_text()) if environment_from else {}
+    env = earlier.get("environment") or environment(all_jobs)
+    outcome = test_outcome(tests) if tests is not None or not earlier else earlier.get("tests", {"ran": False})
     kind = (
         "CPU DRY RUN (tiny model, few steps): checks the suite, measures nothing about the recipe"
         if dry_run
@@ -248,6 +265,8 @@ def write(recipe: str, sweeps: List[Path], out: Path, dry_run: bool = False, tes
         _tests_line(outcome),
         "",
     ]
+    if notes:
+        header += ["## Notes on this run", "", *[f"- {note}" for note in notes], ""]
     path = out / "RESULTS.md"
     path.write_text("\n".join(header) + "\n" + "\n".join(sections))
     results = {
@@ -255,6 +274,7 @@ def write(recipe: str, sweeps: List[Path], out: Path, dry_run: bool = False, tes
         "dry_run": dry_run,
         "environment": env,
         "tests": outcome,
+        "notes": list(notes or []),
         "targets": TARGETS.get(recipe, {}),
         "tables": tables,
     }
@@ -310,6 +330,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path)
     p.add_argument("--tests", type=Path, help="the GPU tests' JUnit XML")
     p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--note", action="append", default=[], help="a note on the run, written under the header")
+    p.add_argument(
+        "--environment-from",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="the environment (and the tests' outcome, unless --tests) of the machine the sweeps ran on",
+    )
     p.add_argument(
         "--summary", nargs="+", type=Path, metavar="RESULTS_JSON", help="print the summary of these results.json files"
     )
@@ -319,7 +346,7 @@ def main(argv=None) -> int:
         return 0
     if not (args.recipe and args.sweeps and args.out):
         p.error("--recipe, --sweeps and --out are needed (or --summary)")
-    path = write(args.recipe, args.sweeps, args.out, args.dry_run, args.tests)
+    path = write(args.recipe, args.sweeps, args.out, args.dry_run, args.tests, args.note, args.environment_from)
     print(f"wrote {path} and {path.parent / 'results.json'}")
     return 0
 

@@ -117,3 +117,32 @@ def test_the_gpu_tests_outcome_is_read_from_pytests_report(tmp_path):
         outcome
     ) and "synchronizing" in gpu_results._tests_line(outcome)
     assert gpu_results.test_outcome(tmp_path / "absent.xml") == {"ran": False}
+
+
+def test_a_shorter_list_of_rows_and_a_page_written_again_with_a_note(tmp_path):
+    """--synthetic-rows runs only the rows named (a GPU lease is short); gpu_results.py writes the page
+    again from the same sweep with a note, keeping the environment of the machine that ran it."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_results
+
+    r = _script(
+        "--dry-run", "--skip-tests", "--recipes", "vit", "--tables", "synthetic", "--synthetic-rows", "baseline",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    ran = [json.loads(m.read_text())["overrides"] for m in (tmp_path / "vit" / "synthetic").glob("*/metrics.json")]
+    assert len(ran) == 1 and "+bench=baseline" in ran[0], ran
+    first = json.loads((tmp_path / "vit" / "results.json").read_text())
+    first["environment"]["device"] = "NVIDIA H100 80GB HBM3 (cuda, 1 device)"  # as written where the sweeps ran
+    (tmp_path / "ran_there.json").write_text(json.dumps(first))
+    again = tmp_path / "again"
+    gpu_results.write(
+        "vit", [tmp_path / "vit" / "synthetic"], again, dry_run=True,
+        notes=["the all row was stopped by the check's time limit"], environment_from=tmp_path / "ran_there.json",
+    )  # fmt: skip
+    text = (again / "RESULTS.md").read_text()
+    assert "- device: NVIDIA H100 80GB HBM3 (cuda, 1 device)" in text
+    assert "## Notes on this run\n\n- the all row was stopped by the check's time limit" in text
+    assert json.loads((again / "results.json").read_text())["notes"] == [
+        "the all row was stopped by the check's time limit"
+    ]
