@@ -282,13 +282,20 @@ def write(
     return path
 
 
+def _one_line(text: str) -> str:
+    """A failure's message on one line (a traceback's lines would break the markdown around it)."""
+    return " ".join(str(text).split())
+
+
 def _tests_line(outcome: Dict[str, object]) -> str:
     if not outcome.get("ran"):
         return "GPU-marked tests: not run with this table."
     line = f"GPU-marked tests: {outcome['passed']} passed, {outcome['failed']} failed, {outcome['skipped']} skipped."
     failures = outcome.get("failures") or []
     return line + (
-        "" if not failures else " Failed: " + "; ".join(f"`{f['test']}` ({f['message'][:120]})" for f in failures)
+        ""
+        if not failures
+        else " Failed: " + "; ".join(f"`{f['test']}` ({_one_line(f['message'])[:160]})" for f in failures)
     )
 
 
