@@ -300,6 +300,31 @@ def test_tensorboard_serves_the_profile_and_the_scalars(train):
         tb.wait(timeout=30)
 
 
+def test_a_gpu_decode_that_takes_the_time_is_named_as_such():
+    """With data.decoder=nvjpeg the batches cross the bus encoded and pinned: the transfer share is the
+    decode and the per-image transforms on the device, and the bus advice would not help."""
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.21, "transfer_fraction": 0.60},
+        system={"gpu/util": 90.0},
+        hardware=H100,
+        flags={},
+        data={"decoder": "nvjpeg", "pin_memory": True, "gpu_normalize": True, "device_prefetch": True},
+        is_convnet=True,
+    )
+    assert d["bottleneck"] == "host-device transfer" and d["try"] == ["data.loader=dali"]
+    assert "decoding the JPEGs on the GPU (nvJPEG)" in d["verdict"] and "60% of training time" in d["verdict"]
+    assert "the bus is the limit" not in d["verdict"]
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.21, "transfer_fraction": 0.60},
+        system={"gpu/util": 90.0},
+        hardware=H100,
+        flags={},
+        data={"decoder": "nvjpeg", "pin_memory": True, "gpu_normalize": True},
+        is_convnet=True,
+    )
+    assert d["try"] == ["data.device_prefetch=true", "data.loader=dali"]  # the decode overlapped with the step first
+
+
 def test_transfer_fraction_alone_gives_a_transfer_verdict():
     d = doctor.diagnose(
         metrics={"data_wait_fraction": 0.02, "transfer_fraction": 0.35},
