@@ -191,6 +191,43 @@ def test_gradient_clipping_reaches_the_step(train, add_callbacks, algorithm):
     assert m["status"] == "ok" and max(n for n, _ in seen[clipped:]) > 0.01
 
 
+def test_gradient_clipping_under_fp16_loss_scaling_with_a_fused_optimizer(compose):
+    """fp16 picks a fused optimizer (its overflow check stays on the device), which unscales its own
+    gradients in its step: Lightning refuses to clip them (its AMP plugin) or, under FSDP, clips them
+    still scaled. The classifier unscales them first and clips what the step uses. Lightning's own
+    fp16 plugin and torch's GradScaler, on a CPU (the trainer allows fp16 only on CUDA)."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.plugins.precision import MixedPrecision
+
+    from trainer.models.classifier import ImageClassifier
+    from trainer.models.tiny import TinyCNN
+
+    cfg = compose("optim.name=sgd", "optim.fused=true", "sched.name=constant")
+    seen = []
+
+    class Grads(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):  # after the step: what it stepped with
+            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+            seen.append(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])).item())
+
+    torch.manual_seed(0)
+    model = ImageClassifier(TinyCNN(10, 8), cfg.optim, cfg.sched)
+    data = torch.utils.data.TensorDataset(torch.randn(48, 3, 16, 16), torch.randint(0, 10, (48,)))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        plugins=[MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))],
+        gradient_clip_val=1e-3,
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[Grads()],
+    )
+    trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8))
+    assert trainer.optimizers[0].defaults["fused"] is True and len(seen) == 4
+    assert all(0.5e-3 < norm <= 1.001e-3 for norm in seen), seen  # unscaled, then clipped to the norm asked for
+
+
 def test_fused_falls_back_with_a_message(compose, caplog):
     from trainer.models.optimizers import build_optimizer
 

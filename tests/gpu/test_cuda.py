@@ -270,6 +270,44 @@ def test_fsdp1_wraps_the_blocks_trains_saves_and_resumes(compose, tmp_path):
     assert m2["status"] == "ok" and m2.get("resumed_from") and len(m2["epochs"]) == 2
 
 
+def test_fsdp1_clips_fp16_gradients_after_unscaling_them(compose, tmp_path, add_callbacks):
+    """strategy=fsdp with fp16, its fused AdamW and clipping by norm: Lightning leaves a fused optimizer's
+    gradients scaled (the optimizer unscales them in its step), so clipping them there clipped 65536
+    times too hard. The classifier unscales them first; the step then uses gradients of the norm asked for."""
+    import math
+
+    import pytorch_lightning as pl
+
+    from trainer.run import run
+
+    seen = []
+
+    class Grads(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):  # after the step: what it stepped with
+            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+            seen.append(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])))  # read after the run
+
+    add_callbacks(Grads())
+    args = GPU + [
+        "+recipe=vit",
+        "scale=smoke",
+        "strategy=fsdp",
+        "amp=true",
+        "amp_dtype=fp16",
+        "trainer.gradient_clip_val=0.001",
+        "data.batch_size=16",
+        "trainer.limit_train_batches=8",
+        "trainer.limit_val_batches=0",
+        "trainer.max_epochs=1",
+        "checkpoint.enabled=false",
+    ]
+    m = run(compose(*args), str(tmp_path / "run"), args)
+    assert m["status"] == "ok" and m["precision"] == "16-mixed", m.get("error")
+    norms = [float(n) for n in seen]
+    finite = [n for n in norms if math.isfinite(n)]  # a step the scaler skipped (overflow) has none
+    assert finite and all(0.5e-3 < n <= 1.001e-3 for n in finite), norms
+
+
 def test_memory_snapshot_is_written_on_cuda(train):
     m, out = train(
         *GPU,

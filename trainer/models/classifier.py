@@ -110,20 +110,57 @@ class ImageClassifier(pl.LightningModule):
         optimizer.zero_grad(set_to_none=self._zero_grad_to_none)
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
-        """trainer.gradient_clip_val with strategy=fsdp: clipping by norm through FSDP's own method.
+        """trainer.gradient_clip_val where Lightning's own clipping cannot act.
 
-        Lightning's FSDP precision plugin refuses ``gradient_clip_algorithm="norm"`` at the first step
-        (Lightning-AI/pytorch-lightning#19235): ``torch.nn.utils.clip_grad_norm_`` would see only this
-        rank's shards, and the plugin has no reference to the root FSDP module whose
-        ``clip_grad_norm_`` reduces the norm across ranks. This module does (``trainer.strategy.model``).
-        Every other strategy, and clipping by value, takes Lightning's own path.
+        - strategy=fsdp, by norm: Lightning's FSDP precision plugin refuses it at the first step
+          (Lightning-AI/pytorch-lightning#19235): ``torch.nn.utils.clip_grad_norm_`` would see only
+          this rank's shards, and the plugin has no reference to the root FSDP module, whose
+          ``clip_grad_norm_`` reduces the norm across ranks. This module does (``trainer.strategy.model``).
+        - fp16 with a fused optimizer (``optim.fused=auto`` picks one there, so that the scaler's
+          overflow check stays on the device): Lightning leaves such an optimizer's gradients scaled
+          (it unscales them in its step) and its AMP plugin refuses to clip them; under FSDP it would
+          clip them scaled, 65536 times too hard. They are unscaled here first (``_unscale_once``).
+
+        Everything else takes Lightning's own path.
         """
         from pytorch_lightning.strategies import FSDPStrategy
 
-        if gradient_clip_val and gradient_clip_algorithm == "norm" and isinstance(self.trainer.strategy, FSDPStrategy):
-            self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)  # gradients unscaled by now under fp16
+        if not gradient_clip_val:
+            return
+        scaled_fused = self._unscale_once(optimizer)
+        if gradient_clip_algorithm == "norm" and isinstance(self.trainer.strategy, FSDPStrategy):
+            self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
+            return
+        if scaled_fused and not isinstance(self.trainer.strategy, FSDPStrategy):
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            if gradient_clip_algorithm == "value":
+                torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
             return
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    def on_before_optimizer_step(self, optimizer):
+        """fp16 under strategy=fsdp with a fused optimizer: unscale here, so that the ranks agree on an
+        overflow. Lightning's FSDP precision unscales only optimizers that do not unscale themselves; a
+        fused one then looks for inf in this rank's shards alone (the sharded scaler all-reduces what it
+        found in ``unscale_``), so ranks could disagree about skipping a step and their scales drift."""
+        from pytorch_lightning.strategies import FSDPStrategy
+
+        if isinstance(self.trainer.strategy, FSDPStrategy):
+            self._unscale_once(optimizer)
+
+    def _unscale_once(self, optimizer) -> bool:
+        """Under an fp16 loss scaler, a fused optimizer's gradients unscaled (once a step; no host sync).
+        True where there is such a scaler and optimizer: the gradients are unscaled now."""
+        from torch.amp.grad_scaler import OptState
+
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is None or not getattr(optimizer, "_step_supports_amp_scaling", False):
+            return False
+        if scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.READY:
+            scaler.unscale_(optimizer)  # the scaler's step then passes no scale to the fused kernel
+        return True
 
     def configure_optimizers(self):
         loss_scaled_on_cuda = str(self.trainer.precision) == "16-mixed" and self.device.type == "cuda"
