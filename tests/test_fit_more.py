@@ -126,7 +126,7 @@ def test_auto_is_fused_under_fp16_loss_scaling_on_a_gpu(compose):
         )  # asked for: kept
 
 
-def test_fused_sgd_under_a_loss_scaler_survives_a_skipped_first_step(compose):
+def test_fused_sgd_under_a_loss_scaler_survives_a_skipped_first_step(compose, monkeypatch):
     """fp16's first steps usually overflow and the scaler skips them; the fused kernel then writes
     nothing, and torch had made its momentum buffers with empty_like: the next step read whatever
     memory they held as momentum (NaN weights within ten steps on an H100). The skipped step must
@@ -141,9 +141,8 @@ def test_fused_sgd_under_a_loss_scaler_survives_a_skipped_first_step(compose):
     assert opt.defaults["fused"] is True
     scaler = torch.amp.GradScaler("cpu")
     scaler.scale(torch.ones(()))  # the scale is made at the first loss scaled, as in a training step
-    for _ in range(4):  # freed memory full of NaN, for new buffers to be given
-        junk = [torch.full_like(p, float("nan")) for p in model.parameters()]
-        del junk
+    # what memory torch's empty_like hands the buffers holds is chance: make it the worst case
+    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: torch.full_like(t, float("nan"), **kw))
     for p in model.parameters():
         p.grad = torch.full_like(p, float("inf"))
     scaler.step(opt)  # overflow: skipped
@@ -156,6 +155,20 @@ def test_fused_sgd_under_a_loss_scaler_survives_a_skipped_first_step(compose):
     scaler.update()
     for p, b, g in zip(model.parameters(), before, grads):
         torch.testing.assert_close(p.detach(), b - cfg.lr * g)  # the first step's momentum is the gradient itself
+
+
+def test_fused_sgd_keeps_zero_momentum_after_loading_a_state_without_any(compose):
+    """Lightning loads a checkpoint's optimizer state after building the optimizer; a state saved before
+    the first step has no momentum buffers, and loading it must not bring back torch's empty_like ones."""
+    from trainer.models.optimizers import build_optimizer
+
+    model = torch.nn.Linear(8, 8)
+    opt = build_optimizer(model, compose("optim.name=sgd").optim, loss_scaled_on_cuda=True)
+    saved = opt.state_dict()
+    saved["state"] = {}  # as written before any step
+    opt.load_state_dict(saved)
+    buffers = [opt.state[p].get("momentum_buffer") for p in model.parameters()]
+    assert all(b is not None and not b.any() for b in buffers), buffers
 
 
 @pytest.mark.parametrize("algorithm", ["norm", "value"])

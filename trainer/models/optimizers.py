@@ -99,6 +99,13 @@ def _zero_momentum_for_fused_sgd(optimizer: torch.optim.Optimizer) -> torch.opti
     return optimizer
 
 
+def _keep_zero_momentum(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """Zero buffers now, and again after a checkpoint's optimizer state is loaded (Lightning loads it
+    after the optimizer is built, and a state saved before the first step has no buffers)."""
+    optimizer.register_load_state_dict_post_hook(_zero_momentum_for_fused_sgd)
+    return _zero_momentum_for_fused_sgd(optimizer)
+
+
 def build_optimizer(model: torch.nn.Module, cfg, loss_scaled_on_cuda: bool = False) -> torch.optim.Optimizer:
     groups = param_groups(model, cfg.weight_decay, cfg.get("norm_weight_decay", 0.0), cfg.get("bias_weight_decay", 0.0))
     if cfg.name == "sgd":
@@ -125,7 +132,7 @@ def build_optimizer(model: torch.nn.Module, cfg, loss_scaled_on_cuda: bool = Fal
     try:
         if impl.get("fused"):
             _check_fused(groups)
-        return _zero_momentum_for_fused_sgd(cls(groups, **kwargs, **impl))
+        optimizer = cls(groups, **kwargs, **impl)
     except (RuntimeError, ValueError) as e:
         if not impl.get("fused"):
             raise
@@ -136,6 +143,7 @@ def build_optimizer(model: torch.nn.Module, cfg, loss_scaled_on_cuda: bool = Fal
             e,
         )
         return cls(groups, **kwargs, foreach=True)
+    return _keep_zero_momentum(optimizer)
 
 
 def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float = 0.0, decay: str = "cosine"):
