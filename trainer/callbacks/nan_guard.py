@@ -37,7 +37,8 @@ class NaNGuard(pl.Callback):
         self._first_bad: torch.Tensor | None = None  # on the device: -1, or the first non-finite step
         self._bad_value: torch.Tensor | None = None
         self._reads = HostReads()
-        self._arrived_bad_value = float("nan")
+        self._pushes = 0
+        self._arrived_bad_value = (0, float("nan"))  # (which push, value)
 
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
         if self.mode != "stop":
@@ -50,13 +51,15 @@ class NaNGuard(pl.Callback):
         self._first_bad = torch.where(newly_bad, torch.full_like(self._first_bad, trainer.global_step), self._first_bad)
         self._bad_value = torch.where(newly_bad, loss, self._bad_value)
         if (trainer.global_step + 1) % max(1, trainer.log_every_n_steps) == 0:
-            self._reads.push("bad_value", self._bad_value)  # arrives before first_bad: pushed first
-            self._reads.push("first_bad", self._first_bad)
-        for tag, value in self._reads.ready():  # copies asked for earlier that have arrived
+            self._pushes += 1  # a pair: the value arrives before its step (pushed first, read in order)
+            self._reads.push(("bad_value", self._pushes), self._bad_value)
+            self._reads.push(("first_bad", self._pushes), self._first_bad)
+        for (tag, push), value in self._reads.ready():  # copies asked for earlier that have arrived
             if tag == "bad_value":
-                self._arrived_bad_value = value
+                self._arrived_bad_value = (push, value)
             elif value >= 0:  # stopped with the values that arrived: reading the device here would wait for it
-                self._stop(int(value), self._arrived_bad_value)
+                arrived, bad = self._arrived_bad_value
+                self._stop(int(value), bad if arrived == push else float("nan"))  # its own pair's value, if not dropped
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.mode == "skip" and not outputs:  # training_step returned None: no backward, no step

@@ -20,8 +20,9 @@ pytorch/vision#9606 (corrupted sums in 199 of 200 tries on an H100), meta-pytorc
 So the decode runs with a stream of its own current (``decode_stream``, one per device, on which
 nothing else runs and nothing but the decoder's outputs is allocated): a block in its pool was freed
 only after every stream that read it had passed that point, because each decoded image is
-``record_stream``-ed onto the stream that consumes it; the consumer then waits for the decode on the
-device (``wait_stream``), so the host never does.
+``record_stream``-ed onto the stream that consumes it. The consumer also waits for the decode on the
+device (``wait_stream``; torchvision already makes the host wait for its own decode stream, but never
+for the compute stream, and that stays so).
 
 Everything here also runs with ``device="cpu"`` (torchvision's CPU decoder): that is how it is
 tested on machines without a GPU.
