@@ -516,18 +516,27 @@ def test_nvjpeg_never_writes_into_memory_the_compute_stream_still_reads():
     decoder = DeviceDecoder(transform=lambda image: image)
     a = torch.randn(4096, 4096, device=device)
     c = torch.empty_like(a)
-    wrong = 0
-    for _ in range(10):
-        victims = [torch.full((3 * side * side // 4,), 1.0, device=device) for _ in range(2 * n)]  # the images' bytes
-        torch.cuda.synchronize(device)
-        for _ in range(20):  # tens of ms of work queued ahead of the reads
-            torch.mm(a, a, out=c)
-        sums = torch.stack([v.sum() for v in victims])  # queued behind the stall, on the same stream
-        del victims  # their blocks are free on the compute stream while those reads still wait
-        x, _ = decoder(batch, device)
-        torch.cuda.synchronize(device)
-        wrong += int((sums != 3 * side * side // 4).sum())
-        assert x.shape == (n, 3, side, side)
+    wrong = stalled = 0
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 matmuls: a long stall
+    try:
+        for _ in range(10):
+            victims = [torch.full((3 * side * side // 4,), 1.0, device=device) for _ in range(2 * n)]  # images' bytes
+            torch.cuda.synchronize(device)
+            for _ in range(20):  # tens of ms of work queued ahead of the reads
+                torch.mm(a, a, out=c)
+            sums = torch.stack([v.sum() for v in victims])  # queued behind the stall, on the same stream
+            read = torch.cuda.Event()
+            read.record()
+            del victims  # their blocks are free on the compute stream while those reads still wait
+            x, _ = decoder(batch, device)
+            stalled += not read.query()  # the reads had not run when the decode was done: the race was on
+            torch.cuda.synchronize(device)
+            wrong += int((sums != 3 * side * side // 4).sum())
+            assert x.shape == (n, 3, side, side)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert stalled >= 5, stalled  # most tries decoded while the victims' reads still waited
     assert wrong == 0, f"{wrong} of {10 * 2 * n} sums read memory the decoder wrote"
 
 
