@@ -15,6 +15,9 @@
 #   --tables "synthetic jpeg"  synthetic: images kept on the GPU (the model's ceiling);
 #                              jpeg: the built-in real JPEGs at 224 px (end to end)
 #   --skip-tests / --skip-bench
+#   --overhead                 also the trainer against a plain PyTorch loop on the GPU (scripts/bench_overhead.py:
+#                              ResNet-18, 32 px, batch 256, 3 repeats; target 5%), into <out>/overhead.json and
+#                              scripts/results/bench_overhead_gpu.json
 #   --test-workers N           run the GPU-marked tests in N pytest-xdist processes sharing the GPU
 #                              (default 1: one at a time; the tests check behaviour, not speed)
 #   --out DIR                  where sweeps and the log go (default runs/gpu_check/<date>); RESULTS.md and
@@ -38,7 +41,7 @@ cd "$(dirname "$0")/.."
 
 DRY_RUN=0 RUN_TESTS=1 RUN_BENCH=1
 RECIPES="resnet50 vit" TABLES="synthetic jpeg" STEPS=20 JPEG_STEPS=20 OUT=""
-SYNTHETIC_ROWS_ARG="" JPEG_ROWS_ARG="" TEST_WORKERS=1
+SYNTHETIC_ROWS_ARG="" JPEG_ROWS_ARG="" TEST_WORKERS=1 RUN_OVERHEAD=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY_RUN=1 ;;
@@ -51,6 +54,7 @@ while [ $# -gt 0 ]; do
     --synthetic-rows) SYNTHETIC_ROWS_ARG="$2"; shift ;;
     --jpeg-rows) JPEG_ROWS_ARG="$2"; shift ;;
     --test-workers) TEST_WORKERS="$2"; shift ;;
+    --overhead) RUN_OVERHEAD=1 ;;
     --out) OUT="$2"; shift ;;
     -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
@@ -145,7 +149,21 @@ for recipe in $RECIPES; do
   "$PYTHON" scripts/gpu_results.py --recipe "$recipe" --sweeps "${sweeps[@]}" --out "$dest" --tests "$TESTS_XML" "${flag[@]}" || status=1
   results+=("$dest/results.json")
 done
+overhead=()
+if [ "$RUN_OVERHEAD" = 1 ]; then
+  # the host-bound regime the framework's per-step Python shows in; a dry run checks the plumbing on a CPU
+  over="$OUT/overhead.json"
+  oargs=(--device cuda --batch-size 256 --batches 400 --repeats 3)
+  if [ "$DRY_RUN" = 1 ]; then oargs=(--device cpu --batch-size 8 --batches 3 --repeats 1 --short-epochs 1 --long-epochs 2); fi
+  stage "overhead: the trainer against a plain loop (scripts/bench_overhead.py ${oargs[*]})"
+  if "$PYTHON" scripts/bench_overhead.py "${oargs[@]}" --out "$over"; then
+    overhead=(--overhead "$over")
+    if [ "$DRY_RUN" = 0 ]; then cp "$over" scripts/results/bench_overhead_gpu.json; fi
+  else
+    echo "note: the overhead benchmark failed (see above)"; status=1
+  fi
+fi
 stage "summary"
-"$PYTHON" scripts/gpu_results.py --summary "${results[@]}" || status=1
+"$PYTHON" scripts/gpu_results.py --summary "${results[@]}" "${overhead[@]}" || status=1
 stage "done: sweeps and the log in $OUT"
 exit $status

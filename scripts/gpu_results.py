@@ -299,6 +299,16 @@ def _tests_line(outcome: Dict[str, object]) -> str:
     )
 
 
+def overhead_line(path: Path) -> str:
+    """scripts/bench_overhead.py's result in one line: the framework's cost per epoch against a plain loop."""
+    r = json.loads(path.read_text())
+    st, lo_hi = r["settings"], r["ratio_interval_95"]
+    return (
+        f"overhead (ResNet-18, {st['image_size']} px, batch {st['batch_size']}, on {r['machine'].get('device', st.get('device'))}): "
+        f"trainer/plain per epoch {r['median_ratio']:.3f} [{lo_hi[0]:.3f}-{lo_hi[1]:.3f}] over {st['repeats']} repeat(s): {r['conclusion']}"
+    )
+
+
 def summary(paths: List[Path]) -> List[str]:
     """The check's summary: tests, and per recipe and table the best row, its speed-up, MFU, data wait, transfer and verdict."""
     lines = []
@@ -345,11 +355,15 @@ def main(argv=None) -> int:
         help="the environment (and the tests' outcome, unless --tests) of the machine the sweeps ran on",
     )
     p.add_argument(
-        "--summary", nargs="+", type=Path, metavar="RESULTS_JSON", help="print the summary of these results.json files"
+        "--summary", nargs="*", type=Path, metavar="RESULTS_JSON", help="print the summary of these results.json files"
     )
+    p.add_argument("--overhead", type=Path, help="with --summary: scripts/bench_overhead.py's result JSON")
     args = p.parse_args(argv)
-    if args.summary:
-        print("\n".join(summary(args.summary)))
+    if args.summary is not None:
+        lines = summary(args.summary)
+        if args.overhead:
+            lines.append(overhead_line(args.overhead))
+        print("\n".join(lines))
         return 0
     if not (args.recipe and args.sweeps and args.out):
         p.error("--recipe, --sweeps and --out are needed (or --summary)")

@@ -16,7 +16,8 @@ import sys
 import pytest
 from conftest import ROOT, clean_env
 
-SYNTHETIC_ROWS = ["baseline", "amp", "channels_last", "compile", "tf32", "big_batch", "all"]
+# the script's own rows, in another order given with --synthetic-rows (the report keeps the order asked for)
+SYNTHETIC_ROWS = ["baseline", "tf32", "amp", "channels_last", "compile", "big_batch", "all"]
 JPEG_ROWS = ["baseline", "workers", "prefetch", "gpu_normalize", "nvjpeg", "all"]
 
 
@@ -38,7 +39,9 @@ def test_gpu_check_dry_run_writes_results(tmp_path):
     # the time (the recipes themselves are smoke-tested in test_e2e and the README test)
     # the GPU-marked tests are left out here: the suite itself collects them (skipped without CUDA),
     # and test_the_gpu_tests_outcome_is_read_from_pytests_report reads an outcome like theirs
-    r = _script("--dry-run", "--skip-tests", "--recipes", "vit", "--out", str(tmp_path))
+    r = _script(
+        "--dry-run", "--skip-tests", "--recipes", "vit", "--synthetic-rows", ",".join(SYNTHETIC_ROWS), "--out", str(tmp_path)
+    )  # fmt: skip
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     summary = r.stdout[r.stdout.index("] summary") :]
     assert (
@@ -83,6 +86,22 @@ def test_gpu_check_dry_run_writes_results(tmp_path):
                 )  # CPU fallback
                 assert jobs["gpu_normalize"]["flags"]["data.gpu_normalize"] is True
 
+    # the page written again from the same sweeps, elsewhere: a note, and the environment it ran in
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_results
+
+    ran = json.loads((tmp_path / "vit" / "results.json").read_text())
+    ran["environment"]["device"] = "NVIDIA H100 80GB HBM3 (cuda, 1 device)"  # as written where the sweeps ran
+    (tmp_path / "ran_there.json").write_text(json.dumps(ran))
+    note = "the all row was stopped by the check's time limit"
+    gpu_results.write(
+        "vit", [tmp_path / "vit" / "synthetic"], tmp_path / "again", dry_run=True, notes=[note],
+        environment_from=tmp_path / "ran_there.json",
+    )  # fmt: skip
+    text = (tmp_path / "again" / "RESULTS.md").read_text()
+    assert "- device: NVIDIA H100 80GB HBM3 (cuda, 1 device)" in text and f"## Notes on this run\n\n- {note}" in text
+    assert json.loads((tmp_path / "again" / "results.json").read_text())["notes"] == [note]
+
 
 def test_gpu_check_without_a_gpu_says_so():
     r = _script("--skip-tests")
@@ -119,30 +138,24 @@ def test_the_gpu_tests_outcome_is_read_from_pytests_report(tmp_path):
     assert gpu_results.test_outcome(tmp_path / "absent.xml") == {"ran": False}
 
 
-def test_a_shorter_list_of_rows_and_a_page_written_again_with_a_note(tmp_path):
-    """--synthetic-rows runs only the rows named (a GPU lease is short); gpu_results.py writes the page
-    again from the same sweep with a note, keeping the environment of the machine that ran it."""
+def test_the_summary_names_the_overhead_against_a_plain_loop(tmp_path, capsys):
+    """gpu_check.sh --overhead hands scripts/bench_overhead.py's result to the summary: one line with the
+    ratio, its interval and the conclusion against the target."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import gpu_results
 
-    r = _script(
-        "--dry-run", "--skip-tests", "--recipes", "vit", "--tables", "synthetic", "--synthetic-rows", "baseline",
-        "--out", str(tmp_path),
-    )  # fmt: skip
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    ran = [json.loads(m.read_text())["overrides"] for m in (tmp_path / "vit" / "synthetic").glob("*/metrics.json")]
-    assert len(ran) == 1 and "+bench=baseline" in ran[0], ran
-    first = json.loads((tmp_path / "vit" / "results.json").read_text())
-    first["environment"]["device"] = "NVIDIA H100 80GB HBM3 (cuda, 1 device)"  # as written where the sweeps ran
-    (tmp_path / "ran_there.json").write_text(json.dumps(first))
-    again = tmp_path / "again"
-    gpu_results.write(
-        "vit", [tmp_path / "vit" / "synthetic"], again, dry_run=True,
-        notes=["the all row was stopped by the check's time limit"], environment_from=tmp_path / "ran_there.json",
-    )  # fmt: skip
-    text = (again / "RESULTS.md").read_text()
-    assert "- device: NVIDIA H100 80GB HBM3 (cuda, 1 device)" in text
-    assert "## Notes on this run\n\n- the all row was stopped by the check's time limit" in text
-    assert json.loads((again / "results.json").read_text())["notes"] == [
-        "the all row was stopped by the check's time limit"
-    ]
+    result = {
+        "settings": {"image_size": 32, "batch_size": 256, "repeats": 3, "device": "cuda"},
+        "machine": {"device": "NVIDIA H100 80GB HBM3"},
+        "median_ratio": 1.021,
+        "ratio_interval_95": [1.004, 1.038],
+        "conclusion": "within 5%: the whole 95% interval (1.004-1.038) is at or below 1.05",
+    }
+    path = tmp_path / "overhead.json"
+    path.write_text(json.dumps(result))
+    assert gpu_results.main(["--summary", "--overhead", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "overhead (ResNet-18, 32 px, batch 256, on NVIDIA H100 80GB HBM3): trainer/plain per epoch 1.021 "
+        "[1.004-1.038] over 3 repeat(s): within 5%" in out
+    ), out
