@@ -5,9 +5,12 @@
 # the ResNet-50 synthetic table's rows baseline, amp, channels_last, tf32, all 172 s (compiling the
 # all row 42 s); ViT's baseline, amp, all at --steps 10 115 s (compile 24 s); ResNet-50's JPEG rows
 # baseline and workers about 100 s with the data set's first generation. Everything at its defaults
-# takes longer than a 15-minute lease: there, run the tests with workers and name fewer rows, e.g.
-#   scripts/gpu_check.sh --test-workers 8 --steps 10 --synthetic-rows baseline,amp,compile,all \
-#     --jpeg-rows baseline,workers,nvjpeg,all      (about 12 minutes by the times above)
+# takes longer than 15 minutes. With a short GPU reservation, run the tests side by side and fewer
+# rows, in parts of about 6 minutes each (by the times above):
+#   scripts/gpu_check.sh --recipes resnet50 --test-workers 8 --steps 10 \
+#     --synthetic-rows baseline,amp,compile,all --jpeg-rows baseline,workers,nvjpeg,all
+#   scripts/gpu_check.sh --recipes vit --skip-tests --steps 10 \
+#     --synthetic-rows baseline,amp,compile,all --jpeg-rows baseline,workers,nvjpeg,all
 #
 #   scripts/gpu_check.sh                  # GPU tests, then both recipes' A/B tables -> recipes/<recipe>/RESULTS.md + results.json
 #   scripts/gpu_check.sh --dry-run        # the same steps on CPU, tiny model, few steps, into a temp dir (CI runs this)
