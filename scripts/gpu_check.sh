@@ -27,7 +27,8 @@
 #                              (default 1: one at a time; the tests check behaviour, not speed)
 #   --out DIR                  where sweeps and the log go (default runs/gpu_check/<date>); RESULTS.md and
 #                              results.json go to recipes/<recipe>/ (under DIR with --dry-run)
-#   --steps N / --jpeg-steps N training steps per epoch on synthetic / JPEG data (default 20 / 20)
+#   --steps N / --jpeg-steps N training steps per epoch on synthetic data / batches of 256 in the JPEG
+#                              data set, trained whole (default 20 / 20)
 #   --synthetic-rows A,B / --jpeg-rows A,B   which bench rows each table runs (default: all of them,
 #                              below); a shorter list when GPU time is scarce
 #
@@ -109,11 +110,13 @@ else
 fi
 if [ -n "$SYNTHETIC_ROWS_ARG" ]; then SYNTHETIC_ROWS=$SYNTHETIC_ROWS_ARG; fi
 if [ -n "$JPEG_ROWS_ARG" ]; then JPEG_ROWS=$JPEG_ROWS_ARG; fi
-# the JPEG table: 10,000 training images (generated once per machine: 1.7 ms each on one core, about
-# 20 s), so that 20 steps fit in an epoch even at 512, and the batch finder capped at 512 (its 1,024 on an H100 left the
-# all row two steps an epoch: the loader's start-up, not its rate). An H100 run with 8 steps and 300
-# images per class measured mostly each epoch's first batch (15 workers build one batch of 256 each).
-EPOCHS=3 SIZE=224 STORED=256 PER_CLASS=1000 MAX_BATCH=512 DRY=()
+# the JPEG table trains whole epochs of a data set sized to --jpeg-steps batches of 256 (20: 5,120
+# images, generated once per machine at 1.7 ms each on one core), and validates on all of its 1,280,
+# with the batch finder capped at 512. No step limit: persistent loader workers keep building the
+# batches queued past a limit, and the next epoch (or the training after a validation) waits for
+# them to be drained, which a short benchmark epoch would count as data wait. An H100 run with 8
+# steps of 3,000 images and a 1,024 batch measured mostly each epoch's first batch.
+EPOCHS=3 SIZE=224 STORED=256 PER_CLASS=$((JPEG_STEPS * 256 / 10)) MAX_BATCH=512 DRY=() JPEG_LIMITS=()
 if [ "$DRY_RUN" = 1 ]; then
   # the same sweeps, shrunk to a CPU: a tiny CNN on 32 px images, at most 3 steps per epoch, 2
   # epochs. The recipe's batch size stays (a command-line batch size would beat the bench rows'
@@ -121,12 +124,13 @@ if [ "$DRY_RUN" = 1 ]; then
   # capture their graphs with the aot_eager backend: a rehearsal's compile times mean nothing, and
   # Inductor's code generation on a CPU is what takes the time (it is tested in the suite itself).
   EPOCHS=2 SIZE=32 STORED=40 PER_CLASS=40 MAX_BATCH=16 STEPS=3 JPEG_STEPS=3
+  JPEG_LIMITS=("trainer.limit_train_batches=$JPEG_STEPS" trainer.limit_val_batches=2)
   DRY=(accelerator=cpu model=tiny data.num_samples=768 data.val_samples=256 compile_backend=aot_eager)
 fi
-COMMON=("trainer.max_epochs=$EPOCHS" trainer.limit_val_batches=2 checkpoint.enabled=false)
-SYNTHETIC=(data.device_resident=true "data.image_size=$SIZE" "trainer.limit_train_batches=$STEPS")
+COMMON=("trainer.max_epochs=$EPOCHS" checkpoint.enabled=false)
+SYNTHETIC=(data.device_resident=true "data.image_size=$SIZE" "trainer.limit_train_batches=$STEPS" trainer.limit_val_batches=2)
 JPEG=(data=builtin "data.image_size=$SIZE" "data.stored_size=$STORED" "data.images_per_class=$PER_CLASS"
-      "batch_finder.max_batch_size=$MAX_BATCH" "trainer.limit_train_batches=$JPEG_STEPS")
+      "batch_finder.max_batch_size=$MAX_BATCH" "${JPEG_LIMITS[@]}")
 
 status=0
 results=()
