@@ -32,30 +32,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import torch
 
 from trainer.data.decoders import Loader
+from trainer.data.prefetch import process_stream
 
 log = logging.getLogger(__name__)
 
 JPEG_MAGIC = b"\xff\xd8"
 
-_DECODE_STREAMS: Dict[int, "torch.cuda.Stream"] = {}
-_DECODE_LOCK = threading.Lock()
-
 
 def decode_stream(device: torch.device) -> "torch.cuda.Stream":
     """The process's one stream for ``device`` that is current while nvJPEG decodes (see the module's
     docstring): only the decoder's output tensors are allocated on it, and no kernel runs on it."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    with _DECODE_LOCK:
-        stream = _DECODE_STREAMS.get(index)
-        if stream is None:
-            stream = _DECODE_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
-        return stream
+    return process_stream("nvjpeg decode", device)
 
 
 @contextlib.contextmanager

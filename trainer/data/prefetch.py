@@ -58,7 +58,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 from torch.utils.data import DataLoader
@@ -97,19 +97,25 @@ def tensors_in(batch: Any) -> Iterator[torch.Tensor]:
         )
 
 
-_SIDE_STREAMS: Dict[int, "torch.cuda.Stream"] = {}
-_SIDE_LOCK = threading.Lock()
+_STREAMS: Dict[Tuple[str, int], "torch.cuda.Stream"] = {}
+_STREAMS_LOCK = threading.Lock()
+
+
+def process_stream(purpose: str, device: torch.device) -> "torch.cuda.Stream":
+    """The process's one stream for ``purpose`` on ``device``, made on first use and reused after:
+    the caching allocator keeps blocks per stream, so a fresh stream each time would strand them."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    with _STREAMS_LOCK:
+        stream = _STREAMS.get((purpose, index))
+        if stream is None:
+            stream = _STREAMS[purpose, index] = torch.cuda.Stream(torch.device("cuda", index))
+        return stream
 
 
 def side_stream(device: torch.device) -> "torch.cuda.Stream":
-    """The process's one copy stream for ``device``, made on first use and reused by every loader
-    and epoch after (see the module's docstring: the caching allocator keeps blocks per stream)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    with _SIDE_LOCK:
-        stream = _SIDE_STREAMS.get(index)
-        if stream is None:
-            stream = _SIDE_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
-        return stream
+    """The process's one copy stream for ``device``, reused by every loader and epoch (see the
+    module's docstring)."""
+    return process_stream("copy", device)
 
 
 def _event(device: torch.device) -> "torch.cuda.Event":
