@@ -168,7 +168,7 @@ def test_fused_sgd_keeps_zero_momentum_after_loading_a_state_without_any(compose
     saved["state"] = {}  # as written before any step
     opt.load_state_dict(saved)
     buffers = [opt.state[p].get("momentum_buffer") for p in model.parameters()]
-    assert all(b is not None and not b.any() for b in buffers), buffers
+    assert buffers and all(b is not None and not b.any() for b in buffers), buffers
 
 
 @pytest.mark.parametrize("algorithm", ["norm", "value"])
