@@ -112,10 +112,10 @@ if [ -n "$SYNTHETIC_ROWS_ARG" ]; then SYNTHETIC_ROWS=$SYNTHETIC_ROWS_ARG; fi
 if [ -n "$JPEG_ROWS_ARG" ]; then JPEG_ROWS=$JPEG_ROWS_ARG; fi
 # the JPEG table trains whole epochs of a data set sized to --jpeg-steps batches of 256 (20: 5,120
 # images, generated once per machine at 1.7 ms each on one core), and validates on all of its 1,280,
-# with the batch finder capped at 512. No step limit: persistent loader workers keep building the
-# batches queued past a limit, and the next epoch (or the training after a validation) waits for
-# them to be drained, which a short benchmark epoch would count as data wait. An H100 run with 8
-# steps of 3,000 images and a 1,024 batch measured mostly each epoch's first batch.
+# with the batch finder capped at 512. Whole epochs, not a step limit: an H100 run with 8 steps of
+# 3,000 images and a 1,024 batch measured mostly each epoch's first batch (and, before the loader
+# stopped at a step limit, the batches its persistent workers built past it, drained when the next
+# epoch started).
 EPOCHS=3 SIZE=224 STORED=256 PER_CLASS=$((JPEG_STEPS * 256 / 10)) MAX_BATCH=512 DRY=() JPEG_LIMITS=()
 if [ "$DRY_RUN" = 1 ]; then
   # the same sweeps, shrunk to a CPU: a tiny CNN on 32 px images, at most 3 steps per epoch, 2

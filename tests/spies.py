@@ -131,6 +131,21 @@ class SlowDataset(torch.utils.data.Dataset):
         return torch.randn(3, self.size, self.size, generator=g), i % self.classes
 
 
+class FetchLog(SlowDataset):
+    """Appends each index a loader worker asks for to ``path``, one line each: every sample the loader's
+    workers built (not the training process's own reads, such as the example batch a run measures)."""
+
+    def __init__(self, path: str, n: int = 64, image_size: int = 16, num_classes: int = 10):
+        super().__init__(n, image_size, num_classes, sleep_ms=0.0)
+        self.path = path
+
+    def __getitem__(self, i):
+        if torch.utils.data.get_worker_info() is not None:
+            with open(self.path, "a") as f:
+                f.write(f"{i}\n")
+        return super().__getitem__(i)
+
+
 class SlowInitDataset(SlowDataset):
     """A data set that takes ``init_s`` to open (a slow listing, a cache being filled): a run still setting up."""
 

@@ -662,3 +662,105 @@ def test_device_resident_needs_synthetic_data(compose, tmp_path):
     cfg = compose("data=imagefolder", f"data.root={_jpeg_folder(tmp_path / 'imgs')}", "data.device_resident=true")
     with pytest.raises(ConfigError, match="data.device_resident"):
         ImageDataModule(cfg.data, cfg.seed).build()
+
+
+def test_a_step_limit_builds_only_the_batches_it_trains_even_with_persistent_workers(tmp_path):
+    """trainer.limit_train_batches / limit_val_batches with persistent loader workers: Lightning stops
+    taking batches at the limit, and torch's loader drains whatever its workers queued past it when the
+    next epoch starts (built, then thrown away: it made the tuner's short probe epochs with workers look
+    slower than they are). The loader now builds exactly the batches the epoch uses, and they are the
+    same samples as before: the first of each epoch's order."""
+    from conftest import run_cli
+
+    from trainer.data.sampler import EpochShuffleSampler
+
+    train_log, val_log = tmp_path / "train.log", tmp_path / "val.log"
+    epochs, steps, val_steps, batch = 3, 3, 2, 4
+    result = run_cli(
+        "data=custom",
+        "data.dataset._target_=spies.FetchLog",
+        f"+data.dataset.path={train_log}",
+        "+data.dataset.n=64",
+        "+data.val_dataset._target_=spies.FetchLog",
+        f"+data.val_dataset.path={val_log}",
+        "+data.val_dataset.n=32",
+        "data.image_size=16",
+        f"data.batch_size={batch}",
+        "data.num_workers=2",
+        "data.persistent_workers=true",
+        "data.prefetch_factor=4",
+        f"trainer.limit_train_batches={steps}",
+        f"trainer.limit_val_batches={val_steps}",
+        f"trainer.max_epochs={epochs}",
+        "checkpoint.enabled=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    trained = [int(line) for line in train_log.read_text().split()]
+    # each epoch's indices, as the training sampler orders them (the workers' appends interleave)
+    expected = []
+    for epoch in range(epochs):
+        sampler = EpochShuffleSampler(64, 42)
+        sampler.set_epoch(epoch)
+        expected += list(sampler)[: steps * batch]
+    assert sorted(trained) == sorted(expected), f"{len(trained)} samples built for {len(expected)} trained"
+    # validation (no sanity check by default): once per epoch, its first samples each time
+    validated = [int(line) for line in val_log.read_text().split()]
+    assert sorted(validated) == sorted(list(range(val_steps * batch)) * epochs), len(validated)
+
+
+def test_a_step_limit_stops_each_rank_at_the_samples_lightnings_own_dealing_gives_it():
+    """Under DDP the capped training sampler is dealt by the datamodule (already distributed, so Lightning
+    leaves it in place): each rank's share is Lightning's own DistributedSamplerWrapper's, cut at the limit."""
+    from pytorch_lightning.trainer.connectors.data_connector import _get_distributed_sampler
+    from pytorch_lightning.trainer.states import RunningStage
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    from trainer.data.sampler import EpochShuffleSampler, deal_to_ranks
+
+    for rank in range(3):
+        lightnings = _get_distributed_sampler(
+            DataLoader(range(50), sampler=EpochShuffleSampler(50, seed=5), batch_size=4),
+            True,
+            0,
+            RunningStage.TRAINING,
+            num_replicas=3,
+            rank=rank,
+        )
+        ours = deal_to_ranks(EpochShuffleSampler(50, seed=5), rank, 3, stop=8)
+        assert isinstance(ours, DistributedSampler)  # (DataConnector._requires_distributed_sampler)
+        for epoch in (0, 1):
+            lightnings.set_epoch(epoch)
+            ours.set_epoch(epoch)
+            assert list(ours) == list(lightnings)[:8] and len(ours) == 8
+
+
+@pytest.mark.parametrize("limit", [2, 100, 0.5, 0.25, 1.0])
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_step_limit_cuts_each_ranks_epoch_to_lightnings_count_of_its_batches(compose, limit, world):
+    """What the datamodule cuts an epoch to is what Lightning trains and validates on each rank: its own
+    rule (_parse_num_batches) on the rank's whole epoch, for an int limit and a fraction. (Validation
+    under DDP is dealt by Lightning afterwards: the loader holds every rank's first batches.)"""
+    from types import SimpleNamespace
+
+    from pytorch_lightning.trainer.connectors.data_connector import _parse_num_batches
+    from pytorch_lightning.trainer.states import RunningStage
+
+    cfg = compose("data.num_samples=70", "data.val_samples=30", "data.batch_size=4", "data.image_size=8")
+    dm = ImageDataModule(cfg.data, cfg.seed)
+    dm.trainer = SimpleNamespace(limit_train_batches=limit, limit_val_batches=limit, world_size=world, global_rank=0)
+    assert cfg.data.drop_last  # training drops a last partial batch, validation keeps it
+    for n, name, stage in (
+        (70, "train_dataloader", RunningStage.TRAINING),
+        (30, "val_dataloader", RunningStage.VALIDATING),
+    ):
+        per_rank = -(-n // world)  # a rank's samples, padded to even shares
+        rank_batches = per_rank // 4 if name == "train_dataloader" else -(-per_rank // 4)
+        expected = _parse_num_batches(stage, rank_batches, limit)
+        loader = getattr(dm, name)()
+        if expected == rank_batches:  # nothing cut: the whole set, dealt by Lightning as ever
+            assert len(loader.dataset) == n and len(loader.sampler) == n
+        elif name == "train_dataloader":
+            assert len(loader) == expected
+        else:
+            assert len(loader) == expected * world and len(loader.dataset) == expected * 4 * world

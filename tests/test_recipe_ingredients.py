@@ -496,7 +496,9 @@ def test_under_ddp_the_torch_loader_deals_repeats_itself_so_lightning_leaves_its
 
     cfg = compose("data=imagefolder", f"data.root={small_images}", "data.repeated_augment=2", "data.image_size=16")
     dm = ImageDataModule(cfg.data, cfg.seed)
-    dm.trainer = SimpleNamespace(world_size=2, global_rank=1, current_epoch=0)
+    dm.trainer = SimpleNamespace(
+        world_size=2, global_rank=1, current_epoch=0, limit_train_batches=1.0, limit_val_batches=1.0
+    )
     dm.build()
     sampler = dm.train_dataloader().sampler
     assert isinstance(sampler, DistributedSampler) and sampler.shuffle is False and sampler.rank == 1, sampler

@@ -398,14 +398,25 @@ class ImageDataModule(pl.LightningDataModule):
         sampler = self._block_sampler(dataset, train)
         if sampler is None and train:
             sampler = self._train_sampler(len(dataset))
-            if sampler.repeats > 1:
+            world = self.trainer.world_size if self.trainer is not None else 1
+            limit = self._step_limit(-(-len(sampler) // world), train=True)
+            if sampler.repeats > 1 or limit is not None:
                 from trainer.data.sampler import RepeatedSamples, deal_to_ranks
 
-                dataset = RepeatedSamples(dataset, sampler.repeats)
-                if self.trainer is not None:  # repeats dealt to different ranks (Lightning would scatter them)
-                    sampler = deal_to_ranks(sampler, self.trainer.global_rank, self.trainer.world_size)
+                if sampler.repeats > 1:
+                    dataset = RepeatedSamples(dataset, sampler.repeats)
+                if self.trainer is not None:
+                    # dealt here, not by Lightning: repeats go to different ranks (Lightning would scatter
+                    # them), and a step limit stops each rank's share where its epoch stops
+                    stop = None if limit is None else limit * c.batch_size
+                    sampler = deal_to_ranks(sampler, self.trainer.global_rank, world, stop=stop)
         if c.get("device_resident") and c.name == "synthetic":
             return self._device_resident_loader(dataset, sampler, train)
+        if not train and sampler is None and not isinstance(dataset, IterableDataset):
+            world = self.trainer.world_size if self.trainer is not None else 1
+            limit = self._step_limit(-(-len(dataset) // world), train=False)
+            if limit is not None:  # its first samples: Lightning's unshuffled DistributedSampler deals them as before
+                dataset = torch.utils.data.Subset(dataset, range(limit * c.batch_size * world))
         from trainer.data.folder import skip_none_collate
 
         collate = None if c.name == "synthetic" else skip_none_collate
@@ -432,6 +443,20 @@ class ImageDataModule(pl.LightningDataModule):
         # an asynchronous copy needs page-locked host memory
         kwargs["pin_memory"] = kwargs["pin_memory"] or device.type == "cuda"
         return DevicePrefetchLoader(dataset, device=device, transfer=self.to_device, clock=self.step_clock, **kwargs)
+
+    def _step_limit(self, samples_per_rank: int, train: bool) -> int | None:
+        """``trainer.limit_train_batches`` / ``limit_val_batches`` as the batches this rank's loader is to
+        build, where the limit cuts an epoch short (Lightning's own rule: an int caps the count, a float
+        is a fraction of it); None where the whole epoch runs. A loader that builds only those is what
+        keeps persistent workers from building batches past the limit that the next epoch must drain
+        (sampler.py's docstring)."""
+        if self.trainer is None or not isinstance(self.cfg.batch_size, int):
+            return None
+        limit = self.trainer.limit_train_batches if train else self.trainer.limit_val_batches
+        size = self.cfg.batch_size
+        batches = samples_per_rank // size if train and self.cfg.drop_last else -(-samples_per_rank // size)
+        n = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
+        return n if 0 < n < batches else None
 
     def _dali_loader(self, train: bool):
         """data.loader=dali: this rank's DALI loader, over the files the torch loader would read (dali.py)."""

@@ -13,21 +13,29 @@ repeat gets its own augmentation seed. Under DDP the draws are dealt to the rank
 takes draws r, r + world, ...: ``deal_to_ranks``), so the repeats of a sample land on different
 ranks, as DeiT's ``RASampler`` does; Lightning's own wrapping would shuffle the draws again first
 and scatter the repeats.
+
+``stop`` (``trainer.limit_train_batches``): an epoch cut short after that many draws. Lightning stops
+taking batches at its limit, but a loader's persistent workers keep building the ones queued past it,
+and the next epoch's iterator waits for them to be drained (torch's ``_MultiProcessingDataLoaderIter
+._reset``): work thrown away in every epoch, which made a short epoch with workers look slower than
+it is (the tuner's probes). The epoch's first draws are the same; there are just no more of them.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
+import itertools
+from typing import Iterator, Optional
 
 import torch
 from torch.utils.data import Dataset, Sampler
 
 
 class EpochShuffleSampler(Sampler[int]):
-    def __init__(self, length: int, seed: int, repeats: int = 1) -> None:
+    def __init__(self, length: int, seed: int, repeats: int = 1, stop: Optional[int] = None) -> None:
         self.length = length
         self.seed = seed
         self.repeats = repeats
+        self.stop = stop  # draws per epoch, where a step limit cuts the epoch short; None: all
         self.epoch = 0
         self.skip = {}  # epoch -> samples to skip once (mid-epoch resume)
 
@@ -42,10 +50,10 @@ class EpochShuffleSampler(Sampler[int]):
             order = (order.repeat_interleave(self.repeats) + copies)[: self.length]
         order = order.tolist()
         start = self.skip.pop(self.epoch, 0)
-        return iter(order[start:])
+        return iter(order[start : self.stop])
 
     def __len__(self) -> int:
-        return self.length
+        return self.length if self.stop is None else min(self.length, self.stop)
 
 
 class RepeatedSamples(Dataset):
@@ -74,17 +82,26 @@ class RepeatedSamples(Dataset):
         return fetch(wrapped) if fetch is not None else [self.dataset[i] for i in wrapped]
 
 
-def deal_to_ranks(sampler: EpochShuffleSampler, rank: int, world: int):
+def deal_to_ranks(sampler: EpochShuffleSampler, rank: int, world: int, stop: Optional[int] = None):
     """The training sampler under DDP, as this rank draws from it: Lightning's own
     ``DistributedSamplerWrapper`` with the arguments Lightning gives a training loader's (shuffled by
     PL_GLOBAL_SEED and the epoch, then dealt in turn), except with repeats, which are dealt in turn
     without that shuffle so that a sample's repeats go to different ranks. Lightning leaves a sampler
-    that is already distributed as it is, and its set_epoch reaches ours."""
+    that is already distributed as it is, and its set_epoch reaches ours. ``stop``: this rank's first
+    draws only (a step limit; see the module docstring), the same ones Lightning's wrapper deals it."""
     if world <= 1:
+        sampler.stop = stop
         return sampler
     import os
 
     from lightning_fabric.utilities.distributed import DistributedSamplerWrapper
 
+    class FirstDrawsOfShare(DistributedSamplerWrapper):
+        def __iter__(self):
+            return itertools.islice(super().__iter__(), stop)
+
+        def __len__(self) -> int:
+            return super().__len__() if stop is None else min(stop, super().__len__())
+
     seed = int(os.getenv("PL_GLOBAL_SEED", 0))  # pytorch_lightning's _get_distributed_sampler
-    return DistributedSamplerWrapper(sampler, num_replicas=world, rank=rank, shuffle=sampler.repeats == 1, seed=seed)
+    return FirstDrawsOfShare(sampler, num_replicas=world, rank=rank, shuffle=sampler.repeats == 1, seed=seed)
