@@ -710,41 +710,45 @@ def test_a_step_limit_builds_only_the_batches_it_trains_even_with_persistent_wor
 
 
 def test_a_step_limit_stops_each_rank_at_the_samples_lightnings_own_dealing_gives_it():
-    """Under DDP the capped training sampler is dealt by the datamodule (already distributed, so Lightning
-    leaves it in place): each rank's share is Lightning's own DistributedSamplerWrapper's, cut at the limit."""
+    """Under a distributed strategy the capped training sampler is dealt by the datamodule (already
+    distributed, so Lightning leaves it in place): each rank's share is Lightning's own
+    DistributedSamplerWrapper's, cut at the limit; with one process too (Lightning wraps it then as
+    well), with and without repeats."""
     from pytorch_lightning.trainer.connectors.data_connector import _get_distributed_sampler
     from pytorch_lightning.trainer.states import RunningStage
     from torch.utils.data import DataLoader, DistributedSampler
 
     from trainer.data.sampler import EpochShuffleSampler, deal_to_ranks
 
-    for rank in range(3):
-        lightnings = _get_distributed_sampler(
-            DataLoader(range(50), sampler=EpochShuffleSampler(50, seed=5), batch_size=4),
-            True,
-            0,
-            RunningStage.TRAINING,
-            num_replicas=3,
-            rank=rank,
-        )
-        ours = deal_to_ranks(EpochShuffleSampler(50, seed=5), rank, 3, stop=8)
-        assert isinstance(ours, DistributedSampler)  # (DataConnector._requires_distributed_sampler)
-        for epoch in (0, 1):
-            lightnings.set_epoch(epoch)
-            ours.set_epoch(epoch)
-            assert list(ours) == list(lightnings)[:8] and len(ours) == 8
+    for world, repeats in ((3, 1), (1, 1), (1, 2)):
+        for rank in range(world):
+            lightnings = _get_distributed_sampler(
+                DataLoader(range(50), sampler=EpochShuffleSampler(50, seed=5, repeats=repeats), batch_size=4),
+                True,
+                0,
+                RunningStage.TRAINING,
+                num_replicas=world,
+                rank=rank,
+            )
+            ours = deal_to_ranks(EpochShuffleSampler(50, seed=5, repeats=repeats), rank, world, 8, distributed=True)
+            assert isinstance(ours, DistributedSampler)  # (DataConnector._requires_distributed_sampler)
+            for epoch in (0, 1):
+                lightnings.set_epoch(epoch)
+                ours.set_epoch(epoch)
+                assert list(ours) == list(lightnings)[:8] and len(ours) == 8, (world, repeats, rank, epoch)
 
 
 @pytest.mark.parametrize("limit", [2, 100, 0.5, 0.25, 1.0])
 @pytest.mark.parametrize("world", [1, 2])
-def test_a_step_limit_cuts_each_ranks_epoch_to_lightnings_count_of_its_batches(compose, limit, world):
-    """What the datamodule cuts an epoch to is what Lightning trains and validates on each rank: its own
-    rule (_parse_num_batches) on the rank's whole epoch, for an int limit and a fraction. (Validation
-    under DDP is dealt by Lightning afterwards: the loader holds every rank's first batches.)"""
+def test_a_step_limit_leaves_lightning_the_same_count_of_batches_to_train_and_validate(compose, limit, world):
+    """Lightning applies its limit (_parse_num_batches) to the loader the datamodule hands it: after the
+    datamodule's cut it must come to the count it would on the whole epoch, for an int limit (cut to
+    exactly that) and a fraction (left whole: a fraction of a shorter loader would be fewer batches)."""
     from types import SimpleNamespace
 
     from pytorch_lightning.trainer.connectors.data_connector import _parse_num_batches
     from pytorch_lightning.trainer.states import RunningStage
+    from torch.utils.data import DistributedSampler
 
     cfg = compose("data.num_samples=70", "data.val_samples=30", "data.batch_size=4", "data.image_size=8")
     dm = ImageDataModule(cfg.data, cfg.seed)
@@ -754,13 +758,46 @@ def test_a_step_limit_cuts_each_ranks_epoch_to_lightnings_count_of_its_batches(c
         (70, "train_dataloader", RunningStage.TRAINING),
         (30, "val_dataloader", RunningStage.VALIDATING),
     ):
-        per_rank = -(-n // world)  # a rank's samples, padded to even shares
-        rank_batches = per_rank // 4 if name == "train_dataloader" else -(-per_rank // 4)
-        expected = _parse_num_batches(stage, rank_batches, limit)
+        drop = name == "train_dataloader"
+
+        def rank_batches(samples: int, drop: bool = drop) -> int:  # a rank's batches, as Lightning deals them
+            per_rank = -(-samples // world)
+            return per_rank // 4 if drop else -(-per_rank // 4)
+
         loader = getattr(dm, name)()
-        if expected == rank_batches:  # nothing cut: the whole set, dealt by Lightning as ever
-            assert len(loader.dataset) == n and len(loader.sampler) == n
-        elif name == "train_dataloader":
-            assert len(loader) == expected
+        if isinstance(loader.sampler, DistributedSampler):  # dealt already: its length is this rank's
+            handed = len(loader)
         else:
-            assert len(loader) == expected * world and len(loader.dataset) == expected * 4 * world
+            handed = rank_batches(len(loader.sampler))
+        assert _parse_num_batches(stage, handed, limit) == _parse_num_batches(stage, rank_batches(n), limit)
+        if isinstance(limit, int) and limit < rank_batches(n):
+            assert handed == limit  # cut where Lightning stops
+        else:
+            assert len(loader.sampler) == n  # the whole set
+
+
+def test_validation_under_a_step_limit_keeps_the_data_sets_attributes():
+    from trainer.data.sampler import FirstSamples
+
+    class Named(list):
+        classes = ["cat", "dog"]
+
+    first = FirstSamples(Named(range(10)), 4)
+    assert len(first) == 4 and first.classes == ["cat", "dog"] and [first[i] for i in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(IndexError):
+        first[4]
+
+
+def test_a_distributed_strategy_of_one_process_gets_its_capped_sampler_dealt_as_lightning_would(compose):
+    from types import SimpleNamespace
+
+    from torch.utils.data import DistributedSampler
+
+    cfg = compose("data.num_samples=70", "data.val_samples=30", "data.batch_size=4", "data.image_size=8")
+    for kwargs, dealt in ((None, False), ({"num_replicas": 1, "rank": 0}, True)):  # single device; ddp devices=1
+        dm = ImageDataModule(cfg.data, cfg.seed)
+        dm.trainer = SimpleNamespace(
+            limit_train_batches=3, limit_val_batches=1.0, world_size=1, global_rank=0, distributed_sampler_kwargs=kwargs
+        )
+        sampler = dm.train_dataloader().sampler
+        assert isinstance(sampler, DistributedSampler) is dealt and len(sampler) == 12

@@ -407,16 +407,20 @@ class ImageDataModule(pl.LightningDataModule):
                     dataset = RepeatedSamples(dataset, sampler.repeats)
                 if self.trainer is not None:
                     # dealt here, not by Lightning: repeats go to different ranks (Lightning would scatter
-                    # them), and a step limit stops each rank's share where its epoch stops
+                    # them), and a step limit stops each rank's share where its epoch stops. A distributed
+                    # strategy of one process is dealt too: Lightning would wrap the sampler then as well
                     stop = None if limit is None else limit * c.batch_size
-                    sampler = deal_to_ranks(sampler, self.trainer.global_rank, world, stop=stop)
+                    distributed = world > 1 or getattr(self.trainer, "distributed_sampler_kwargs", None) is not None
+                    sampler = deal_to_ranks(sampler, self.trainer.global_rank, world, stop, distributed)
         if c.get("device_resident") and c.name == "synthetic":
             return self._device_resident_loader(dataset, sampler, train)
         if not train and sampler is None and not isinstance(dataset, IterableDataset):
             world = self.trainer.world_size if self.trainer is not None else 1
             limit = self._step_limit(-(-len(dataset) // world), train=False)
             if limit is not None:  # its first samples: Lightning's unshuffled DistributedSampler deals them as before
-                dataset = torch.utils.data.Subset(dataset, range(limit * c.batch_size * world))
+                from trainer.data.sampler import FirstSamples
+
+                dataset = FirstSamples(dataset, limit * c.batch_size * world)
         from trainer.data.folder import skip_none_collate
 
         collate = None if c.name == "synthetic" else skip_none_collate
@@ -446,17 +450,18 @@ class ImageDataModule(pl.LightningDataModule):
 
     def _step_limit(self, samples_per_rank: int, train: bool) -> int | None:
         """``trainer.limit_train_batches`` / ``limit_val_batches`` as the batches this rank's loader is to
-        build, where the limit cuts an epoch short (Lightning's own rule: an int caps the count, a float
-        is a fraction of it); None where the whole epoch runs. A loader that builds only those is what
-        keeps persistent workers from building batches past the limit that the next epoch must drain
-        (sampler.py's docstring)."""
+        build, where a number of batches cuts an epoch short; None where the whole epoch runs. A loader
+        that builds only those is what keeps persistent workers from building batches past the limit
+        that the next epoch must drain (sampler.py's docstring). A fraction (a float) is left to
+        Lightning: it takes that fraction of the loader's length, which a shorter loader would change."""
         if self.trainer is None or not isinstance(self.cfg.batch_size, int):
             return None
         limit = self.trainer.limit_train_batches if train else self.trainer.limit_val_batches
+        if not isinstance(limit, int) or isinstance(limit, bool):
+            return None
         size = self.cfg.batch_size
         batches = samples_per_rank // size if train and self.cfg.drop_last else -(-samples_per_rank // size)
-        n = min(batches, limit) if isinstance(limit, int) else int(batches * limit)
-        return n if 0 < n < batches else None
+        return limit if 0 < limit < batches else None
 
     def _dali_loader(self, train: bool):
         """data.loader=dali: this rank's DALI loader, over the files the torch loader would read (dali.py)."""

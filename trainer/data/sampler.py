@@ -19,6 +19,7 @@ taking batches at its limit, but a loader's persistent workers keep building the
 and the next epoch's iterator waits for them to be drained (torch's ``_MultiProcessingDataLoaderIter
 ._reset``): work thrown away in every epoch, which made a short epoch with workers look slower than
 it is (the tuner's probes). The epoch's first draws are the same; there are just no more of them.
+``FirstSamples`` does the same for validation.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import itertools
 from typing import Iterator, Optional
 
 import torch
+from lightning_fabric.utilities.distributed import DistributedSamplerWrapper
 from torch.utils.data import Dataset, Sampler
 
 
@@ -82,26 +84,62 @@ class RepeatedSamples(Dataset):
         return fetch(wrapped) if fetch is not None else [self.dataset[i] for i in wrapped]
 
 
-def deal_to_ranks(sampler: EpochShuffleSampler, rank: int, world: int, stop: Optional[int] = None):
+class FirstSamples(Dataset):
+    """The first ``n`` samples of a data set (validation under a step limit), its attributes as the
+    whole set's (``classes``, ``targets``, ...), as a model or callback may read them."""
+
+    def __init__(self, dataset, n: int) -> None:
+        self.dataset = dataset
+        self.n = min(n, len(dataset))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getattr__(self, name):
+        if name in ("dataset", "n") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __getitem__(self, index: int):
+        if not 0 <= index < self.n:
+            raise IndexError(index)
+        return self.dataset[index]
+
+    def __getitems__(self, indices):
+        fetch = getattr(self.dataset, "__getitems__", None)
+        return fetch(list(indices)) if fetch is not None else [self.dataset[i] for i in indices]
+
+
+class FirstDrawsOfShare(DistributedSamplerWrapper):
+    """Lightning's ``DistributedSamplerWrapper``, stopped after this rank's first ``stop`` draws."""
+
+    def __init__(self, sampler, stop: Optional[int], **kwargs) -> None:
+        super().__init__(sampler, **kwargs)
+        self.stop = stop
+
+    def __iter__(self):
+        return itertools.islice(super().__iter__(), self.stop)
+
+    def __len__(self) -> int:
+        return super().__len__() if self.stop is None else min(self.stop, super().__len__())
+
+
+def deal_to_ranks(
+    sampler: EpochShuffleSampler, rank: int, world: int, stop: Optional[int] = None, distributed: Optional[bool] = None
+):
     """The training sampler under DDP, as this rank draws from it: Lightning's own
     ``DistributedSamplerWrapper`` with the arguments Lightning gives a training loader's (shuffled by
-    PL_GLOBAL_SEED and the epoch, then dealt in turn), except with repeats, which are dealt in turn
-    without that shuffle so that a sample's repeats go to different ranks. Lightning leaves a sampler
-    that is already distributed as it is, and its set_epoch reaches ours. ``stop``: this rank's first
-    draws only (a step limit; see the module docstring), the same ones Lightning's wrapper deals it."""
-    if world <= 1:
+    PL_GLOBAL_SEED and the epoch, then dealt in turn), except with repeats over several ranks, which
+    are dealt in turn without that shuffle so that a sample's repeats go to different ranks. Lightning
+    leaves a sampler that is already distributed as it is, and its set_epoch reaches ours. ``stop``:
+    this rank's first draws only (a step limit; see the module docstring), the same ones Lightning's
+    wrapper deals it. ``distributed``: whether Lightning deals the training sampler (a distributed
+    strategy, even of one process: it wraps the sampler then too); default: more than one rank."""
+    if not (world > 1 if distributed is None else distributed):
         sampler.stop = stop
         return sampler
     import os
 
-    from lightning_fabric.utilities.distributed import DistributedSamplerWrapper
-
-    class FirstDrawsOfShare(DistributedSamplerWrapper):
-        def __iter__(self):
-            return itertools.islice(super().__iter__(), stop)
-
-        def __len__(self) -> int:
-            return super().__len__() if stop is None else min(stop, super().__len__())
-
     seed = int(os.getenv("PL_GLOBAL_SEED", 0))  # pytorch_lightning's _get_distributed_sampler
-    return FirstDrawsOfShare(sampler, num_replicas=world, rank=rank, shuffle=sampler.repeats == 1, seed=seed)
+    shuffle = sampler.repeats == 1 or world == 1
+    return FirstDrawsOfShare(sampler, stop, num_replicas=world, rank=rank, shuffle=shuffle, seed=seed)
