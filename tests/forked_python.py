@@ -8,13 +8,14 @@ stricter than the product's: a command whose environment differs from the server
 ``RUNTIME_ENV`` (variables read while running) runs in a fresh interpreter, as does every command
 when ``TRAINER_TESTS_FRESH_PYTHON=1`` (``make test`` with it set checks that nothing depends on the
 fork); ``TRAINER_TESTS_FORK_LOG=FILE`` appends each command's choice and the variables that decided
-it. A test that signals, kills or times a process starts its own with ``subprocess`` and never comes
-here.
+it. A test that signals or kills a command it started in the background uses ``start_python``: the
+same rule, and a handle with the parts of ``subprocess.Popen`` those tests use.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -75,6 +76,62 @@ def run_python(
             child.wait()
             raise subprocess.TimeoutExpired([sys.executable, *args], timeout, _read(out), _read(err)) from None
         return subprocess.CompletedProcess([sys.executable, *args], child.returncode, _read(out), _read(err))
+
+
+class Started:
+    """A command forked from the preloaded server, as ``subprocess.Popen([sys.executable, *args],
+    stdout=PIPE, stderr=STDOUT, text=True)`` would run it: ``pid``, ``poll``, ``wait``, ``returncode``,
+    ``send_signal``, ``kill`` and ``communicate`` (its output, stdout and stderr as one text, read from
+    the file it writes)."""
+
+    def __init__(self, child, tmp: tempfile.TemporaryDirectory, output: str) -> None:
+        self.child, self._tmp, self._output = child, tmp, output
+        self.pid = child.pid
+        self.args = child.args
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self.child.returncode
+
+    def poll(self) -> Optional[int]:
+        return self.child.poll()
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        return self.child.wait(timeout)
+
+    def send_signal(self, signum: int) -> None:
+        if self.child.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: Optional[float] = None):
+        self.wait(timeout)
+        out = _read(self._output)
+        self._tmp.cleanup()
+        return out, None
+
+
+def start_python(args: List[str], cwd, env: Dict[str, str], new_session: bool = False):
+    """``subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=PIPE, stderr=STDOUT,
+    text=True, start_new_session=new_session)``, forked from the preloaded server where that gives the
+    same run (``run_python``'s rule): for a test that signals or kills the command while it runs."""
+    if not _forkable(args, env):
+        return subprocess.Popen(
+            [sys.executable, *args],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=new_session,
+        )
+    preloaded.context(_base_env or env)
+    tmp = tempfile.TemporaryDirectory(prefix="forked-python-")
+    output = os.path.join(tmp.name, "output")
+    child = preloaded.start(list(args), str(cwd), dict(env), output, output, new_session=new_session)
+    return Started(child, tmp, output)
 
 
 def _forkable(args: List[str], env: Dict[str, str]) -> bool:

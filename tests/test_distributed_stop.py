@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -39,17 +38,12 @@ def _stopped_at(m) -> int:
     return int(m["error"].split("at step ")[1].split(";")[0])
 
 
-def _start(*cmd: str) -> subprocess.Popen:
-    """A command in a session of its own (so that a hang can be killed with every process it started)."""
-    return subprocess.Popen(
-        [sys.executable, *cmd],
-        cwd=ROOT,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+def _start(*cmd: str):
+    """A command in a session of its own (so that a hang can be killed with every process it started;
+    forked_python.start_python)."""
+    from forked_python import start_python
+
+    return start_python(list(cmd), ROOT, clean_env(), new_session=True)
 
 
 def _communicate(procs, timeout: float = 240):

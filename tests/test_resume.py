@@ -7,7 +7,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,16 +25,11 @@ LONG = [
 ]
 
 
-def _popen(*args: str) -> subprocess.Popen:
-    env = clean_env()
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def _popen(*args: str):
+    """``python train.py ARGS`` in the background, to be signalled or killed (forked_python.start_python)."""
+    from forked_python import start_python
+
+    return start_python([str(ROOT / "train.py"), *args], ROOT, clean_env())
 
 
 def _new_checkpoint(directory: Path, since: float, proc: subprocess.Popen, timeout: float = 120) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -26,16 +25,12 @@ SLOW = [
 ]
 
 
-def _start_train(*args: str) -> subprocess.Popen:
-    """``python train.py ARGS`` in the background, its output (stdout and stderr) read as one text."""
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=ROOT,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def _start_train(*args: str):
+    """``python train.py ARGS`` in the background, its output (stdout and stderr) read as one text
+    (forked_python.start_python)."""
+    from forked_python import start_python
+
+    return start_python([str(ROOT / "train.py"), *args], ROOT, clean_env())
 
 
 def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 180) -> None:

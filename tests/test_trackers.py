@@ -185,14 +185,12 @@ def _csv_table(path: Path) -> list:
         return list(csv.reader(f))
 
 
-def _start(run_dir: Path, *extra: str, uri: str, **env: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", *extra],
-        cwd=ROOT,
-        env=clean_env(MLFLOW_TRACKING_URI=uri, **env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+def _start(run_dir: Path, *extra: str, uri: str, **env: str):
+    """``python train.py`` in the background, to be killed (forked_python.start_python)."""
+    from forked_python import start_python
+
+    return start_python(
+        [str(ROOT / "train.py"), f"hydra.run.dir={run_dir}", *extra], ROOT, clean_env(MLFLOW_TRACKING_URI=uri, **env)
     )
 
 
@@ -206,7 +204,7 @@ def test_a_run_killed_with_sigkill_and_resumed_continues_its_mlflow_run_and_csv_
     while time.time() < deadline:  # kill once at least two epochs are in the journal
         if (run_dir / "metrics.json").is_file() and len(read_metrics(run_dir)["epochs"]) >= 2:
             break
-        assert proc.poll() is None, proc.stdout.read()
+        assert proc.poll() is None, proc.communicate()[0]
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -242,7 +240,7 @@ def _kill_after_epochs(proc: subprocess.Popen, run_dir: Path, epochs: int) -> li
     while time.time() < deadline:
         if (run_dir / "metrics.json").is_file() and len(read_metrics(run_dir)["epochs"]) >= epochs:
             break
-        assert proc.poll() is None, proc.stdout.read()
+        assert proc.poll() is None, proc.communicate()[0]
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)

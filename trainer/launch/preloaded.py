@@ -114,7 +114,8 @@ def start(
     new_session: bool = False,
     die_with_parent: bool = False,
 ) -> Child:
-    """Start ``python ARGS`` forked from the server; its stdout and stderr go to the files named.
+    """Start ``python ARGS`` forked from the server; its stdout and stderr go to the files named (the
+    same file for both: one stream, as Popen's ``stderr=STDOUT``).
     ``new_session``: the child leads a session of its own (``os.killpg(child.pid, ...)`` reaches every
     process it starts), as Popen's ``start_new_session``; ``die_with_parent``: it is killed when its
     parent (the server, which ends with this process) dies."""
@@ -152,6 +153,9 @@ def _child(
     os.environ.update(env)
     os.chdir(cwd)
     for fd, path in ((1, out), (2, err)):
+        if fd == 2 and path == out:  # one file for both, as Popen's stderr=STDOUT
+            os.dup2(1, 2)
+            continue
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(target, fd)
         os.close(target)
