@@ -1,5 +1,7 @@
-"""What a step limit costs with persistent loader workers: an epoch cut short by
-``trainer.limit_train_batches`` against a whole epoch of as many batches, same model, batch and workers.
+"""What a step limit costs with persistent loader workers, per batch.
+
+An epoch cut short by ``trainer.limit_train_batches`` against a whole epoch of as many batches, same
+model, batch and workers.
 
 The tuner's probes and ``scale=smoke`` train short epochs under a step limit. If the loader's workers
 built batches past the limit, the next epoch would wait for them to be drained and a limited epoch
