@@ -72,6 +72,29 @@ def test_each_epoch_reads_every_sample_once_in_the_torch_loaders_order(compose, 
     assert sorted(_labels(dm.val_dataloader(), 0)) == list(range(23))
 
 
+def test_a_step_limit_reads_only_the_files_of_the_batches_the_epoch_uses(compose, one_per_class):
+    """trainer.limit_train_batches / limit_val_batches: the epoch's pipeline reads the first batches'
+    files only (DALI's prefetch would otherwise decode past the limit), the same ones as without it."""
+    from types import SimpleNamespace
+
+    for world in (1, 2):
+        for rank in range(world):
+            dm = _datamodule(compose, one_per_class)
+            dm.trainer = SimpleNamespace(
+                world_size=world,
+                global_rank=rank,
+                current_epoch=1,
+                strategy=SimpleNamespace(root_device=torch.device("cpu")),
+                limit_train_batches=1.0,
+                limit_val_batches=1.0,
+            )
+            whole = (_labels(dm.train_dataloader()), _labels(dm.val_dataloader()))
+            dm.trainer.limit_train_batches, dm.trainer.limit_val_batches = 2, 1
+            train, val = dm.train_dataloader(), dm.val_dataloader()
+            assert len(train) == 2 and len(val) == 1
+            assert _labels(train) == whole[0][:10] and _labels(val) == whole[1][:5], (world, rank)
+
+
 def test_ranks_get_the_samples_lightning_deals_the_torch_loaders_ranks(compose, one_per_class):
     """Training: the shares of Lightning's own DistributedSamplerWrapper around the torch loader's
     sampler, as Lightning makes it for a training loader (shuffled by PL_GLOBAL_SEED and the epoch);
@@ -92,6 +115,8 @@ def test_ranks_get_the_samples_lightning_deals_the_torch_loaders_ranks(compose, 
                 global_rank=r,
                 current_epoch=epoch,
                 strategy=SimpleNamespace(root_device=torch.device("cpu")),
+                limit_train_batches=1.0,
+                limit_val_batches=1.0,
             )
             lightning = DistributedSamplerWrapper(
                 EpochShuffleSampler(23, dm.seed), num_replicas=2, rank=r, shuffle=True

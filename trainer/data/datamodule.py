@@ -473,9 +473,12 @@ class ImageDataModule(pl.LightningDataModule):
         samples = self.dali_samples[train]
         n = len(samples)
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
+        # a step limit: the pipeline reads only the files of the batches the epoch uses (as _loader's samplers)
+        limit = self._step_limit(-(-n // world), train)
+        stop = None if limit is None else limit * self.cfg.batch_size
         if train:
             sampler = self._train_sampler(n)  # the epoch's permutation, repeats and a resume's skip
-            dealt = deal_to_ranks(sampler, rank, world)
+            dealt = deal_to_ranks(sampler, rank, world, stop=stop)
 
             def order_of(epoch: int) -> list:
                 skip = sampler.skip.pop(epoch, 0)  # a mid-epoch resume: what this rank trained, from its own share
@@ -485,7 +488,7 @@ class ImageDataModule(pl.LightningDataModule):
             dealt = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=False)
 
             def order_of(epoch: int) -> list:
-                return list(dealt)
+                return list(dealt)[:stop]
 
         if self.trainer is not None:
             device = self.trainer.strategy.root_device
@@ -497,7 +500,7 @@ class ImageDataModule(pl.LightningDataModule):
             samples,
             order_of,
             lambda: self._epoch_now(None),
-            len(dealt),  # this rank's samples in a whole epoch
+            len(dealt) if stop is None else min(stop, len(dealt)),  # this rank's samples in an epoch
             # the crops of (seed, epoch, rank): an epoch's are the same after a resume
             seed_of=lambda epoch: sample_seed(self.seed, epoch, rank) & 0x7FFFFFFF,
             train=train,
