@@ -49,7 +49,12 @@ class MlflowServer:
             stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            env={k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
+            # tracking only: MLflow 3's server also starts seven job-runner processes by default, which
+            # took both cores for about 15 s after it answered (the tests use no server-side jobs)
+            env={
+                **{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
+                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+            },
         )  # fmt: skip
         self._wait_ready(timeout=90)
 
