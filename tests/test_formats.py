@@ -150,6 +150,25 @@ def test_block_sampler_pads_unequal_ranks_and_skips_trained_batches():
     assert order[:5] == list(range(0, 5)) and order[5:10] == list(range(20, 25)) and order[10:15] == list(range(5, 10))
 
 
+@pytest.mark.parametrize("fmt", BLOCK_FORMATS)
+def test_a_step_limit_reads_only_the_first_batches_of_the_epochs_blocks(packed, compose, fmt):
+    """trainer.limit_train_batches / limit_val_batches (a number): the block sampler hands the loader's
+    workers only the batches the epoch uses (the rest would be read and thrown away), the same first
+    ones as without the limit, and a mid-epoch resume's skip still counts from the epoch's start."""
+    from types import SimpleNamespace
+
+    dm = ImageDataModule(compose(f"data={fmt}", f"data.root={packed[fmt]}", "data.batch_size=10").data)
+    dm.build()
+    dm.trainer = SimpleNamespace(limit_train_batches=1.0, limit_val_batches=1.0, world_size=1, global_rank=0)
+    whole = list(dm.train_dataloader().sampler), list(dm.val_dataloader().sampler)
+    dm.trainer.limit_train_batches, dm.trainer.limit_val_batches = 3, 2
+    train, val = dm.train_dataloader(), dm.val_dataloader()
+    assert len(train) == 3 and len(val) == 2
+    assert list(train.sampler) == whole[0][:30] and list(val.sampler) == whole[1][:20]
+    dm.resume_position = (0, 1)  # one batch of epoch 0 trained before the checkpoint
+    assert list(dm.train_dataloader().sampler) == whole[0][10:30]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", BLOCK_FORMATS)
 @pytest.mark.whole_machine  # two ranks: one core each

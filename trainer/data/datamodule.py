@@ -376,6 +376,8 @@ class ImageDataModule(pl.LightningDataModule):
         )
         if train:
             self._apply_resume(sampler)
+        limit = self._step_limit(sampler.num_samples, train)  # (this rank's share: the sampler is per rank)
+        sampler.stop = None if limit is None else limit * self.cfg.batch_size
         return sampler
 
     def sampler_plan(self) -> tuple:

@@ -175,6 +175,7 @@ class BlockSampler(DistributedSampler):
         self.epoch = 0
         self.drop_last = False
         self.skip = {}  # epoch -> samples to skip once (mid-epoch resume)
+        self.stop = None  # samples per epoch, where a step limit cuts it short (see sampler.py); None: all
 
     @property
     def num_replicas(self) -> int:
@@ -247,10 +248,10 @@ class BlockSampler(DistributedSampler):
     def __iter__(self) -> Iterator[int]:
         order = self.worker_order(self.rank_indices())
         start = self.skip.pop(self.epoch, 0)
-        return iter(order[start:])
+        return iter(order[start : self.stop])
 
     def __len__(self) -> int:
-        return self.num_samples
+        return self.num_samples if self.stop is None else min(self.num_samples, self.stop)
 
 
 def split_blocks(sizes: Sequence[int], val_split: float, seed: int):
