@@ -185,6 +185,16 @@ def _restore_signal_handlers():
 
 
 @pytest.fixture(autouse=True)
+def _no_forked_command_outlives_its_test():
+    """A background command a test forked (forked_python.start_python) and left running, because the
+    test failed before it ended, is killed when the test ends."""
+    yield
+    from forked_python import end_leftovers
+
+    end_leftovers()
+
+
+@pytest.fixture(autouse=True)
 def _restore_environment():
     """os.environ as it was before the test: a run made in-process sets variables (Lightning: the
     ranks' RANK..., PL_GLOBAL_SEED, and OMP_NUM_THREADS for DDP; Inductor its own) that would

@@ -101,7 +101,10 @@ class Started:
 
     def send_signal(self, signum: int) -> None:
         if self.child.poll() is None:
-            os.kill(self.pid, signum)
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:  # ended in between (Popen.send_signal ignores it too)
+                pass
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -131,7 +134,23 @@ def start_python(args: List[str], cwd, env: Dict[str, str], new_session: bool = 
     tmp = tempfile.TemporaryDirectory(prefix="forked-python-")
     output = os.path.join(tmp.name, "output")
     child = preloaded.start(list(args), str(cwd), dict(env), output, output, new_session=new_session)
+    _started.append(child)
     return Started(child, tmp, output)
+
+
+# the commands start_python forked: a test that fails while one still runs (a stop that hangs) leaves
+# it to end_leftovers, not to the pytest process's exit, which would wait for it (multiprocessing
+# joins the children it started)
+_started: list = []
+
+
+def end_leftovers() -> None:
+    """SIGKILL every command start_python forked that still runs (after each test: conftest)."""
+    while _started:
+        child = _started.pop()
+        if child.poll() is None:
+            child.kill()
+            child.wait(30)
 
 
 def _forkable(args: List[str], env: Dict[str, str]) -> bool:

@@ -14,7 +14,8 @@ takes draws r, r + world, ...: ``deal_to_ranks``), so the repeats of a sample la
 ranks, as DeiT's ``RASampler`` does; Lightning's own wrapping would shuffle the draws again first
 and scatter the repeats.
 
-``stop`` (``trainer.limit_train_batches``): an epoch cut short after that many draws. Lightning stops
+``stop`` (``trainer.limit_train_batches`` given as a number of batches; a fraction is left to
+Lightning, which takes it of the loader's length): an epoch cut short after that many draws. Lightning stops
 taking batches at its limit, but a loader's persistent workers keep building the ones queued past it,
 and the next epoch's iterator waits for them to be drained (torch's ``_MultiProcessingDataLoaderIter
 ._reset``): work thrown away in every epoch, which made a short epoch with workers look slower than
