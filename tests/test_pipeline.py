@@ -801,3 +801,12 @@ def test_a_distributed_strategy_of_one_process_gets_its_capped_sampler_dealt_as_
         )
         sampler = dm.train_dataloader().sampler
         assert isinstance(sampler, DistributedSampler) is dealt and len(sampler) == 12
+
+
+def test_a_resumed_epoch_under_a_step_limit_draws_the_rest_of_its_first_draws_only():
+    from trainer.data.sampler import EpochShuffleSampler
+
+    full = list(EpochShuffleSampler(50, 5))
+    capped = EpochShuffleSampler(50, 5, stop=12)
+    capped.skip[0] = 4  # one batch of 4 trained before the checkpoint
+    assert list(capped) == full[4:12] and list(capped) == full[:12]  # the skip applies once
