@@ -376,8 +376,7 @@ class ImageDataModule(pl.LightningDataModule):
         )
         if train:
             self._apply_resume(sampler)
-        limit = self._step_limit(sampler.num_samples, train)  # (this rank's share: the sampler is per rank)
-        sampler.stop = None if limit is None else limit * self.cfg.batch_size
+        sampler.stop = self._step_limit_samples(sum(dataset.sizes), train)
         return sampler
 
     def sampler_plan(self) -> tuple:
@@ -400,9 +399,8 @@ class ImageDataModule(pl.LightningDataModule):
         sampler = self._block_sampler(dataset, train)
         if sampler is None and train:
             sampler = self._train_sampler(len(dataset))
-            world = self.trainer.world_size if self.trainer is not None else 1
-            limit = self._step_limit(-(-len(sampler) // world), train=True)
-            if sampler.repeats > 1 or limit is not None:
+            stop = self._step_limit_samples(len(sampler), train=True)
+            if sampler.repeats > 1 or stop is not None:
                 from trainer.data.sampler import RepeatedSamples, deal_to_ranks
 
                 if sampler.repeats > 1:
@@ -411,18 +409,19 @@ class ImageDataModule(pl.LightningDataModule):
                     # dealt here, not by Lightning: repeats go to different ranks (Lightning would scatter
                     # them), and a step limit stops each rank's share where its epoch stops. A distributed
                     # strategy of one process is dealt too: Lightning would wrap the sampler then as well
-                    stop = None if limit is None else limit * c.batch_size
+                    world = self.trainer.world_size
                     distributed = world > 1 or getattr(self.trainer, "distributed_sampler_kwargs", None) is not None
                     sampler = deal_to_ranks(sampler, self.trainer.global_rank, world, stop, distributed)
         if c.get("device_resident") and c.name == "synthetic":
             return self._device_resident_loader(dataset, sampler, train)
         if not train and sampler is None and not isinstance(dataset, IterableDataset):
-            world = self.trainer.world_size if self.trainer is not None else 1
-            limit = self._step_limit(-(-len(dataset) // world), train=False)
-            if limit is not None:  # its first samples: Lightning's unshuffled DistributedSampler deals them as before
+            stop = self._step_limit_samples(len(dataset), train=False)
+            if (
+                stop is not None
+            ):  # every rank's first samples: Lightning's unshuffled DistributedSampler deals them as before
                 from trainer.data.sampler import FirstSamples
 
-                dataset = FirstSamples(dataset, limit * c.batch_size * world)
+                dataset = FirstSamples(dataset, stop * self.trainer.world_size)
         from trainer.data.folder import skip_none_collate
 
         collate = None if c.name == "synthetic" else skip_none_collate
@@ -450,20 +449,22 @@ class ImageDataModule(pl.LightningDataModule):
         kwargs["pin_memory"] = kwargs["pin_memory"] or device.type == "cuda"
         return DevicePrefetchLoader(dataset, device=device, transfer=self.to_device, clock=self.step_clock, **kwargs)
 
-    def _step_limit(self, samples_per_rank: int, train: bool) -> int | None:
-        """``trainer.limit_train_batches`` / ``limit_val_batches`` as the batches this rank's loader is to
-        build, where a number of batches cuts an epoch short; None where the whole epoch runs. A loader
-        that builds only those is what keeps persistent workers from building batches past the limit
-        that the next epoch must drain (sampler.py's docstring). A fraction (a float) is left to
-        Lightning: it takes that fraction of the loader's length, which a shorter loader would change."""
+    def _step_limit_samples(self, samples: int, train: bool) -> int | None:
+        """``trainer.limit_train_batches`` / ``limit_val_batches`` as the samples each rank's loader is to
+        draw of an epoch of ``samples`` (over every rank), where a number of batches cuts the epoch
+        short; None where the whole epoch runs. A loader that draws only those is what keeps persistent
+        workers from building batches past the limit that the next epoch must drain (sampler.py's
+        docstring). A fraction (a float) is left to Lightning: it takes that fraction of the loader's
+        length, which a shorter loader would change."""
         if self.trainer is None or not isinstance(self.cfg.batch_size, int):
             return None
         limit = self.trainer.limit_train_batches if train else self.trainer.limit_val_batches
         if not isinstance(limit, int) or isinstance(limit, bool):
             return None
         size = self.cfg.batch_size
-        batches = samples_per_rank // size if train and self.cfg.drop_last else -(-samples_per_rank // size)
-        return limit if 0 < limit < batches else None
+        per_rank = -(-samples // self.trainer.world_size)  # padded to even shares, as Lightning deals them
+        batches = per_rank // size if train and self.cfg.drop_last else -(-per_rank // size)
+        return limit * size if 0 < limit < batches else None
 
     def _dali_loader(self, train: bool):
         """data.loader=dali: this rank's DALI loader, over the files the torch loader would read (dali.py)."""
@@ -476,8 +477,7 @@ class ImageDataModule(pl.LightningDataModule):
         n = len(samples)
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
         # a step limit: the pipeline reads only the files of the batches the epoch uses (as _loader's samplers)
-        limit = self._step_limit(-(-n // world), train)
-        stop = None if limit is None else limit * self.cfg.batch_size
+        stop = self._step_limit_samples(n, train)
         if train:
             sampler = self._train_sampler(n)  # the epoch's permutation, repeats and a resume's skip
             dealt = deal_to_ranks(sampler, rank, world, stop=stop)
