@@ -515,6 +515,95 @@ def test_an_unjudged_ratio_is_marked_and_one_within_noise_says_so(tmp_path, caps
     assert row["speed-up to target"] == "0.95x [0.89-1.69] within noise" and row["interval holds"] == "seeds"
 
 
+def test_a_baseline_seed_that_misses_the_target_gives_no_row_a_ratio_to_it_and_every_output_says_why(tmp_path, capsys):
+    """Both sides under one rule: a ratio to target only where every run of the baseline reached it.
+    Taken over the baseline seeds that did, it would measure against a faster baseline than the one
+    that ran (here a significant-looking 0.83x for a row that reached the target in every seed)."""
+    import csv
+
+    sweep = tmp_path / "sweep"
+    base_accs = ([0.5, 0.7, 0.8, 0.9, 0.92], [0.5, 0.6, 0.7, 0.8, 0.85], [0.5, 0.7, 0.8, 0.9, 0.91])
+    for seed, accs in enumerate(base_accs, 1):  # the second seed's best, 0.85, is short of the target 0.9
+        _job(sweep, str(seed - 1), {}, [1.0] * 5, accs=accs, overrides=[f"seed={seed}"])
+    for seed, last in ((1, 1.0), (2, 1.0), (3, 0.9)):
+        _job(
+            sweep,
+            str(seed + 2),
+            {"amp": True},
+            [1.0] * 4 + [last],
+            accs=[0.5, 0.6, 0.7, 0.8, 0.95],
+            overrides=[f"seed={seed}", "amp=true"],
+        )
+    report.write_report([str(sweep)], str(sweep), target_acc=0.9)
+    with open(sweep / "ab_report.csv") as f:
+        amp, base = sorted(csv.DictReader(f), key=lambda r: r["amp"] == "False")
+    assert "target not reached in 1 of 3 repeats" in base["notes"] and not base["time_to_target_s"]
+    assert amp["time_to_target_s"] and not amp["time_to_target_speedup"] and not amp["time_to_target_ci"]
+    assert "no ratio to target: the baseline reached it in 2 of 3 run(s)" in amp["notes"]
+    assert not amp["time_to_target_ci_holds"]  # no ratio, nothing to judge
+    printed = capsys.readouterr().out
+    row = _table_rows(printed)[amp["job"]]
+    assert row["speed-up to target"] == "-" and row["interval holds"] == "-"
+    assert f"no time-to-target ratio, job(s) {amp['job']} (no ratio to target: the baseline reached it in 2 of 3" in (
+        printed.replace("\n", " ")
+    )
+    # a baseline that never reaches an explicit target: the rows that do say why they have no ratio
+    _, rows, _ = report.build_rows(report.load_jobs([str(sweep)]), target_acc=0.93)
+    (amp,) = [r for r in rows if r["amp"]]
+    assert amp["time_to_target_s"] and amp["time_to_target_speedup"] is None
+    assert "no ratio to target: the baseline reached it in 0 of 3 run(s)" in amp["notes"]
+
+
+def test_a_run_that_never_validated_has_no_time_to_target_rather_than_one_it_missed(tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    _job(sweep, "0", {}, [2.0, 1.0, 1.0, 1.0], accs=[0.5, 0.7, 0.8, 0.9])
+    _job(sweep, "1", {"amp": True}, [2.0, 0.5, 0.5, 0.5])  # validation off: no epoch logged a val_acc
+    _job(sweep, "2", {"channels_last": True}, [2.0, 1.0, 1.0, 1.0], accs=[0.5, 0.6, 0.6, 0.6])
+    report.write_report([str(sweep)], str(sweep))
+    _, rows, _ = report.build_rows(report.load_jobs([str(sweep)]))
+    assert "not validated: time to target unknown" in rows[1]["notes"] and "not reached" not in rows[1]["notes"]
+    assert "target not reached" in rows[2]["notes"]  # validated, and fell short
+    table = _table_rows(capsys.readouterr().out)
+    assert table["1"]["time to target"] == "not validated" and table["2"]["time to target"] == "not reached"
+
+
+def test_a_warm_up_epoch_is_not_compared_with_steady_epochs(tmp_path, capsys):
+    """A row that ran only its warm-up epoch (compile, workers starting) beside a baseline with steady
+    epochs has no epoch-time ratio, folded or not, and the line under the console's table says why."""
+    sweep = tmp_path / "sweep"
+    _job(sweep, "0", {}, [3.0, 1.0, 1.0, 1.0])
+    _job(sweep, "1", {"amp": True}, [2.0])  # warm-up only: its 2.0 s against the baseline's steady 1.0 s
+    report.write_report([str(sweep)], str(sweep), target_acc="off")
+    _, rows, _ = report.build_rows(report.load_jobs([str(sweep)]), target_acc="off")
+    assert rows[1]["speedup"] is None and "no speed-up: this row ran only its warm-up epoch" in rows[1]["notes"]
+    printed = capsys.readouterr().out
+    assert _table_rows(printed)["1"]["epoch speed-up"] == "-"
+    assert "no epoch-time ratio, job(s) 1 (no speed-up: this row ran only its warm-up epoch)" in printed
+    # folded: a baseline of warm-up-only seeds gives the other rows no ratio, and says so
+    folded = tmp_path / "folded"
+    for seed in (1, 2):
+        _job(folded, f"b{seed}", {}, [3.0], overrides=[f"seed={seed}"])
+        _job(folded, f"a{seed}", {"amp": True}, [2.0, 1.0, 1.0, 1.0], overrides=[f"seed={seed}", "amp=true"])
+    _, rows, _ = report.build_rows(report.load_jobs([str(folded)]), target_acc="off")
+    (amp,) = [r for r in rows if r["amp"]]
+    assert amp["speedup"] is None and "no speed-up: the baseline ran only its warm-up epoch" in amp["notes"]
+
+
+def test_within_noise_is_judged_on_the_interval_as_written_in_every_output(tmp_path, capsys):
+    """An interval bound within 0.0005 of 1.0 is written 1.000: the md, the csv and the console all
+    call it within noise (the console reads the written interval; the files once judged the unrounded one)."""
+    import csv
+
+    sweep = tmp_path / "sweep"
+    _job(sweep, "0", {}, [3.0, 2.0008, 2.1, 2.2])
+    _job(sweep, "1", {"amp": True}, [3.0, 2.0, 1.9, 1.95])
+    report.write_report([str(sweep)], str(sweep), target_acc="off")
+    with open(sweep / "ab_report.csv") as f:
+        amp = list(csv.DictReader(f))[1]
+    assert amp["speedup_ci"].startswith("1.000-") and "within noise" in amp["notes"]
+    assert _table_rows(capsys.readouterr().out)["1"]["epoch speed-up"].endswith("within noise")
+
+
 def test_the_console_table_fits_120_columns_and_the_files_keep_every_column(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     long_root = "data.root=/mnt/shared/datasets/imagenet-subset-with-a-long-name/train"

@@ -143,30 +143,49 @@ def speedup_interval(base: List[float], other: List[float], seed: int = 0) -> Op
     return ratios[int(tail * (BOOTSTRAP_RESAMPLES - 1))], ratios[int(round((1 - tail) * (BOOTSTRAP_RESAMPLES - 1)))]
 
 
+NOT_VALIDATED = "not validated: time to target unknown"
+NOT_REACHED = "target not reached"
+BASELINE_MISSED = "no ratio to target: the baseline"  # the rest says how often it reached it
+
+
 def row_columns(base_runs: List[List[Dict[str, Any]]], runs: List[List[Dict[str, Any]]], target: float, is_base: bool):
-    """A report row's time-to-target columns: each repeat's time, the median, the speedup and its interval."""
+    """A report row's time-to-target columns: each repeat's time, the median, the speedup and its interval.
+
+    Both sides are held to one rule: a time (and a ratio) only where every repeat reached the target.
+    A row that missed in some repeats has no time; a baseline that missed in some has no ratio to
+    offer the other rows, rather than one taken against only the repeats that reached it (which
+    would be a faster baseline than the one that ran). A run that never validated has no time to
+    target at all, which is not the same as missing it (``NOT_VALIDATED``)."""
+    blank = {
+        "time_to_target_s": None,
+        "epochs_to_target": None,
+        "time_to_target_speedup": None,
+        "time_to_target_ci": None,
+    }
+    unvalidated = sum(1 for epochs in runs if not validations(sorted(epochs, key=lambda e: e["epoch"])))
+    if unvalidated:
+        return {**blank, "note": NOT_VALIDATED + _of_repeats(unvalidated, len(runs))}
     reached = [reach(epochs, target) for epochs in runs]
     times = [r[0] for r in reached if r is not None]
-    if not times or len(times) < len(reached):
-        missing = len(reached) - len(times)
-        return {
-            "time_to_target_s": None,
-            "epochs_to_target": None,
-            "time_to_target_speedup": None,
-            "time_to_target_ci": None,
-            "note": "target not reached" + (f" in {missing} of {len(reached)} repeats" if len(reached) > 1 else ""),
-        }
-    base_times = [r[0] for r in (reach(e, target) for e in base_runs) if r is not None]
+    if len(times) < len(reached):
+        return {**blank, "note": NOT_REACHED + _of_repeats(len(reached) - len(times), len(reached))}
     median = round(statistics.median(times), 4)
-    speedup = round(statistics.median(base_times) / median, 3) if base_times and median > 0 else None
-    interval = None if is_base or speedup is None else speedup_interval(base_times, times)
-    return {
-        "time_to_target_s": median,
-        "epochs_to_target": statistics.median_low([r[1] for r in reached if r is not None]),
-        "time_to_target_speedup": speedup,
-        "time_to_target_ci": f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else None,
-        "note": None,
-    }
+    columns = {**blank, "time_to_target_s": median, "note": None}
+    columns["epochs_to_target"] = statistics.median_low([r[1] for r in reached if r is not None])
+    base_times = [r[0] for r in (reach(e, target) for e in base_runs) if r is not None]
+    if is_base:
+        return {**columns, "time_to_target_speedup": 1.0}
+    if len(base_times) < len(base_runs) or not base_times:
+        return {**columns, "note": f"{BASELINE_MISSED} reached it in {len(base_times)} of {len(base_runs)} run(s)"}
+    if median > 0:
+        columns["time_to_target_speedup"] = round(statistics.median(base_times) / median, 3)
+        interval = speedup_interval(base_times, times)
+        columns["time_to_target_ci"] = f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else None
+    return columns
+
+
+def _of_repeats(count: int, total: int) -> str:
+    return f" in {count} of {total} repeats" if total > 1 else ""
 
 
 def to_target_interval(base: List[tuple], other: List[tuple], seed: int = 0) -> Optional[tuple]:

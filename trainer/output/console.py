@@ -15,6 +15,7 @@ import warnings
 from typing import Any, Dict, Iterable, List, Optional, Set
 
 from trainer.launch.processes import QUIET_ENV
+from trainer.measure.time_to_target import NOT_VALIDATED
 from trainer.rank import global_rank
 
 # Lightning's INFO lines ("GPU available: ...", "TPU available: ...", the LitLogger tip, "Loading
@@ -192,7 +193,7 @@ def ab_table(rows: List[Dict[str, Any]], varied: List[str], base_job: Optional[s
             reached = row.get("time_to_target_s")
             cells += [
                 (_seconds(reached) + f", {row['epochs_to_target']:g}{_NBSP}ep" if reached is not None else "")
-                or ("not reached" if ok else "-"),
+                or (("not validated" if NOT_VALIDATED in (row.get("notes") or "") else "not reached") if ok else "-"),
                 _ratio(row.get("time_to_target_speedup"), row.get("time_to_target_ci"), row is base, one_run(row)),
                 row.get("time_to_target_ci_holds") or "-",
             ]

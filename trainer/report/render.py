@@ -12,9 +12,10 @@ import csv
 import io
 from typing import Any, Dict, List, Optional
 
+from trainer.measure.time_to_target import BASELINE_MISSED, NOT_VALIDATED
 from trainer.report.jobs import Job, Row, fold_repeats, varied_keys
 from trainer.report.noise import BOOTSTRAP_RESAMPLES, CONFIDENCE
-from trainer.report.rows import ACC_DROP_THRESHOLD, NOT_JUDGED, SEEDED_REPEATS, SEEDS, TIMING_ONLY
+from trainer.report.rows import ACC_DROP_THRESHOLD, NO_SPEEDUP, NOT_JUDGED, SEEDED_REPEATS, SEEDS, TIMING_ONLY
 
 # decimals per numeric column in the markdown table (the CSV keeps full precision)
 _DIGITS = {
@@ -120,6 +121,14 @@ def judgement_notes(rows: List[dict], base_job: Optional[str]) -> List[str]:
             f"speed-up (not judged), job(s) {', '.join(unjudged)}: fewer than 2 steady epochs on a side, "
             "so no interval; train more epochs."
         )
+    for mark, why in (
+        (NO_SPEEDUP, "no epoch-time ratio"),
+        (BASELINE_MISSED, "no time-to-target ratio"),
+        (NOT_VALIDATED, "no time to target"),
+    ):
+        reasons = [f"{r['job']} ({_note_with(r, mark)})" for r in rows if mark in (r.get("notes") or "")]
+        if reasons:
+            out.append(f"{why}, job(s) {'; '.join(reasons)}.")
     if named(NOT_JUDGED):
         out.append(
             f"speed-up to target (1 run), job(s) {', '.join(named(NOT_JUDGED))}: not judged, a single run (of the row "
@@ -133,6 +142,11 @@ def judgement_notes(rows: List[dict], base_job: Optional[str]) -> List[str]:
             f"{SEEDED_REPEATS} gives each repeat its own seed."
         )
     return out
+
+
+def _note_with(row: dict, mark: str) -> str:
+    """The one note of ``row`` that carries ``mark``."""
+    return next(n for n in row["notes"].split("; ") if mark in n)
 
 
 def verdict_lines(jobs: List[Job]) -> List[str]:

@@ -63,7 +63,10 @@ def build_rows(
         m = row.first.metrics
         notes: List[str] = []
         t = row.epoch_time()
-        speedup = round(base_time / t, 3) if (row.ok and t and base_time) else None
+        # steady epochs are compared with steady epochs only: a side with nothing but its warm-up epoch
+        # (compile, workers starting) beside one with steady epochs would bias the ratio, not just widen it
+        warm_up_only = base is not None and row.ok and row is not base and bool(row.samples()) != bool(base.samples())
+        speedup = round(base_time / t, 3) if (row.ok and t and base_time and not warm_up_only) else None
         interval = (
             speedup_interval(base.samples(), row.samples()) if (speedup is not None and row is not base) else None
         )
@@ -76,8 +79,16 @@ def build_rows(
             if interval:
                 interval = (interval[0] * speedup / by_time, interval[1] * speedup / by_time)
             notes.append(f"epochs differ in size ({samples} vs {base_samples} samples): speedup from samples/s")
+        if interval:  # judged as written: md, csv and the console read the same three decimals
+            interval = (round(interval[0], 3), round(interval[1], 3))
         if row is base:
             notes.append("baseline")
+        elif warm_up_only:
+            notes.append(
+                f"{NO_SPEEDUP}: {'this row' if not row.samples() else 'the baseline'} ran only its warm-up epoch"
+            )
+        elif row.ok and speedup is None:
+            notes.append(f"{NO_SPEEDUP}: {'this row' if not t else 'the baseline'} has no steady epoch time")
         elif speedup is not None:
             if interval is None:
                 notes.append("noise not judged: fewer than 2 steady epochs")
@@ -129,6 +140,9 @@ def build_rows(
     _add_time_to_target(columns, rows, out, base, target(base, target_acc, tolerance)[0])
     return columns, out, base
 
+
+# a row whose epoch time has no ratio to the baseline's (the note says why)
+NO_SPEEDUP = "no speed-up"
 
 TIME_TO_TARGET_COLUMNS = [
     "time_to_target_s",
