@@ -539,19 +539,30 @@ def test_a_baseline_seed_that_misses_the_target_gives_no_row_a_ratio_to_it_and_e
         amp, base = sorted(csv.DictReader(f), key=lambda r: r["amp"] == "False")
     assert "target not reached in 1 of 3 repeats" in base["notes"] and not base["time_to_target_s"]
     assert amp["time_to_target_s"] and not amp["time_to_target_speedup"] and not amp["time_to_target_ci"]
-    assert "no ratio to target: the baseline reached it in 2 of 3 run(s)" in amp["notes"]
+    assert "no ratio to target: the baseline missed it in 1 of 3 repeats" in amp["notes"]
     assert not amp["time_to_target_ci_holds"]  # no ratio, nothing to judge
     printed = capsys.readouterr().out
     row = _table_rows(printed)[amp["job"]]
     assert row["speed-up to target"] == "-" and row["interval holds"] == "-"
-    assert f"no time-to-target ratio, job(s) {amp['job']} (no ratio to target: the baseline reached it in 2 of 3" in (
-        printed.replace("\n", " ")
+    assert (
+        f"no time-to-target ratio, job(s) {amp['job']}: the baseline missed it in 1 of 3 repeats; rebuild the report at "
+        "a target every baseline run reaches" in " ".join(printed.split())
     )
+    # the chart still paints the baseline alone grey (the other rows' notes name the baseline too)
+    from trainer.report.figure import chart
+
+    jobs = report.load_jobs([str(sweep)])
+    columns, rows, base = report.build_rows(jobs, target_acc=0.9)
+    bars, curves = chart(jobs, columns, rows, 0.9).axes
+    grey = [bar.get_facecolor()[:3] == pytest.approx((0x9E / 255,) * 3, abs=1e-3) for bar in bars.patches]
+    assert grey == [r["job"] == base.name for r in rows] and grey.count(True) == 1
+    thick = [line.get_linewidth() == 2.5 for line in curves.get_lines() if line.get_marker() == "o"]
+    assert thick == grey
     # a baseline that never reaches an explicit target: the rows that do say why they have no ratio
     _, rows, _ = report.build_rows(report.load_jobs([str(sweep)]), target_acc=0.93)
     (amp,) = [r for r in rows if r["amp"]]
     assert amp["time_to_target_s"] and amp["time_to_target_speedup"] is None
-    assert "no ratio to target: the baseline reached it in 0 of 3 run(s)" in amp["notes"]
+    assert "no ratio to target: the baseline missed it in 3 of 3 repeats" in amp["notes"]
 
 
 def test_a_run_that_never_validated_has_no_time_to_target_rather_than_one_it_missed(tmp_path, capsys):
@@ -559,12 +570,22 @@ def test_a_run_that_never_validated_has_no_time_to_target_rather_than_one_it_mis
     _job(sweep, "0", {}, [2.0, 1.0, 1.0, 1.0], accs=[0.5, 0.7, 0.8, 0.9])
     _job(sweep, "1", {"amp": True}, [2.0, 0.5, 0.5, 0.5])  # validation off: no epoch logged a val_acc
     _job(sweep, "2", {"channels_last": True}, [2.0, 1.0, 1.0, 1.0], accs=[0.5, 0.6, 0.6, 0.6])
-    report.write_report([str(sweep)], str(sweep))
-    _, rows, _ = report.build_rows(report.load_jobs([str(sweep)]))
+    for seed in (1, 2, 3):  # a row of three seeds, one of which never validated
+        accs = None if seed == 2 else [0.5, 0.7, 0.9, 0.9]
+        _job(sweep, str(seed + 2), {"compile": True}, [2.0, 1.0, 1.0, 1.0], accs=accs, overrides=[f"seed={seed}"])
+    report.write_report([str(sweep)], str(sweep), target_acc=0.85)
+    _, rows, _ = report.build_rows(report.load_jobs([str(sweep)]), target_acc=0.85)
     assert "not validated: time to target unknown" in rows[1]["notes"] and "not reached" not in rows[1]["notes"]
     assert "target not reached" in rows[2]["notes"]  # validated, and fell short
-    table = _table_rows(capsys.readouterr().out)
+    assert "not validated in 1 of 3 repeats: time to target unknown" in rows[3]["notes"]
+    assert "not reached" not in rows[3]["notes"] and rows[3]["time_to_target_s"] is None
+    printed = capsys.readouterr().out
+    table = _table_rows(printed)
     assert table["1"]["time to target"] == "not validated" and table["2"]["time to target"] == "not reached"
+    assert table["3,4,5"]["time to target"] == "not validated"
+    assert "no time to target, job(s) 3,4,5: not validated in 1 of 3 repeats; validate during training" in " ".join(
+        printed.split()
+    )
 
 
 def test_a_warm_up_epoch_is_not_compared_with_steady_epochs(tmp_path, capsys):
@@ -578,7 +599,16 @@ def test_a_warm_up_epoch_is_not_compared_with_steady_epochs(tmp_path, capsys):
     assert rows[1]["speedup"] is None and "no speed-up: this row ran only its warm-up epoch" in rows[1]["notes"]
     printed = capsys.readouterr().out
     assert _table_rows(printed)["1"]["epoch speed-up"] == "-"
-    assert "no epoch-time ratio, job(s) 1 (no speed-up: this row ran only its warm-up epoch)" in printed
+    assert "no epoch-time ratio, job(s) 1: this row ran only its warm-up epoch; train at least 3 epochs" in " ".join(
+        printed.split()
+    )
+    # a baseline that ran only its warm-up epoch: its 3.0 s is not set against the row's steady 1.0 s
+    single = tmp_path / "single"
+    _job(single, "0", {}, [3.0])
+    _job(single, "1", {"amp": True}, [2.0, 1.0, 1.0, 1.0])
+    _, rows, _ = report.build_rows(report.load_jobs([str(single)]), target_acc="off")
+    assert rows[0]["epoch_time_s"] == 3.0 and rows[1]["speedup"] is None
+    assert "no speed-up: the baseline ran only its warm-up epoch" in rows[1]["notes"]
     # folded: a baseline of warm-up-only seeds gives the other rows no ratio, and says so
     folded = tmp_path / "folded"
     for seed in (1, 2):
@@ -602,6 +632,19 @@ def test_within_noise_is_judged_on_the_interval_as_written_in_every_output(tmp_p
         amp = list(csv.DictReader(f))[1]
     assert amp["speedup_ci"].startswith("1.000-") and "within noise" in amp["notes"]
     assert _table_rows(capsys.readouterr().out)["1"]["epoch speed-up"].endswith("within noise")
+    low = report.build_rows(report.load_jobs([str(sweep)]), target_acc="off")[1][1]["speedup_ci"]
+    from trainer.report.noise import speedup_interval
+
+    jobs = report.load_jobs([str(sweep)])
+    unrounded = speedup_interval(*([j.steady_times()] for j in jobs))[0]  # what rounding decided: 1.0004
+    assert 1.0 < unrounded < 1.0005 and low.startswith("1.000-")
+    # a bound of 1.001 is not within noise, and the console does not print it as 1.00
+    other = tmp_path / "other"
+    _job(other, "0", {}, [3.0, 2.0011, 2.1, 2.2])
+    _job(other, "1", {"amp": True}, [3.0, 2.0, 1.9, 1.95])
+    report.write_report([str(other)], str(other), target_acc="off")
+    cell = _table_rows(capsys.readouterr().out)["1"]["epoch speed-up"]
+    assert cell.startswith("1.08x [1.001-") and "within noise" not in cell
 
 
 def test_the_console_table_fits_120_columns_and_the_files_keep_every_column(tmp_path, capsys):

@@ -143,9 +143,9 @@ def speedup_interval(base: List[float], other: List[float], seed: int = 0) -> Op
     return ratios[int(tail * (BOOTSTRAP_RESAMPLES - 1))], ratios[int(round((1 - tail) * (BOOTSTRAP_RESAMPLES - 1)))]
 
 
-NOT_VALIDATED = "not validated: time to target unknown"
+NOT_VALIDATED = "not validated"  # a row's note starts so where a run of it logged no val_acc
 NOT_REACHED = "target not reached"
-BASELINE_MISSED = "no ratio to target: the baseline"  # the rest says how often it reached it
+BASELINE_MISSED = "no ratio to target: the baseline"  # the rest of the note says how
 
 
 def row_columns(base_runs: List[List[Dict[str, Any]]], runs: List[List[Dict[str, Any]]], target: float, is_base: bool):
@@ -162,26 +162,51 @@ def row_columns(base_runs: List[List[Dict[str, Any]]], runs: List[List[Dict[str,
         "time_to_target_speedup": None,
         "time_to_target_ci": None,
     }
-    unvalidated = sum(1 for epochs in runs if not validations(sorted(epochs, key=lambda e: e["epoch"])))
-    if unvalidated:
-        return {**blank, "note": NOT_VALIDATED + _of_repeats(unvalidated, len(runs))}
-    reached = [reach(epochs, target) for epochs in runs]
-    times = [r[0] for r in reached if r is not None]
-    if len(times) < len(reached):
-        return {**blank, "note": NOT_REACHED + _of_repeats(len(reached) - len(times), len(reached))}
+    unvalidated, missed, reached = _outcomes(runs, target)
+    if unvalidated or missed:
+        notes = [f"{NOT_VALIDATED}{_of_repeats(unvalidated, len(runs))}: time to target unknown"] if unvalidated else []
+        notes += [NOT_REACHED + _of_repeats(missed, len(runs))] if missed else []
+        return {**blank, "note": "; ".join(notes)}
+    times = [r[0] for r in reached]
     median = round(statistics.median(times), 4)
     columns = {**blank, "time_to_target_s": median, "note": None}
-    columns["epochs_to_target"] = statistics.median_low([r[1] for r in reached if r is not None])
-    base_times = [r[0] for r in (reach(e, target) for e in base_runs) if r is not None]
+    columns["epochs_to_target"] = statistics.median_low([r[1] for r in reached])
     if is_base:
         return {**columns, "time_to_target_speedup": 1.0}
-    if len(base_times) < len(base_runs) or not base_times:
-        return {**columns, "note": f"{BASELINE_MISSED} reached it in {len(base_times)} of {len(base_runs)} run(s)"}
+    base_unvalidated, base_missed, base_reached = _outcomes(base_runs, target)
+    if base_unvalidated or base_missed or not base_reached:
+        return {
+            **columns,
+            "note": f"{BASELINE_MISSED} {_baseline_shortfall(base_unvalidated, base_missed, len(base_runs))}",
+        }
     if median > 0:
+        base_times = [r[0] for r in base_reached]
         columns["time_to_target_speedup"] = round(statistics.median(base_times) / median, 3)
         interval = speedup_interval(base_times, times)
         columns["time_to_target_ci"] = f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else None
     return columns
+
+
+def _outcomes(runs: List[List[Dict[str, Any]]], target: float) -> tuple:
+    """(runs that logged no val_acc, runs that validated and missed ``target``, the others' ``reach``)."""
+    unvalidated = missed = 0
+    reached = []
+    for epochs in runs:
+        if not validations(sorted(epochs, key=lambda e: e["epoch"])):
+            unvalidated += 1
+        elif (found := reach(epochs, target)) is None:
+            missed += 1
+        else:
+            reached.append(found)
+    return unvalidated, missed, reached
+
+
+def _baseline_shortfall(unvalidated: int, missed: int, total: int) -> str:
+    if total == 1:
+        return "was not validated" if unvalidated else "did not reach it"
+    parts = [f"missed it in {missed} of {total} repeats"] if missed else []
+    parts += [f"was not validated in {unvalidated} of {total} repeats"] if unvalidated else []
+    return " and ".join(parts)
 
 
 def _of_repeats(count: int, total: int) -> str:

@@ -193,7 +193,7 @@ def ab_table(rows: List[Dict[str, Any]], varied: List[str], base_job: Optional[s
             reached = row.get("time_to_target_s")
             cells += [
                 (_seconds(reached) + f", {row['epochs_to_target']:g}{_NBSP}ep" if reached is not None else "")
-                or (("not validated" if NOT_VALIDATED in (row.get("notes") or "") else "not reached") if ok else "-"),
+                or ((NOT_VALIDATED if _notes(row, NOT_VALIDATED) else "not reached") if ok else "-"),
                 _ratio(row.get("time_to_target_speedup"), row.get("time_to_target_ci"), row is base, one_run(row)),
                 row.get("time_to_target_ci_holds") or "-",
             ]
@@ -236,8 +236,16 @@ def _ratio(value: Optional[float], ci: Optional[str], is_base: bool, unjudged: s
     if not ci:
         return f"{value:.2f}x{_NBSP}{unjudged.replace(' ', _NBSP)}"
     low, high = (float(x) for x in ci.split("-"))
-    text = f"{value:.2f}x{_NBSP}[{low:.2f}-{high:.2f}]"
-    return text + (" within noise" if low <= 1.0 <= high else "")
+    within = low <= 1.0 <= high
+    # two decimals, or three where two would put a bound on the other side of 1.00 (1.004 is no 1.00)
+    digits = 2 if (round(low, 2) <= 1.0 <= round(high, 2)) == within else 3
+    text = f"{value:.2f}x{_NBSP}[{low:.{digits}f}-{high:.{digits}f}]"
+    return text + (" within noise" if within else "")
+
+
+def _notes(row: Dict[str, Any], start: str) -> List[str]:
+    """The row's notes that begin with ``start`` (notes are "; "-separated phrases)."""
+    return [note for note in (row.get("notes") or "").split("; ") if note.startswith(start)]
 
 
 def _verdict(row: Dict[str, Any]) -> str:

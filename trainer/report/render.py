@@ -121,14 +121,27 @@ def judgement_notes(rows: List[dict], base_job: Optional[str]) -> List[str]:
             f"speed-up (not judged), job(s) {', '.join(unjudged)}: fewer than 2 steady epochs on a side, "
             "so no interval; train more epochs."
         )
-    for mark, why in (
-        (NO_SPEEDUP, "no epoch-time ratio"),
-        (BASELINE_MISSED, "no time-to-target ratio"),
-        (NOT_VALIDATED, "no time to target"),
+    for mark, what, remedy in (
+        (
+            NO_SPEEDUP,
+            "no epoch-time ratio",
+            "train at least 3 epochs (trainer.max_epochs) so both sides have steady ones",
+        ),
+        (
+            BASELINE_MISSED,
+            "no time-to-target ratio",
+            "rebuild the report at a target every baseline run reaches: python -m trainer.report DIR --target-acc T",
+        ),
+        (NOT_VALIDATED, "no time to target", "validate during training (data.val_samples, trainer.limit_val_batches)"),
     ):
-        reasons = [f"{r['job']} ({_note_with(r, mark)})" for r in rows if mark in (r.get("notes") or "")]
-        if reasons:
-            out.append(f"{why}, job(s) {'; '.join(reasons)}.")
+        by_reason: Dict[str, List[str]] = {}
+        for r in rows:
+            for note in (r.get("notes") or "").split("; "):
+                if note.startswith(mark):
+                    by_reason.setdefault(note, []).append(r["job"])
+        for reason, jobs in by_reason.items():
+            said = reason.split(": ", 1)[0] if mark == NOT_VALIDATED else reason.split(": ", 1)[-1]
+            out.append(f"{what}, job(s) {'; '.join(jobs)}: {said}; {remedy}.")
     if named(NOT_JUDGED):
         out.append(
             f"speed-up to target (1 run), job(s) {', '.join(named(NOT_JUDGED))}: not judged, a single run (of the row "
@@ -142,11 +155,6 @@ def judgement_notes(rows: List[dict], base_job: Optional[str]) -> List[str]:
             f"{SEEDED_REPEATS} gives each repeat its own seed."
         )
     return out
-
-
-def _note_with(row: dict, mark: str) -> str:
-    """The one note of ``row`` that carries ``mark``."""
-    return next(n for n in row["notes"].split("; ") if mark in n)
 
 
 def verdict_lines(jobs: List[Job]) -> List[str]:
