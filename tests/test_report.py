@@ -513,6 +513,17 @@ def test_an_unjudged_ratio_is_marked_and_one_within_noise_says_so(tmp_path, caps
     report.write_report([str(seeds)], str(seeds), target_acc=0.9)
     row = _table_rows(capsys.readouterr().out)["1,3,5"]
     assert row["speed-up to target"] == "0.95x [0.89-1.69] within noise" and row["interval holds"] == "seeds"
+    # the chart's bar says "(noise)" for its own, the epoch time's interval only
+    from trainer.report.figure import chart
+
+    jobs = report.load_jobs([str(seeds)])
+    columns, rows, _ = report.build_rows(jobs, target_acc=0.9)
+    (amp,) = [r for r in rows if r["job"] == "1,3,5"]
+    assert "time to target within noise" in amp["notes"] and "within noise" not in amp["notes"].split("; ")
+    texts = [t.get_text() for t in chart(jobs, columns, rows, 0.9).axes[0].texts]
+    assert texts[rows.index(amp)].startswith(f"{amp['epoch_time_s']:.3g} s   {amp['speedup']:.2f}x") and not any(
+        "(noise)" in t for t in texts
+    )
 
 
 def test_a_baseline_seed_that_misses_the_target_gives_no_row_a_ratio_to_it_and_every_output_says_why(tmp_path, capsys):
