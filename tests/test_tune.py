@@ -318,6 +318,42 @@ def test_the_search_on_planted_measurements():
     out = Search(lambda k, n, c: probe(k, n, c, final_slow=True), cands, ctx, {}, cfg, lambda: 0.0).run()
     assert out.winner == [] and out.unconfirmed and "keep the configuration as given" in out.verdict
 
+    # a winner that fails when measured again is no winner, whatever its first probe said
+    def final_fails(kind, name, config):
+        found = probe(kind, name, config)
+        if name == "winner-final":
+            found.status, found.error = "failed", "RuntimeError: CUDA error: an illegal memory access"
+        return found
+
+    calls.clear()
+    out = Search(final_fails, cands[:1], ctx, {}, cfg, lambda: 0.0).run()
+    assert out.winner == [] and out.unconfirmed and "failed when measured again (RuntimeError" in out.unconfirmed[2]
+    (final,) = [s for s in out.steps if s.candidate == "final"]
+    assert final.decision == "not confirmed" and "measured again, the winner failed" in final.why
+
+    # the guard: a candidate whose run logs no val_acc beside a baseline that has one is rejected
+    def no_validation(kind, name, config):
+        found = probe(kind, name, config)
+        if "model.width=1" in config:
+            found.val_acc = None
+        return found
+
+    calls.clear()
+    out = Search(no_validation, cands[2:], ctx, {}, cfg, lambda: 0.0).run()
+    (check,) = [s for s in out.steps if s.candidate == "accuracy check"]
+    assert check.decision == "rejected" and "no val_acc to compare" in check.why and out.winner == []
+
+    # an accuracy exactly at the tolerance's edge passes (0.5016 - 0.02 is 0.48160000000000003 in floats)
+    def at_the_edge(kind, name, config):
+        found = probe(kind, name, config)
+        if kind == "verify":
+            found.val_acc = 0.4816 if "model.width=1" in config else 0.5016
+        return found
+
+    calls.clear()
+    out = Search(at_the_edge, cands[2:], ctx, {}, cfg, lambda: 0.0).run()
+    assert [s.decision for s in out.steps if s.candidate == "accuracy check"] == ["verified"]
+
     calls.clear()
     out = Search(probe, cands, ctx, {}, cfg, lambda: 31 * 60.0).run()
     assert (
@@ -409,6 +445,21 @@ def test_time_to_target_judges_by_epochs_times_epoch_time(tmp_path):
     assert out.winner == [] and "did not reach val_acc 0.900 when measured again" in out.verdict, out.verdict
     missing.clear()
 
+    # the incumbent measured again right after a candidate misses the target: that confirms nothing
+    calls.clear()
+    missing.add("incumbent-again")
+    out = Search(probe, cands, ctx, {}, cfg, lambda: 0.0, target_spec=(0.9, 0.01)).run()
+    (ema,) = [s for s in out.steps if s.candidate == "ema"]
+    assert ema.decision == "dropped" and "incumbent measured again did not reach val_acc 0.900" in ema.why, ema
+    missing.clear()
+    # the baseline's second final run misses it: the final row says its first measurement alone counts
+    calls.clear()
+    missing.add("baseline-final")
+    out = Search(probe, cands, ctx, {}, cfg, lambda: 0.0, target_spec=(0.9, 0.01)).run()
+    final = next(s for s in out.steps if s.candidate == "final")
+    assert "the baseline measured again did not reach val_acc 0.900: its first measurement alone counts" in final.why
+    missing.clear()
+
     # the same planted runs judged by epoch time: the 30%-faster epochs win
     calls.clear()
     cfg.objective = "epoch_time"
@@ -465,10 +516,11 @@ def test_probes_start_forked_from_the_preloaded_server_unless_told_or_the_enviro
     from trainer.launch import preloaded
     from trainer.tune.probe import Journal, Prober
 
-    for key, value in clean_env().items():
+    env = clean_env()  # once: computed again after the setenv below, its PYTHONPATH would name the folders twice
+    for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.chdir(ROOT)
-    preloaded.context(clean_env())  # (the tests' forked commands may have started it already, the same way)
+    preloaded.context(env)  # (the tests' forked commands may have started it already, the same way)
     tune = SimpleNamespace(probe_epochs=3, probe_batches=2, verify_epochs=1, budget_min=5.0, objective="epoch_time")
     parents = {}
     for name, preload, extra_env in (
@@ -547,6 +599,24 @@ def _offered(objective: str, data_name: str = "imagefolder") -> tuple:
     while (cand := search._next("input pipeline", [], [], set(offered))) is not None:
         offered.append(cand.name)
     return offered, {c.name: search._eligible(c, [], []) for c in CATALOGUE if c.name not in offered}
+
+
+def test_a_probes_time_to_target_and_compile_cost_include_what_the_process_paid_before_its_first_epoch(tmp_path):
+    """The first epoch's setup_s (the compiler's warm-up, the first workers' start) counts in a probe's
+    time to target, as in the report's; the compiler's warm-up counts in the compile cost spread over
+    the horizon: compile=true is not given a head start."""
+    from trainer.measure import time_to_target as ttt
+    from trainer.tune.probe import _from_metrics
+
+    epochs = [
+        {"epoch": 0, "time_s": 1.5, "samples": 100, "warmup": True, "setup_s": 2.5, "val_acc": 0.5},
+        {"epoch": 1, "time_s": 1.0, "samples": 100, "val_acc": 0.95},
+    ]
+    metrics = {"status": "ok", "epochs": epochs, "compile_time_s": 1.2, "compile_warmup_s": 2.4, "val_acc": 0.95}
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    result = _from_metrics("target", ["compile=true"], tmp_path, 9.0, "")
+    assert sum(result.to_target(0.9)) == pytest.approx(5.0) == ttt.reach(epochs, 0.9)[0]
+    assert result.compile_s == pytest.approx(3.6)
 
 
 def test_progressive_resize_and_ema_are_offered_only_when_judged_by_the_time_to_target():

@@ -96,6 +96,15 @@ def merge(config: List[str], overrides: tuple) -> List[str]:
     return list(by_key.values())
 
 
+def _unmeasured_again(again: Result, target: Optional[float], who: str) -> str:
+    """What the final row says where a second measurement does not count (the verdict pools both)."""
+    if not again.ok:
+        return f"; {who}'s second measurement failed ({again.error}): its first alone counts"
+    if target is not None and again.to_target(target) is None:
+        return f"; {who} measured again did not reach val_acc {target:.3f}: its first measurement alone counts"
+    return ""
+
+
 def _fmt_ci(ci: Optional[tuple]) -> str:
     return f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else ""
 
@@ -320,11 +329,14 @@ class Search:
                 dropped.append(cand.name)
             else:
                 again = self._measure("incumbent-again", config)  # right after: drift cannot fake a speed-up
-                if again.ok:
+                # time_to_target: an incumbent that misses the target measured again confirms nothing
+                # (its time would be left out of the comparison, which then rests on the first alone)
+                again_missed = again.ok and self.target is not None and again.to_target(self.target) is None
+                if again.ok and not again_missed:
                     incumbent.append(again)
                     speed, ci = self._compare(incumbent, [result])
                     step.speedup, step.speedup_ci = speed, ci
-                if again.ok and ci is not None and ci[0] > 1.0:
+                if again.ok and not again_missed and ci is not None and ci[0] > 1.0:
                     step.decision, step.why = "kept", f"{speed:.2f}x{self._unit()} over the incumbent, measured twice"
                     config, incumbent = trial, [result]
                     self.kept_results[_key(trial)] = result
@@ -335,6 +347,8 @@ class Search:
                     step.why = (
                         "not confirmed: measuring the incumbent again failed"
                         if not again.ok
+                        else f"not confirmed: the incumbent measured again did not reach val_acc {self.target:.3f}"
+                        if again_missed
                         else "not confirmed when the incumbent was measured again"
                         + (f" (interval {ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
                     )
@@ -423,26 +437,36 @@ class Search:
         bases = [base] + ([base_again] if base_again.ok else [])
         winner_probe = [first] + ([winner_again] if winner_again.ok else [])
         speed, ci = self._compare(bases, winner_probe)
+        # a winner that does not finish when measured again is no winner: the run that failed is the
+        # newest evidence about it (a crash, an out-of-memory batch size), not a measurement to leave out
+        failed = not winner_again.ok
         # time_to_target: reaching the target is the accuracy guard, so it must hold when measured again
-        missed = self.target is not None and winner_again.ok and winner_again.to_target(self.target) is None
-        confirmed = ci is not None and ci[0] > 1.0 and not missed
+        missed = self.target is not None and not failed and winner_again.to_target(self.target) is None
+        confirmed = ci is not None and ci[0] > 1.0 and not missed and not failed
         final = self._add(self._step(len(self.steps), "final", "", "", winner, winner_again))
         final.decision = "final" if confirmed else "not confirmed"
         final.why = "the winner and the baseline measured again back to back; speed-up over both measurements of each"
-        if missed:
+        if failed:
+            final.why += (
+                f": measured again, the winner failed ({winner_again.error}), so the configuration as given stays"
+            )
+        elif missed:
             final.why += (
                 f": measured again, the winner did not reach val_acc {self.target:.3f} in "
                 f"tune.verify_epochs={self.cfg.verify_epochs} epochs, so the configuration as given stays"
             )
         elif not confirmed:
             final.why += ": the interval reaches 1.00, so the configuration as given stays"
+        final.why += _unmeasured_again(base_again, self.target, "the baseline")
         final.epoch_time_s, final.compile_s = self._epoch_s(winner_probe), first.compile_s
         final.speedup, final.speedup_ci, final.vs_baseline = speed, ci, speed
         final.val_acc = winner_verify.val_acc
         if confirmed:
             return speed, ci, winner_probe, None
         why = (
-            f"it did not reach val_acc {self.target:.3f} when measured again"
+            f"it failed when measured again ({winner_again.error})"
+            if failed
+            else f"it did not reach val_acc {self.target:.3f} when measured again"
             if missed
             else "not a measurable speed-up on this machine"
         )
@@ -468,14 +492,22 @@ class Search:
                     "accuracy check %s: it did not train (%s): checking the configuration before it", name, check.error
                 )
                 continue
-            if base_verify.val_acc is None or check.val_acc is None:
+            if base_verify.val_acc is not None and check.val_acc is None:
+                # the baseline has an accuracy to keep and this run shows none: not a pass
+                why = "its run logged no val_acc to compare with the baseline's (its validation is off or failed)"
+                self._add_check(config, "rejected", why, check)
+                log.info("accuracy check %s: no val_acc to compare: checking the configuration before it", name)
+                continue
+            if base_verify.val_acc is None:
                 why = "trained, but accuracy NOT CHECKED: this run has no validation (data.val_samples / trainer.limit_val_batches)"
                 self._add_check(config, "verified", why, check)
                 log.warning(
                     "accuracy check %s: trained, but this run has no validation: its accuracy is not checked", name
                 )
                 return config, check
-            if check.val_acc >= base_verify.val_acc - tolerance:
+            if (
+                check.val_acc >= base_verify.val_acc - tolerance - 1e-12
+            ):  # accuracies are k/N: exactly at the edge passes
                 why = f"val_acc {check.val_acc:.3f} vs baseline {base_verify.val_acc:.3f} (tolerance {tolerance:g})"
                 self._add_check(config, "verified", why, check, check.val_acc)
                 log.info("accuracy check %s: val_acc %.3f vs %.3f: kept", name, check.val_acc, base_verify.val_acc)
@@ -538,10 +570,14 @@ def verdict_text(o: Outcome, cfg: Any) -> str:
             + ("; the budget ran out before every candidate was tried" if o.budget_hit else "")
             + "."
         )
-    text = f"fastest accuracy-safe configuration: {' '.join(o.winner)}: {o.speedup:.2f}x{_fmt_ci(o.speedup_ci)} vs the configuration as given"
+    checked = o.base_acc is not None and o.winner_acc is not None
+    text = (
+        f"fastest {'accuracy-safe ' if checked else ''}configuration: {' '.join(o.winner)}: "
+        f"{o.speedup:.2f}x{_fmt_ci(o.speedup_ci)} vs the configuration as given"
+    )
     if o.compile_s:
         text += f" (compile {o.compile_s:.1f} s, spread over {cfg.horizon_epochs} epochs)"
-    if o.base_acc is None or o.winner_acc is None:
+    if not checked:
         text += "; accuracy NOT CHECKED (the run has no validation)"
     else:
         text += f"; val_acc {_acc(o.winner_acc)} vs {_acc(o.base_acc)} after {cfg.verify_epochs} epochs (tolerance {cfg.acc_tolerance:g})"
