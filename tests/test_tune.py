@@ -659,6 +659,33 @@ def test_a_journal_cut_mid_line_resumes_and_a_foreign_one_is_refused(tmp_path):
         Journal(tmp_path, ["amp=false"], settings)
 
 
+def test_a_resume_that_asks_for_other_runs_measures_them_and_everything_after_them_again(tmp_path):
+    """A tune resumed with a larger budget goes past where the first stopped: from there on nothing is
+    served from the journal, so the first tune's end-of-tune runs never answer the new search's
+    "measured again right after" or "back to back" requests."""
+    from trainer.tune.probe import Journal, Result
+
+    settings = {"probe_batches": 6, "probe_epochs": 4, "verify_epochs": 1}
+    first = Journal(tmp_path, [], settings)
+    order = [[], ["amp=true"], [], [], ["amp=true"]]  # baseline, amp, incumbent again, baseline-final, winner-final
+    for i, config in enumerate(order):
+        first.add(Result("probe", config, f"/runs/{i}", "ok", steady=[[1.0, 10]]))
+    again = Journal(tmp_path, [], settings)
+    assert [again.replay("probe", c).dir for c in order[:3]] == ["/runs/0", "/runs/1", "/runs/2"]  # in order
+    assert again.replay("probe", ["amp=true", "channels_last=true"]) is None  # the budget's new candidate
+    assert again.replay("probe", []) is None  # its incumbent measured again: now, not the old baseline-final
+    lines = (tmp_path / "tune_journal.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 3  # the header and the records served; the rest set aside
+    again.add(Result("probe", ["amp=true", "channels_last=true"], "/runs/5", "ok", steady=[[0.9, 10]]))
+    third = Journal(tmp_path, [], settings)
+    assert [third.replay("probe", c).dir for c in [*order[:3], ["amp=true", "channels_last=true"]]] == [
+        "/runs/0",
+        "/runs/1",
+        "/runs/2",
+        "/runs/5",
+    ]
+
+
 def test_a_bad_tuned_file_is_one_paragraph(tmp_path):
     bad = tmp_path / "best.yaml"
     bad.write_text("amp: true\n")

@@ -184,28 +184,47 @@ class Journal:
         else:
             with open(self.path, "w") as f:
                 f.write(json.dumps(header) + "\n")
-        self._served: Dict[str, int] = {}
+        self._replayed: Optional[int] = 0  # records served so far; None once the tune asked for another run
 
     @staticmethod
     def _key(kind: str, config: List[str]) -> str:
         return json.dumps([kind, sorted(config)])
 
     def replay(self, kind: str, config: List[str]) -> Optional[Result]:
-        """The next unused journal record of this configuration, if the killed tune had finished it."""
-        key = self._key(kind, config)
-        n = self._served.get(key, 0)
-        matches = [r for r in self.records if r["key"] == key]
-        if n < len(matches):
-            self._served[key] = n + 1
-            record = dict(matches[n])
+        """The killed tune's next record, if it is of this run; else None from here on.
+
+        Records are served strictly in the order they were made: a search given the same settings asks
+        for the same runs in the same order. A resume that asks for another run at some point (a larger
+        ``tune.budget_min`` going past where the first one stopped, a changed ``tune.only``) runs that
+        and everything after it again, and the rest of the journal is set aside: served by
+        configuration alone, the old end-of-tune measurements would answer the new search's "measured
+        again right after" and "back to back" requests with runs made at another time."""
+        if self._replayed is None:
+            return None
+        n = self._replayed
+        if n < len(self.records) and self.records[n]["key"] == self._key(kind, config):
+            self._replayed = n + 1
+            record = dict(self.records[n])
             record.pop("key")
             return Result(**record)
+        if n < len(self.records):
+            log.warning(
+                "%s: from its record %d on, this tune asks for other runs than the journal holds (a changed "
+                "budget or candidates): they are measured again",
+                self.path,
+                n + 1,
+            )
+            self.records = self.records[:n]
+            with open(self.path) as f:
+                header = f.readline().rstrip("\n")
+            with open(self.path, "w") as f:
+                f.write("\n".join([header, *(json.dumps(r) for r in self.records)]) + "\n")
+        self._replayed = None
         return None
 
     def add(self, result: Result) -> None:
-        key = self._key(result.kind, result.config)
-        self._served[key] = self._served.get(key, 0) + 1
-        record = {"key": key, **asdict(result)}
+        self._replayed = None  # a new run: what follows in this tune is new too
+        record = {"key": self._key(result.kind, result.config), **asdict(result)}
         self.records.append(record)
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
