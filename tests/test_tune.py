@@ -330,6 +330,19 @@ def test_the_search_on_planted_measurements():
     assert out.winner == [] and out.unconfirmed and "failed when measured again (RuntimeError" in out.unconfirmed[2]
     (final,) = [s for s in out.steps if s.candidate == "final"]
     assert final.decision == "not confirmed" and "measured again, the winner failed" in final.why
+    assert final.speedup is None  # measured once: no speed-up "over both measurements of each" to state
+    assert "the best configuration found (amp=true) failed when measured again" in out.verdict, out.verdict
+
+    # a baseline without validation: the accuracy is not checked, and the verdict does not call it safe
+    def unvalidated(kind, name, config):
+        found = probe(kind, name, config)
+        found.val_acc = None
+        return found
+
+    calls.clear()
+    out = Search(unvalidated, cands[:1], ctx, {}, cfg, lambda: 0.0).run()
+    assert out.winner == ["amp=true"] and "accuracy NOT CHECKED" in out.verdict
+    assert out.verdict.startswith("fastest configuration: amp=true") and "accuracy-safe" not in out.verdict
 
     # the guard: a candidate whose run logs no val_acc beside a baseline that has one is rejected
     def no_validation(kind, name, config):
@@ -675,7 +688,9 @@ def test_a_resume_that_asks_for_other_runs_measures_them_and_everything_after_th
     assert again.replay("probe", ["amp=true", "channels_last=true"]) is None  # the budget's new candidate
     assert again.replay("probe", []) is None  # its incumbent measured again: now, not the old baseline-final
     lines = (tmp_path / "tune_journal.jsonl").read_text().splitlines()
-    assert len(lines) == 1 + 3  # the header and the records served; the rest set aside
+    assert len(lines) == 1 + 3  # the header and the records served; the rest set aside, not deleted:
+    (aside,) = tmp_path.glob("tune_journal.set_aside.*.jsonl")
+    assert [json.loads(line)["dir"] for line in aside.read_text().splitlines()[1:]] == ["/runs/3", "/runs/4"]
     again.add(Result("probe", ["amp=true", "channels_last=true"], "/runs/5", "ok", steady=[[0.9, 10]]))
     third = Journal(tmp_path, [], settings)
     assert [third.replay("probe", c).dir for c in [*order[:3], ["amp=true", "channels_last=true"]]] == [

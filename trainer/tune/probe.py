@@ -179,8 +179,9 @@ class Journal:
                         "Give another hydra.run.dir to start a new tune."
                     ) from None
             # rewrite without the cut line, so the next record starts on a line of its own
-            with open(self.path, "w") as f:
-                f.write("\n".join([lines[0], *(json.dumps(r) for r in self.records)]) + "\n")
+            from trainer.measure.metrics import atomic_write_text
+
+            atomic_write_text(str(self.path), "\n".join([lines[0], *(json.dumps(r) for r in self.records)]) + "\n")
         else:
             with open(self.path, "w") as f:
                 f.write(json.dumps(header) + "\n")
@@ -196,7 +197,7 @@ class Journal:
         Records are served strictly in the order they were made: a search given the same settings asks
         for the same runs in the same order. A resume that asks for another run at some point (a larger
         ``tune.budget_min`` going past where the first one stopped, a changed ``tune.only``) runs that
-        and everything after it again, and the rest of the journal is set aside: served by
+        and everything after it again, and the rest of the journal is set aside (``_set_aside``): served by
         configuration alone, the old end-of-tune measurements would answer the new search's "measured
         again right after" and "back to back" requests with runs made at another time."""
         if self._replayed is None:
@@ -208,19 +209,27 @@ class Journal:
             record.pop("key")
             return Result(**record)
         if n < len(self.records):
-            log.warning(
-                "%s: from its record %d on, this tune asks for other runs than the journal holds (a changed "
-                "budget or candidates): they are measured again",
-                self.path,
-                n + 1,
-            )
-            self.records = self.records[:n]
-            with open(self.path) as f:
-                header = f.readline().rstrip("\n")
-            with open(self.path, "w") as f:
-                f.write("\n".join([header, *(json.dumps(r) for r in self.records)]) + "\n")
+            self._set_aside(n)
         self._replayed = None
         return None
+
+    def _set_aside(self, n: int) -> None:
+        """Keep the first ``n`` records in the journal and move the rest to a file beside it (not deleted:
+        a resume given the wrong settings by mistake, then stopped, loses nothing but its place)."""
+        from trainer.measure.metrics import atomic_write_text
+
+        aside = self.path.with_name(f"{self.path.stem}.set_aside.{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+        lines = self.path.read_text().splitlines()
+        atomic_write_text(str(aside), "\n".join([lines[0], *(json.dumps(r) for r in self.records[n:])]) + "\n")
+        self.records = self.records[:n]
+        atomic_write_text(str(self.path), "\n".join([lines[0], *(json.dumps(r) for r in self.records)]) + "\n")
+        log.warning(
+            "%s: from its record %d on, this tune asks for other runs than the journal holds (a changed budget "
+            "or candidates): they are measured again; the journal's other records are kept in %s",
+            self.path,
+            n + 1,
+            aside,
+        )
 
     def add(self, result: Result) -> None:
         self._replayed = None  # a new run: what follows in this tune is new too

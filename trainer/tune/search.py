@@ -446,10 +446,9 @@ class Search:
         final = self._add(self._step(len(self.steps), "final", "", "", winner, winner_again))
         final.decision = "final" if confirmed else "not confirmed"
         final.why = "the winner and the baseline measured again back to back; speed-up over both measurements of each"
-        if failed:
-            final.why += (
-                f": measured again, the winner failed ({winner_again.error}), so the configuration as given stays"
-            )
+        if failed:  # no second measurement of the winner: no speed-up over both of each to state
+            speed = ci = None
+            final.why = f"measured again, the winner failed ({winner_again.error}), so the configuration as given stays"
         elif missed:
             final.why += (
                 f": measured again, the winner did not reach val_acc {self.target:.3f} in "
@@ -464,7 +463,7 @@ class Search:
         if confirmed:
             return speed, ci, winner_probe, None
         why = (
-            f"it failed when measured again ({winner_again.error})"
+            f"({' '.join(winner)}) failed when measured again ({winner_again.error})"
             if failed
             else f"it did not reach val_acc {self.target:.3f} when measured again"
             if missed
@@ -542,6 +541,12 @@ def _acc(value: Optional[float]) -> str:
 def verdict_text(o: Outcome, cfg: Any) -> str:
     if not o.winner and o.unconfirmed:
         speed, ci, why = o.unconfirmed
+        if speed is None:  # it did not finish when measured again: no speed-up to state
+            return (
+                f"keep the configuration as given: the best configuration found {why}"
+                + (" (the budget ran out before every candidate was tried)" if o.budget_hit else "")
+                + "."
+            )
         return (
             f"keep the configuration as given: the best configuration found measured {speed or 0:.2f}x{_fmt_ci(ci)} when "
             f"measured again back to back with it: {why}"
