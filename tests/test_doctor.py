@@ -132,6 +132,42 @@ def test_input_bound_on_a_big_machine_names_workers_and_cores():
     assert "62% of training time waiting" in d["verdict"] and "2.0 of 16 cores busy" in d["verdict"]
 
 
+def test_the_workers_the_run_used_are_judged_and_no_setting_it_has_is_suggested_again():
+    """data.auto_workers=true: the doctor reads the workers the run used (metrics.json's num_workers),
+    not the config's 0; it never suggests the count or the persistence the run already has."""
+    auto = {"num_workers": 0, "auto_workers": True, "pin_memory": True}
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.5, "num_workers": 15},
+        system={"cpu_busy_cores": 6.0, "process_cpu_cores": 5.0},
+        hardware=H100,
+        flags={},
+        data=auto,
+        is_convnet=True,
+    )
+    assert "and 15 loader workers" in d["verdict"] and not any(s.startswith("data.num_workers") for s in d["try"])
+    assert "data.persistent_workers=true" in d["try"]
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.5, "num_workers": 16},
+        system={"cpu_busy_cores": 20.0, "process_cpu_cores": 18.0},
+        hardware=dict(H100, cpu_cores=64),
+        flags={},
+        data={"num_workers": 16, "persistent_workers": True, "pin_memory": True},
+        is_convnet=True,
+    )
+    assert d["bottleneck"] == "input pipeline"
+    assert not any(s.startswith(("data.num_workers", "data.persistent_workers")) for s in d["try"]), d["try"]
+    # on a CPU, the workers auto_workers started are the ones sharing the cores with the step
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.1, "num_workers": 1},
+        system={"cpu_busy_cores": 2.0, "process_cpu_cores": 1.95, "main_process_cpu_cores": 1.2},
+        hardware=CPU,
+        flags={},
+        data={"num_workers": 0, "auto_workers": True},
+        is_convnet=True,
+    )
+    assert d["bottleneck"] == "shared cores", d
+
+
 def test_gpu_transfer_overhead_and_memory_verdicts():
     d = doctor.diagnose(
         metrics={"data_wait_fraction": 0.05},

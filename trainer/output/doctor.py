@@ -61,7 +61,9 @@ def diagnose(
     gpu_util = system.get("gpu/util")
     # the allocator's reservation is what fills the device (allocated memory understates it)
     peak = metrics.get("peak_memory_reserved_mb") or metrics.get("peak_memory_mb")
-    workers = int(data.get("num_workers") or 0)
+    # the workers the run used (metrics.json's num_workers: data.auto_workers picks its own), else the config's
+    used = metrics.get("num_workers")
+    workers = int(used if used is not None else (data.get("num_workers") or 0))
     evidence = {
         "data_wait_fraction": round(wait, 3),
         "transfer_fraction": round(transfer, 3),
@@ -101,9 +103,11 @@ def diagnose(
         suggestions: List[str] = []
         # more workers (DALI threads) help until this run's own processes fill the cores
         saturated = own is not None and own >= 0.85 * cores
-        if workers < max(1, cores - 1) and not saturated:
-            suggestions += [f"data.num_workers={max(1, min(cores - 1, 16))}"]
-            suggestions += [] if dali else ["data.persistent_workers=true"]
+        more = max(1, min(cores - 1, 16))
+        if workers < more and not saturated:  # (never the count the run already has)
+            suggestions += [f"data.num_workers={more}"]
+        if not saturated and not dali and not data.get("persistent_workers"):
+            suggestions += ["data.persistent_workers=true"]
         if cuda and not data.get("pin_memory") and not dali:
             suggestions.append("data.pin_memory=true")
         suggestions += decode_suggestions(data, cuda)
