@@ -658,6 +658,27 @@ def test_within_noise_is_judged_on_the_interval_as_written_in_every_output(tmp_p
     assert cell.startswith("1.08x [1.001-") and "within noise" not in cell
 
 
+def test_a_folded_rows_bottleneck_is_its_repeats_majority_and_their_disagreement_is_noted(tmp_path):
+    """The row's bottleneck was its first repeat's: "compute" beside the repeats' median data wait of
+    30%, when two of three repeats' own verdicts said "input pipeline"."""
+    sweep = tmp_path / "sweep"
+    for seed, (wait, verdict) in enumerate([(0.24, "compute"), (0.30, "input pipeline"), (0.31, "input pipeline")], 1):
+        d = _job(sweep, str(seed - 1), {}, [2.0, 1.0, 1.0, 1.0], overrides=[f"seed={seed}"])
+        m = json.loads((d / "metrics.json").read_text())
+        m.update(data_wait_fraction=wait, diagnosis={"bottleneck": verdict})
+        (d / "metrics.json").write_text(json.dumps(m))
+    _, rows, _ = report.build_rows(report.load_jobs([str(sweep)]), target_acc="off")
+    (row,) = rows
+    assert row["data_wait_fraction"] == 0.3 and row["bottleneck"] == "input pipeline"
+    assert "bottleneck differs across repeats: input pipeline 2, compute 1" in row["notes"]
+    # no majority: said so, not one repeat's verdict
+    m = json.loads((sweep / "2" / "metrics.json").read_text())
+    m["diagnosis"] = {"bottleneck": "transfer"}
+    (sweep / "2" / "metrics.json").write_text(json.dumps(m))
+    _, rows, _ = report.build_rows(report.load_jobs([str(sweep)]), target_acc="off")
+    assert rows[0]["bottleneck"] == "mixed"
+
+
 def test_the_console_table_fits_120_columns_and_the_files_keep_every_column(tmp_path, capsys):
     sweep = tmp_path / "sweep"
     long_root = "data.root=/mnt/shared/datasets/imagenet-subset-with-a-long-name/train"

@@ -9,6 +9,7 @@ same rows; ``trainer.measure.time_to_target`` measures them.
 
 from __future__ import annotations
 
+import collections
 import statistics
 from typing import Any, List, Optional
 
@@ -112,6 +113,7 @@ def build_rows(
             notes.append(f"compile {m['compile_time_s']:.1f} s")
         if not row.ok:
             notes.append(str(m.get("error") or m.get("status") or "failed"))
+        bottleneck = _bottleneck(row, notes)  # (it notes where the repeats' verdicts differ)
         spread = _spread(row)
         record = {"job": row.name}
         record.update({k: row.settings.get(k, _off_value(k)) for k in shown})
@@ -128,7 +130,7 @@ def build_rows(
             transfer_fraction=row.median_of("transfer_fraction") if row.ok else None,
             peak_memory_mb=m.get("peak_memory_mb"),
             val_acc=acc,
-            bottleneck=(m.get("diagnosis") or {}).get("bottleneck"),
+            bottleneck=bottleneck,
             status=m.get("status", "failed"),
             notes="; ".join(notes),
         )
@@ -214,6 +216,20 @@ def ci_holds(base: Row, row: Row, speedup: Optional[float], ci: Optional[str]) -
     if not ci:
         return NOT_JUDGED
     return SEEDS if base.seeds() > 1 and row.seeds() > 1 else TIMING_ONLY
+
+
+def _bottleneck(row: Row, notes: List[str]) -> Optional[str]:
+    """The doctor's verdict for the row: the one most of its repeats got (``notes`` says when they
+    differ), not the first repeat's alone, which could read "compute" beside the repeats' median data
+    wait above the input-bound line; "mixed" where no verdict has a majority."""
+    found = [(j.metrics.get("diagnosis") or {}).get("bottleneck") for j in row.jobs]
+    counts = collections.Counter(b for b in found if b)
+    if not counts:
+        return None
+    if len(counts) > 1:
+        notes.append("bottleneck differs across repeats: " + ", ".join(f"{b} {n}" for b, n in counts.most_common()))
+    verdict, n = counts.most_common(1)[0]
+    return verdict if 2 * n > len(found) else "mixed"
 
 
 def _epoch_samples(job: Job) -> Optional[int]:
