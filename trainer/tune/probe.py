@@ -179,9 +179,7 @@ class Journal:
                         "Give another hydra.run.dir to start a new tune."
                     ) from None
             # rewrite without the cut line, so the next record starts on a line of its own
-            from trainer.measure.metrics import atomic_write_text
-
-            atomic_write_text(str(self.path), "\n".join([lines[0], *(json.dumps(r) for r in self.records)]) + "\n")
+            _write_journal(self.path, lines[0], self.records)
         else:
             with open(self.path, "w") as f:
                 f.write(json.dumps(header) + "\n")
@@ -216,13 +214,12 @@ class Journal:
     def _set_aside(self, n: int) -> None:
         """Keep the first ``n`` records in the journal and move the rest to a file beside it (not deleted:
         a resume given the wrong settings by mistake, then stopped, loses nothing but its place)."""
-        from trainer.measure.metrics import atomic_write_text
-
         aside = self.path.with_name(f"{self.path.stem}.set_aside.{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
-        lines = self.path.read_text().splitlines()
-        atomic_write_text(str(aside), "\n".join([lines[0], *(json.dumps(r) for r in self.records[n:])]) + "\n")
+        with open(self.path) as f:
+            header = f.readline().rstrip("\n")
+        _write_journal(aside, header, self.records[n:])
         self.records = self.records[:n]
-        atomic_write_text(str(self.path), "\n".join([lines[0], *(json.dumps(r) for r in self.records)]) + "\n")
+        _write_journal(self.path, header, self.records)
         log.warning(
             "%s: from its record %d on, this tune asks for other runs than the journal holds (a changed budget "
             "or candidates): they are measured again; the journal's other records are kept in %s",
@@ -239,6 +236,13 @@ class Journal:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+
+def _write_journal(path: Path, header: str, records: List[Dict[str, Any]]) -> None:
+    """A journal file of ``header`` and ``records``, written whole and atomically (a kill leaves the old one)."""
+    from trainer.measure.metrics import atomic_write_text
+
+    atomic_write_text(str(path), "\n".join([header, *(json.dumps(r) for r in records)]) + "\n")
 
 
 def run_settings(kind: str, tune_cfg: Any) -> List[str]:

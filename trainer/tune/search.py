@@ -504,9 +504,8 @@ class Search:
                     "accuracy check %s: trained, but this run has no validation: its accuracy is not checked", name
                 )
                 return config, check
-            if (
-                check.val_acc >= base_verify.val_acc - tolerance - 1e-12
-            ):  # accuracies are k/N: exactly at the edge passes
+            # accuracies are k/N: exactly at the edge passes
+            if check.val_acc >= base_verify.val_acc - tolerance - 1e-12:
                 why = f"val_acc {check.val_acc:.3f} vs baseline {base_verify.val_acc:.3f} (tolerance {tolerance:g})"
                 self._add_check(config, "verified", why, check, check.val_acc)
                 log.info("accuracy check %s: val_acc %.3f vs %.3f: kept", name, check.val_acc, base_verify.val_acc)
