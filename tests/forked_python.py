@@ -61,17 +61,21 @@ def run_python(
 ) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
     timeout=timeout)``, forked from the preloaded server where that gives the same run (see above)."""
-    if fresh or not _forkable(args, env):
-        return subprocess.run(
-            [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-        )
-    preloaded.context(_base_env or env)  # the server starts (once per test process) with the base environment
+    from hang_report import end_hung
+
     with tempfile.TemporaryDirectory(prefix="forked-python-") as tmp:
         out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-        child = preloaded.start(list(args), str(cwd), dict(env), out, err)
+        if fresh or not _forkable(args, env):
+            with open(out, "w") as o, open(err, "w") as e:
+                child = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=o, stderr=e, text=True)
+        else:
+            preloaded.context(_base_env or env)  # the server starts (once per test process) with the base environment
+            child = preloaded.start(list(args), str(cwd), dict(env), out, err)
         try:
             child.wait(timeout)
         except subprocess.TimeoutExpired:
+            # what every process under it was doing goes to the failure report; then the whole tree ends
+            end_hung(child.pid, list(args))
             child.kill()
             child.wait()
             raise subprocess.TimeoutExpired([sys.executable, *args], timeout, _read(out), _read(err)) from None

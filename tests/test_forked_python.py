@@ -117,3 +117,28 @@ def test_a_forked_command_dies_with_its_caller(tmp_path):
     if survived:
         os.kill(pid, 9)
     assert not survived, f"the forked command {pid} outlived its caller"
+
+
+@pytest.mark.parametrize("fresh", [False, True])
+def test_a_command_past_its_timeout_reports_every_process_stack_and_ends_its_whole_tree(tmp_path, capfd, fresh):
+    """hang_report.end_hung: a hung run's failure says where each of its processes waited (a rank, a loader
+    worker), and leaves none of them running: here a command and the grandchild it starts, both asleep."""
+    import subprocess
+
+    import psutil
+
+    (tmp_path / "grandchild.py").write_text(
+        "import time\n\ndef waits_in_the_grandchild():\n    time.sleep(300)\n\nwaits_in_the_grandchild()\n"
+    )
+    (tmp_path / "hangs.py").write_text(
+        "import subprocess, sys, time\n"
+        "g = subprocess.Popen([sys.executable, 'grandchild.py'])\n"
+        "open('grandchild.pid', 'w').write(str(g.pid))\n"
+        "def waits_in_the_command():\n    time.sleep(300)\n\nwaits_in_the_command()\n"
+    )
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_python(["hangs.py"], tmp_path, clean_env(), timeout=8, fresh=fresh)
+    report = capfd.readouterr().err
+    assert "waits_in_the_command" in report and "waits_in_the_grandchild" in report, report[-3000:]
+    grandchild = int((tmp_path / "grandchild.pid").read_text())
+    assert not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
