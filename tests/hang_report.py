@@ -41,13 +41,21 @@ def _stacks(proc, py_spy) -> str:
     head = f"--- pid {proc.pid}: {' '.join(_cmdline(proc))[:200]}"
     if py_spy is None:
         return head + "\n(py-spy not installed: pip install -e '.[test]')"
-    try:
-        out = subprocess.run(
-            [py_spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=STACK_DUMP_TIMEOUT_S
-        )
-        return f"{head}\n{(out.stdout + out.stderr).strip()}"
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"{head}\n(no stacks: {e})"
+    # native frames too: a wait inside a library (gloo, Arrow, a lock) shows only there; Python's alone
+    # where the native unwind fails
+    for extra in (["--native"], []):
+        try:
+            out = subprocess.run(
+                [py_spy, "dump", *extra, "--pid", str(proc.pid)],
+                capture_output=True,
+                text=True,
+                timeout=STACK_DUMP_TIMEOUT_S,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"{head}\n(no stacks: {e})"
+        if out.returncode == 0:
+            break
+    return f"{head}\n{(out.stdout + out.stderr).strip()}"
 
 
 def _cmdline(proc) -> List[str]:
