@@ -413,3 +413,30 @@ def test_after_a_rank_fails_the_others_get_a_short_grace_before_sigkill(tmp_path
     assert result is not None and result.is_failed() and result.failures[1].exitcode == 2
     assert graces[0] == torchrun.FAILURE_GRACE_S < 30
     assert result.failures[0].exitcode == -signal.SIGKILL  # the stubborn rank was ended after the grace
+
+
+def test_the_journal_written_after_each_epoch_reads_no_metric_lightning_reduces_across_ranks(train, monkeypatch):
+    """metrics.json's running record is written by rank 0 alone, from an epoch-end hook: reading
+    ``trainer.callback_metrics`` there computes the epoch's ``sync_dist`` metrics, an all-reduce the
+    other ranks do not enter at that point. With no validation in the epoch (here limit_val_batches=0)
+    the record fell back to reading val_acc from it. Checked in one process: where it is read from."""
+    import inspect
+
+    import pytorch_lightning as pl
+
+    from trainer.callbacks import EpochTimer
+
+    read_by_journal = []
+    original = pl.Trainer.callback_metrics
+
+    def spied(self):
+        if any(
+            f.function == "_publish" and isinstance(f.frame.f_locals.get("self"), EpochTimer) for f in inspect.stack()
+        ):
+            read_by_journal.append(True)
+        return original.fget(self)
+
+    monkeypatch.setattr(pl.Trainer, "callback_metrics", property(spied))
+    metrics, _ = train("trainer.max_epochs=2", "trainer.limit_val_batches=0")
+    assert metrics["status"] == "ok" and len(metrics["epochs"]) == 2
+    assert not read_by_journal, "the epoch-end journal read trainer.callback_metrics (a collective under DDP)"

@@ -41,11 +41,9 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
     parts = Parts(
         cfg=cfg, out_dir=out_dir, overrides=list(overrides or []), config_path=config_path, requested=flags_of(cfg)
     )
-    # after every epoch (rank 0): the run so far, so a kill loses at most the epoch in flight.
-    # train_loss: Lightning reduces the epoch's loss only after the epoch-end callbacks, so a
-    # running record leaves it out rather than show the previous epoch's value
+    # after every epoch (rank 0): the run so far, so a kill loses at most the epoch in flight
     parts.timer = EpochTimer(
-        on_epoch=lambda: metrics_mod.write(parts.metrics_path, record_of(parts, "running", None, train_loss=False))
+        on_epoch=lambda: metrics_mod.write(parts.metrics_path, record_of(parts, "running", None, running=True))
     )
     if not is_launched_rank():  # launched ranks: the launching process checked already
         # before the try: a refused dir gets nothing written into it, not even a failure record

@@ -66,8 +66,15 @@ def _profile_page(parts: Parts, final: Dict[str, Any]) -> None:
         log.info("profile summary (no network needed): %s", path)
 
 
-def record_of(parts: Parts, status: str, error: Optional[str], train_loss: bool = True) -> Dict[str, Any]:
-    """metrics.json's fields from the parts (whatever was built before a failure)."""
+def record_of(parts: Parts, status: str, error: Optional[str], running: bool = False) -> Dict[str, Any]:
+    """metrics.json's fields from the parts (whatever was built before a failure).
+
+    ``running``: the journal written after each epoch, on rank 0 alone, from an epoch-end hook. It
+    reads no metric Lightning reduces on demand (``trainer.callback_metrics`` computes the epoch's
+    ``sync_dist`` metrics when read there: an all-reduce rank 0 would enter alone, which the other
+    ranks' next collective would pair with or hang on); so it leaves the train loss out (Lightning
+    reduces it after the epoch-end callbacks anyway) and takes val_acc from the epoch records only.
+    """
     cfg, timer, trainer, hw, plan = parts.cfg, parts.timer, parts.trainer, parts.hw, parts.plan
     found = parts.callbacks
     peak = found.peak if found else None
@@ -87,8 +94,8 @@ def record_of(parts: Parts, status: str, error: Optional[str], train_loss: bool 
         peak_memory=earlier.get("peak_memory_mb") if earlier else (peak.result_mb if peak else None),
         train_loss=earlier.get("train_loss")
         if earlier
-        else (_metric(trainer, "train/loss_epoch") if train_loss else None),
-        val_acc=earlier.get("val_acc") if earlier else _last_val_acc(timer, trainer),
+        else (None if running else _metric(trainer, "train/loss_epoch")),
+        val_acc=earlier.get("val_acc") if earlier else _last_val_acc(timer, None if running else trainer),
         extra={
             "precision": plan.precision if plan else None,
             "batch_size": cfg.data.batch_size,
@@ -158,6 +165,8 @@ def _diagnose(parts: Parts, result: Dict[str, Any]) -> Dict[str, Any]:
         is_convnet=module is not None and any(isinstance(m, torch.nn.Conv2d) for m in module.modules()),
         h2d_share=profiler.h2d_share if profiler else None,
         device_memory_mb=device_memory,
+        processes_per_node=getattr(parts.datamodule, "processes_per_node", 1),
+        world_size=trainer.world_size,
     )
 
 
