@@ -239,7 +239,7 @@ def test_hardware_checks(fake_gpu, compose):
     plan = switchboard.resolve(compose("amp=true"), v100)
     assert plan.amp_dtype == "fp16" and plan.precision == "16-mixed", plan  # amp_dtype=auto picks fp16 here
     notes = doctor.hardware_notes(v100.as_dict(), {"amp": True})
-    assert any("no native bf16 or TF32" in n for n in notes)
+    assert any("no native bf16: amp uses fp16 with loss scaling" in n for n in notes)
     assert "tf32=true" not in doctor.compute_suggestions({}, v100.as_dict(), True)
     h100 = fake_gpu("NVIDIA H100 80GB HBM3", (9, 0))
     assert h100.bf16_native and switchboard.resolve(compose("amp=true"), h100).amp_dtype == "bf16"
@@ -413,7 +413,9 @@ def test_no_competition_verdict_under_a_cgroup_quota():
         for n in doctor.diagnose(metrics={}, system=busy, hardware=CPU, flags={}, data={}, is_convnet=True)["hardware"]
     )
     quota = dict(CPU, cpu_quota=1.5, cpu_cores=1)
-    d = doctor.diagnose(metrics={}, system=busy, hardware=quota, flags={}, data={}, is_convnet=True)
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.05}, system=busy, hardware=quota, flags={}, data={}, is_convnet=True
+    )
     assert not any("other processes" in n for n in d["hardware"])
     assert "this run using 0.9 of its 1.5-core quota" in d["verdict"] and "1.9 of" not in d["verdict"]
 
@@ -567,3 +569,72 @@ def test_input_bound_under_dali_speaks_of_its_threads_and_a_torch_run_on_files_i
     )
     on_cpu = doctor.diagnose(data={"name": "builtin", "loader": "dali", "num_workers": 1}, **cpu)
     assert any("DALI's decoding threads run inside the training process" in n for n in on_cpu["hardware"]), on_cpu
+
+
+def test_under_torchrun_the_worker_suggestion_is_each_ranks_share_of_the_cores():
+    """8 ranks on 16 cores: data.auto_workers gives each 16 // 8 - 1 = 1 worker; the doctor suggested 15
+    each (120 workers on 16 cores). Where workers would not fit beside the ranks, it says the ranks' count."""
+    args = dict(system={"cpu_busy_cores": 9.0, "process_cpu_cores": 8.5}, hardware=H100, flags={}, is_convnet=True)
+    one = doctor.diagnose(metrics={"data_wait_fraction": 0.5}, data={"num_workers": 0}, **args)
+    eight = doctor.diagnose(
+        metrics={"data_wait_fraction": 0.5}, data={"num_workers": 0}, processes_per_node=8, world_size=8, **args
+    )
+    assert "data.num_workers=15" in one["try"]
+    assert "data.num_workers=1" in eight["try"] and "data.num_workers=15" not in eight["try"]
+    assert "0 loader workers per process (8 on this node)" in eight["verdict"]
+    assert any("rank 0's own" in n for n in eight["hardware"]) and not any("rank 0" in n for n in one["hardware"])
+
+
+def test_a_run_with_no_whole_epoch_timed_gets_no_verdict_rather_than_compute():
+    """Every epoch partial (resumed inside its only epoch) or none ran: no data wait was measured, and
+    reading it as 0% gave a confident "compute: only 0% of training time waits for data"."""
+    d = doctor.diagnose(
+        metrics={"data_wait_fraction": None, "transfer_fraction": None},
+        system={"cpu_busy_cores": 1.0, "process_cpu_cores": 1.0},
+        hardware=CPU,
+        flags={},
+        data={},
+        is_convnet=True,
+    )
+    assert d["bottleneck"] == "unknown" and d["try"] == [] and "no whole training epoch was timed" in d["verdict"]
+    assert d["evidence"]["data_wait_fraction"] is None
+
+
+def test_the_cpu_overhead_verdict_suggests_only_what_this_gpu_and_config_can_take():
+    """compile below sm70 (Triton needs it), reduce-overhead beside a backend other than inductor (the
+    config checks refuse it), and data.batch_size=auto where the run has it: none is suggested."""
+    args = dict(metrics={"data_wait_fraction": 0.02}, system={"gpu/util": 30.0}, data={}, is_convnet=True)
+    p100 = {"accelerator": "cuda", "cpu_cores": 8, "bf16_native": False, "capability": "6.0"}
+    d = doctor.diagnose(hardware=p100, flags={}, **args)
+    assert d["bottleneck"] == "CPU-side overhead" and d["try"] == ["data.batch_size=auto"]
+    d = doctor.diagnose(hardware=H100, flags={"compile": True, "compile_backend": "aot_eager"}, **args)
+    assert d["try"] == ["data.batch_size=auto"]
+    d = doctor.diagnose(hardware=H100, flags={"data.batch_size": "auto"}, **args)
+    assert d["try"] == ["compile=true", "compile_mode=reduce-overhead"]
+
+
+def test_the_transfer_verdict_suggests_no_loader_setting_to_a_dali_run_and_dali_only_where_installed(monkeypatch):
+    from trainer.data import dali
+
+    args = dict(
+        metrics={"data_wait_fraction": 0.05, "transfer_fraction": 0.4},
+        system={"gpu/util": 90.0},
+        hardware=H100,
+        flags={},
+        is_convnet=True,
+    )
+    d = doctor.diagnose(data={"loader": "dali", "name": "imagefolder"}, **args)
+    assert d["bottleneck"] == "host-device transfer" and d["try"] == ["data.gpu_normalize=true"]
+    nvjpeg = {"name": "imagefolder", "decoder": "nvjpeg", "loader": "torch", "device_prefetch": True}
+    monkeypatch.setattr(dali, "installed", lambda: True)
+    assert doctor.diagnose(data=nvjpeg, **args)["try"] == ["data.loader=dali"]
+    monkeypatch.setattr(dali, "installed", lambda: False)
+    assert doctor.diagnose(data=nvjpeg, **args)["try"] == []
+
+
+def test_bf16_asked_for_on_a_gpu_without_it_is_said_to_run_emulated():
+    v100 = {"accelerator": "cuda", "cpu_cores": 8, "bf16_native": False, "capability": "7.0"}
+    (auto,) = doctor.hardware_notes(v100, {"amp": True, "amp_dtype": "auto"})
+    (bf16,) = doctor.hardware_notes(v100, {"amp": True, "amp_dtype": "bf16"})
+    assert "fp16 with loss scaling" in auto and "emulated" not in auto
+    assert "amp_dtype=bf16 ran emulated" in bf16

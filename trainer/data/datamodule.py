@@ -73,10 +73,10 @@ class ImageDataModule(pl.LightningDataModule):
         c = self.cfg
         if not c.get("auto_workers"):
             return c.num_workers
-        from trainer.measure.hardware import usable_cores
+        from trainer.measure.hardware import usable_cores, workers_per_process
 
         cores = usable_cores()
-        workers = max(0, min(16, cores // max(1, self.processes_per_node) - 1))
+        workers = workers_per_process(cores, self.processes_per_node)
         log.info(
             "data.auto_workers: %d loader workers per process (%d cores, %d process(es) on this node)",
             workers,

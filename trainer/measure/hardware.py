@@ -79,6 +79,12 @@ def usable_cores() -> int:
     return from_affinity_and_quota()
 
 
+def workers_per_process(cores: int, processes_per_node: int = 1) -> int:
+    """The loader workers each of a node's processes can have: its share of the cores less one for the
+    process itself, at most 16 (``data.auto_workers`` picks this; the doctor suggests it)."""
+    return max(0, min(16, cores // max(1, processes_per_node) - 1))
+
+
 def bf16_slowdown(module, image_size: int) -> float:
     """How many times slower a training step of ``module`` runs under bf16 autocast than in fp32 on
     this CPU: a short probe (batch 2 at ``image_size``, forward and backward, the better of 2 after

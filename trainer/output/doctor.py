@@ -50,9 +50,14 @@ def diagnose(
     is_convnet: bool,
     h2d_share: Optional[float] = None,
     device_memory_mb: Optional[float] = None,
+    processes_per_node: int = 1,
+    world_size: int = 1,
 ) -> Dict[str, Any]:
+    """``processes_per_node``: the ranks sharing this node's cores (torchrun's); ``world_size``: all ranks.
+    The readings are this process's (rank 0's): the verdict says so where there are other ranks."""
     # why longer: the verdict is a list of rules read top to bottom (the first that holds wins), all
     # reading the same evidence; split across functions, the order that decides would be hidden
+    timed = metrics.get("data_wait_fraction") is not None  # a whole training epoch was timed
     wait = metrics.get("data_wait_fraction") or 0.0
     transfer = metrics.get("transfer_fraction") or 0.0
     cores = int(hardware.get("cpu_cores") or 1)
@@ -65,8 +70,8 @@ def diagnose(
     used = metrics.get("num_workers")
     workers = int(used if used is not None else (data.get("num_workers") or 0))
     evidence = {
-        "data_wait_fraction": round(wait, 3),
-        "transfer_fraction": round(transfer, 3),
+        "data_wait_fraction": round(wait, 3) if timed else None,
+        "transfer_fraction": round(transfer, 3) if metrics.get("transfer_fraction") is not None else None,
         "cpu_busy_cores": busy,
         "cpu_cores": cores,
         "process_cpu_cores": system.get("process_cpu_cores"),
@@ -99,11 +104,24 @@ def diagnose(
             "data.loader=dali on a CPU: DALI's decoding threads run inside the training process, so its busy cores "
             "include the decoding; -m data.loader=torch,dali measures what they cost the step."
         )
+    if world_size > 1:
+        hw_notes.append(
+            f"with {world_size} processes, the data wait and transfer shares are rank 0's own: a rank that waits "
+            "longer for its data shows here only as time rank 0 spends waiting for it in the gradient all-reduce."
+        )
+    if not timed:
+        text = (
+            "no whole training epoch was timed in this process (none ran, or it resumed inside the only one it "
+            "trained), so where the time went is not measured: train at least one whole epoch for a verdict."
+        )
+        return _verdict("unknown", text, [], hw_notes, evidence)
     if wait >= INPUT_BOUND:
         suggestions: List[str] = []
         # more workers (DALI threads) help until this run's own processes fill the cores
         saturated = own is not None and own >= 0.85 * cores
-        more = max(1, min(cores - 1, 16))
+        from trainer.measure.hardware import workers_per_process
+
+        more = max(1, workers_per_process(cores, processes_per_node))  # data.auto_workers's count
         if workers < more and not saturated:  # (never the count the run already has)
             suggestions += [f"data.num_workers={more}"]
         if not saturated and not dali and not data.get("persistent_workers"):
@@ -133,6 +151,8 @@ def diagnose(
                 "(crop + flip only) measures what it costs"
             )
         loaders = f"{max(1, workers)} DALI threads" if dali else f"{workers} loader workers"
+        if processes_per_node > 1:
+            loaders += f" per process ({processes_per_node} on this node)"
         text = f"{wait:.0%} of training time waiting for the next batch with {busy_text} and {loaders}: {why}."
         return _verdict("input pipeline", text, suggestions, hw_notes, evidence)
 
@@ -140,15 +160,18 @@ def diagnose(
         return _verdict("host-device transfer", *_transfer_advice(transfer, h2d_share, cuda, data), hw_notes, evidence)
 
     if cuda and gpu_util is not None and gpu_util < LOW_GPU_UTIL:
+        cap = float(hardware.get("capability") or 0)
+        # torch.compile's GPU code needs sm70; reduce-overhead (CUDA graphs) is inductor's mode
+        compiles = cap >= 7.0 and flags.get("compile_backend", "inductor") == "inductor"
         suggestions = [
             s
             for s, on in (
-                ("compile=true", flags.get("compile")),
-                ("compile_mode=reduce-overhead", flags.get("compile_mode") == "reduce-overhead"),
+                ("compile=true", flags.get("compile") or not compiles),
+                ("compile_mode=reduce-overhead", flags.get("compile_mode") == "reduce-overhead" or not compiles),
+                ("data.batch_size=auto", flags.get("data.batch_size") == "auto"),
             )
             if not on
         ]
-        suggestions.append("data.batch_size=auto")
         text = (
             f"the GPU is busy only {gpu_util:.0f}% of the time while data is ready ({wait:.0%} data wait): "
             "the host cannot launch work fast enough (Python overhead, small kernels, sync points)."
@@ -204,8 +227,11 @@ def _transfer_advice(transfer: float, h2d_share: Optional[float], cuda: bool, da
         # the batches cross the bus still encoded (a few kB each), already uint8 and pinned: what takes
         # the time is the decode and the per-image transforms after it (an H100: 60% of training time
         # at 1,181 images/s, with the batches prefetched)
+        from trainer.data.dali import installed
+
         suggestions = [] if data.get("device_prefetch") else ["data.device_prefetch=true"]
-        suggestions.append("data.loader=dali")
+        if installed():
+            suggestions.append("data.loader=dali")
         text = (
             f"decoding the JPEGs on the GPU (nvJPEG) and cropping, flipping and resizing them there takes {transfer:.0%} "
             "of training time: the batch is decoded in one call, but the transforms then run image by image, many small "
@@ -214,8 +240,9 @@ def _transfer_advice(transfer: float, h2d_share: Optional[float], cuda: bool, da
         )
         return text, suggestions
     if cuda:
-        suggestions = [] if data.get("pin_memory") else ["data.pin_memory=true"]
-        suggestions += [f"data.{k}=true" for k in ("gpu_normalize", "device_prefetch") if not data.get(k)]
+        # DALI's pipeline copies and prefetches on its own (no pinning or prefetch of ours applies to it)
+        own_loader = ("pin_memory", "gpu_normalize", "device_prefetch") if dali_off(data) else ("gpu_normalize",)
+        suggestions = [f"data.{k}=true" for k in own_loader if not data.get(k)]
         if h2d_share is not None and h2d_share >= TRANSFER_BOUND:
             text = f"host-to-device copies take {h2d_share:.0%} of device time"
         else:
@@ -233,6 +260,10 @@ def _transfer_advice(transfer: float, h2d_share: Optional[float], cuda: bool, da
         "in the training process itself: move that work into the dataset or the loader's workers, where it runs in parallel."
     )
     return text, suggestions
+
+
+def dali_off(data: Dict[str, Any]) -> bool:
+    return data.get("loader", "torch") != "dali"
 
 
 def _reads_object_store(data: Dict[str, Any]) -> bool:
@@ -305,10 +336,18 @@ def hardware_notes(hardware: Dict[str, Any], flags: Dict[str, Any]) -> List[str]
         notes.append(
             "this CPU has no native bf16 (no AVX512-BF16/AMX): amp=true ran emulated bf16, usually slower than fp32."
         )
-    if cuda and cap and cap < 8.0 and (flags.get("amp") or flags.get("tf32")):
-        notes.append(
-            f"this GPU (sm{hardware.get('capability')}) has no native bf16 or TF32: amp uses fp16 with loss scaling, and tf32=true changes nothing."
-        )
+    if cuda and cap and cap < 8.0 and flags.get("amp"):
+        if flags.get("amp_dtype", "auto") == "bf16":
+            notes.append(
+                f"this GPU (sm{hardware.get('capability')}) has no native bf16: amp_dtype=bf16 ran emulated, usually "
+                "slower than fp32; amp_dtype=auto picks fp16 with loss scaling here."
+            )
+        else:
+            notes.append(
+                f"this GPU (sm{hardware.get('capability')}) has no native bf16: amp uses fp16 with loss scaling."
+            )
+    if cuda and cap and cap < 8.0 and flags.get("tf32"):
+        notes.append(f"this GPU (sm{hardware.get('capability')}) has no TF32: tf32=true changes nothing.")
     if cuda and cap and cap < 7.0 and flags.get("compile"):
         notes.append(
             f"torch.compile's GPU backend (Triton) needs sm70 or newer; this GPU is sm{hardware.get('capability')}."
