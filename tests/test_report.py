@@ -665,18 +665,25 @@ def test_a_folded_rows_bottleneck_is_its_repeats_majority_and_their_disagreement
     for seed, (wait, verdict) in enumerate([(0.24, "compute"), (0.30, "input pipeline"), (0.31, "input pipeline")], 1):
         d = _job(sweep, str(seed - 1), {}, [2.0, 1.0, 1.0, 1.0], overrides=[f"seed={seed}"])
         m = json.loads((d / "metrics.json").read_text())
-        m.update(data_wait_fraction=wait, diagnosis={"bottleneck": verdict})
+        m.update(data_wait_fraction=wait, diagnosis={"bottleneck": verdict, "verdict": f"{verdict}: seed {seed}"})
         (d / "metrics.json").write_text(json.dumps(m))
     _, rows, _ = report.build_rows(report.load_jobs([str(sweep)]), target_acc="off")
     (row,) = rows
     assert row["data_wait_fraction"] == 0.3 and row["bottleneck"] == "input pipeline"
     assert "bottleneck differs across repeats: input pipeline 2, compute 1" in row["notes"]
+    # the doctor's line under the table quotes a repeat that got the row's verdict (it quoted the first's)
+    from trainer.report import render
+
+    (line,) = render.verdict_lines(report.load_jobs([str(sweep)]))
+    assert line.endswith(": (2 of 3 repeats) input pipeline: seed 2"), line
     # no majority: said so, not one repeat's verdict
     m = json.loads((sweep / "2" / "metrics.json").read_text())
-    m["diagnosis"] = {"bottleneck": "transfer"}
+    m["diagnosis"] = {"bottleneck": "transfer", "verdict": "transfer: seed 3"}
     (sweep / "2" / "metrics.json").write_text(json.dumps(m))
     _, rows, _ = report.build_rows(report.load_jobs([str(sweep)]), target_acc="off")
     assert rows[0]["bottleneck"] == "mixed"
+    (line,) = render.verdict_lines(report.load_jobs([str(sweep)]))
+    assert line.endswith(": the repeats' verdicts differ: compute 1, input pipeline 1, transfer 1."), line
 
 
 def test_the_console_table_fits_120_columns_and_the_files_keep_every_column(tmp_path, capsys):

@@ -15,7 +15,15 @@ from typing import Any, Dict, List, Optional
 from trainer.measure.time_to_target import BASELINE_MISSED, NOT_VALIDATED
 from trainer.report.jobs import Job, Row, fold_repeats, varied_keys
 from trainer.report.noise import BOOTSTRAP_RESAMPLES, CONFIDENCE
-from trainer.report.rows import ACC_DROP_THRESHOLD, NO_SPEEDUP, NOT_JUDGED, SEEDED_REPEATS, SEEDS, TIMING_ONLY
+from trainer.report.rows import (
+    ACC_DROP_THRESHOLD,
+    NO_SPEEDUP,
+    NOT_JUDGED,
+    SEEDED_REPEATS,
+    SEEDS,
+    TIMING_ONLY,
+    folded_bottleneck,
+)
 
 # decimals per numeric column in the markdown table (the CSV keeps full precision)
 _DIGITS = {
@@ -157,11 +165,28 @@ def judgement_notes(rows: List[dict], base_job: Optional[str]) -> List[str]:
     return out
 
 
+def _row_verdict(row: Row) -> Optional[str]:
+    """The verdict of a repeat that got the row's bottleneck (the one most repeats got), with how many
+    did where they differ; where none has a majority, that the repeats differ, and how."""
+    differ: List[str] = []
+    bottleneck = folded_bottleneck(row, differ)
+    if bottleneck is None:
+        return None
+    if bottleneck == "mixed":
+        return differ[0].replace("bottleneck differs across repeats: ", "the repeats' verdicts differ: ") + "."
+    diagnoses = [j.metrics.get("diagnosis") or {} for j in row.jobs]
+    verdict = next(d.get("verdict") for d in diagnoses if d.get("bottleneck") == bottleneck)
+    if differ:
+        agreeing = sum(d.get("bottleneck") == bottleneck for d in diagnoses)
+        verdict = f"({agreeing} of {len(diagnoses)} repeats) {verdict}"
+    return verdict
+
+
 def verdict_lines(jobs: List[Job]) -> List[str]:
     """The doctor's verdict per job, jobs with the same verdict on one line."""
     by_verdict: Dict[str, List[str]] = {}
     for row in fold_repeats(jobs, varied_keys(jobs)):
-        verdict = (row.first.metrics.get("diagnosis") or {}).get("verdict")
+        verdict = _row_verdict(row)
         if verdict:
             by_verdict.setdefault(verdict, []).append(row.name)
     return [

@@ -113,7 +113,7 @@ def build_rows(
             notes.append(f"compile {m['compile_time_s']:.1f} s")
         if not row.ok:
             notes.append(str(m.get("error") or m.get("status") or "failed"))
-        bottleneck = _bottleneck(row, notes)  # (it notes where the repeats' verdicts differ)
+        bottleneck = folded_bottleneck(row, notes)  # (it notes where the repeats' verdicts differ)
         spread = _spread(row)
         record = {"job": row.name}
         record.update({k: row.settings.get(k, _off_value(k)) for k in shown})
@@ -218,7 +218,7 @@ def ci_holds(base: Row, row: Row, speedup: Optional[float], ci: Optional[str]) -
     return SEEDS if base.seeds() > 1 and row.seeds() > 1 else TIMING_ONLY
 
 
-def _bottleneck(row: Row, notes: List[str]) -> Optional[str]:
+def folded_bottleneck(row: Row, notes: List[str]) -> Optional[str]:
     """The doctor's verdict for the row: the one most of its repeats got (``notes`` says when they
     differ), not the first repeat's alone, which could read "compute" beside the repeats' median data
     wait above the input-bound line; "mixed" where no verdict has a majority."""
