@@ -137,7 +137,7 @@ def test_a_command_past_its_timeout_reports_every_process_stack_and_ends_its_who
         "def waits_in_the_command():\n    time.sleep(300)\n\nwaits_in_the_command()\n"
     )
     with pytest.raises(subprocess.TimeoutExpired):
-        run_python(["hangs.py"], tmp_path, clean_env(), timeout=8, fresh=fresh)
+        run_python(["hangs.py"], tmp_path, clean_env(), timeout=4, fresh=fresh)
     report = capfd.readouterr().err
     assert "waits_in_the_command" in report and "waits_in_the_grandchild" in report, report[-3000:]
     grandchild = int((tmp_path / "grandchild.pid").read_text())
