@@ -75,10 +75,16 @@ def run_python(
             child.wait(timeout)
         except subprocess.TimeoutExpired:
             # what every process under it was doing goes to the failure report; then the whole tree ends
-            end_hung(child.pid, list(args))
+            try:
+                end_hung(child.pid, list(args), cwd)
+            finally:
+                child.kill()
+                child.wait()
+            raise subprocess.TimeoutExpired([sys.executable, *args], timeout, _read(out), _read(err)) from None
+        except BaseException:  # Ctrl-C, or anything else while waiting: the command ends too (as subprocess.run)
             child.kill()
             child.wait()
-            raise subprocess.TimeoutExpired([sys.executable, *args], timeout, _read(out), _read(err)) from None
+            raise
         return subprocess.CompletedProcess([sys.executable, *args], child.returncode, _read(out), _read(err))
 
 

@@ -5,9 +5,11 @@ fail its test with only "timed out after 600 seconds" and leave its processes ru
 agent, the ranks and their loader workers are grandchildren of the command, which a kill of the
 command alone does not reach. ``end_hung(pid, args)`` takes, for the command and every process under
 it, the Python stacks of every thread (``py-spy dump``, from the test extras: it reads a live
-process's stacks without its cooperation) and the end of each rank's stderr file (torchrun's
-``--redirects`` writes them under the run directory), prints them to the test's stderr, which pytest
-shows with the failure, and then SIGKILLs the whole tree.
+process's stacks without its cooperation), then native frames where they come within a short
+budget (a wait inside gloo, Arrow or a lock shows only there; unwinding a process that loaded torch
+can take long), and the end of each rank's stderr file (torchrun's ``--redirects`` writes them under
+the run directory); it prints them to the test's stderr, which pytest shows with the failure, and
+SIGKILLs the whole tree whatever the report met on the way.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import List
 
-STACK_DUMP_TIMEOUT_S = 20
+PYTHON_STACKS_TIMEOUT_S = 15
+NATIVE_STACKS_TIMEOUT_S = 10
+REPORT_BUDGET_S = 120  # the whole report; the kill follows it in any case
 STDERR_TAIL_LINES = 30
 
 
@@ -33,29 +38,36 @@ def _tree(pid: int):
     try:
         root = psutil.Process(pid)
         return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
+    except psutil.Error:
         return []
 
 
-def _stacks(proc, py_spy) -> str:
+def _dump(py_spy: str, pid: int, native: bool, timeout: float) -> str:
+    try:
+        out = subprocess.run(
+            [py_spy, "dump", *(["--native"] if native else []), "--pid", str(pid)],
+            capture_output=True,
+            encoding="utf-8",
+            errors="replace",
+            timeout=timeout,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"({'native' if native else 'python'} stacks: {e})"
+    return (out.stdout + out.stderr).strip()
+
+
+def _stacks(proc, py_spy, deadline: float) -> str:
     head = f"--- pid {proc.pid}: {' '.join(_cmdline(proc))[:200]}"
     if py_spy is None:
         return head + "\n(py-spy not installed: pip install -e '.[test]')"
-    # native frames too: a wait inside a library (gloo, Arrow, a lock) shows only there; Python's alone
-    # where the native unwind fails
-    for extra in (["--native"], []):
-        try:
-            out = subprocess.run(
-                [py_spy, "dump", *extra, "--pid", str(proc.pid)],
-                capture_output=True,
-                text=True,
-                timeout=STACK_DUMP_TIMEOUT_S,
-            )
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return f"{head}\n(no stacks: {e})"
-        if out.returncode == 0:
-            break
-    return f"{head}\n{(out.stdout + out.stderr).strip()}"
+    left = deadline - time.monotonic()
+    if left <= 1:
+        return head + "\n(no time left in the report's budget)"
+    text = _dump(py_spy, proc.pid, False, min(PYTHON_STACKS_TIMEOUT_S, left))
+    left = deadline - time.monotonic()
+    if left > 1:
+        text += "\nnative:\n" + _dump(py_spy, proc.pid, True, min(NATIVE_STACKS_TIMEOUT_S, left))
+    return f"{head}\n{text}"
 
 
 def _cmdline(proc) -> List[str]:
@@ -65,34 +77,37 @@ def _cmdline(proc) -> List[str]:
         return ["?"]
 
 
-def _rank_stderr(args: List[str]) -> List[str]:
-    """The ends of the ranks' stderr files under the command's run directory (``hydra.run.dir=``)."""
-    runs = [a.split("=", 1)[1] for a in args if a.startswith("hydra.run.dir=")]
+def _rank_stderr(args: List[str], cwd) -> List[str]:
+    """The ends of the ranks' stderr files under the command's run directory (``hydra.run.dir=`` /
+    ``hydra.sweep.dir=``, relative to the command's working directory)."""
+    runs = [a.split("=", 1)[1] for a in args if a.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
     tails = []
     for run in runs:
-        for path in sorted(Path(run).glob("ranks/**/stderr.log")):
+        for path in sorted((Path(cwd) / run).glob("**/ranks/**/stderr.log")):
             lines = path.read_text(errors="replace").splitlines()[-STDERR_TAIL_LINES:]
             tails.append(f"--- {path}\n" + "\n".join(lines))
     return tails
 
 
-def end_hung(pid: int, args: List[str]) -> str:
-    """Report what the process tree under ``pid`` was doing (printed to stderr, also returned), then SIGKILL it."""
+def end_hung(pid: int, args: List[str], cwd=".") -> None:
+    """Print what the process tree under ``pid`` was doing to stderr, then SIGKILL the tree."""
+    import psutil
+
     procs = _tree(pid)
-    py_spy = _py_spy()
-    parts = [f"=== the command ran past its timeout: {len(procs)} processes, each thread's Python stack ==="]
-    parts += [_stacks(p, py_spy) for p in procs]
-    parts += _rank_stderr(args)
-    report = "\n".join(parts)
-    print(report, file=sys.stderr, flush=True)
-    for p in reversed(procs):  # the deepest first: a killed parent's children would be reparented
-        try:
-            p.kill()
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-    for p in procs:
-        try:
-            p.wait(10)
-        except Exception:  # noqa: BLE001 - gone, or not our child (reaped by its own parent)
-            pass
-    return report
+    try:
+        py_spy = _py_spy()
+        deadline = time.monotonic() + REPORT_BUDGET_S
+        parts = [f"=== the command ran past its timeout: {len(procs)} processes, each thread's stack ==="]
+        parts += [_stacks(p, py_spy, deadline) for p in procs]
+        parts += _rank_stderr(args, cwd)
+        print("\n".join(parts), file=sys.stderr, flush=True)
+    except Exception as e:  # noqa: BLE001 - the report is a courtesy; the kill below is not
+        print(f"(the hang report failed: {type(e).__name__}: {e})", file=sys.stderr, flush=True)
+    finally:
+        procs += [c for c in _tree(pid) if c not in procs]  # started while the report ran
+        for p in reversed(procs):  # the deepest first: a killed parent's children would be reparented
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(procs, timeout=10)
