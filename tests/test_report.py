@@ -684,6 +684,15 @@ def test_a_folded_rows_bottleneck_is_its_repeats_majority_and_their_disagreement
     assert rows[0]["bottleneck"] == "mixed"
     (line,) = render.verdict_lines(report.load_jobs([str(sweep)]))
     assert line.endswith(": the repeats' verdicts differ: compute 1, input pipeline 1, transfer 1."), line
+    # a repeat with no diagnosis (an older record) or an "unknown" one (no whole epoch timed) has no say
+    for seed, diagnosis in ((2, None), (3, {"bottleneck": "unknown", "verdict": "unknown: seed 3"})):
+        m = json.loads((sweep / str(seed - 1) / "metrics.json").read_text())
+        m["diagnosis"] = diagnosis
+        (sweep / str(seed - 1) / "metrics.json").write_text(json.dumps(m))
+    _, rows, _ = report.build_rows(report.load_jobs([str(sweep)]), target_acc="off")
+    assert rows[0]["bottleneck"] == "compute" and "differs" not in rows[0]["notes"]
+    (line,) = render.verdict_lines(report.load_jobs([str(sweep)]))
+    assert line.endswith(": (1 of 3 repeats) compute: seed 1"), line
 
 
 def test_the_console_table_fits_120_columns_and_the_files_keep_every_column(tmp_path, capsys):

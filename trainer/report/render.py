@@ -172,12 +172,14 @@ def _row_verdict(row: Row) -> Optional[str]:
     bottleneck = folded_bottleneck(row, differ)
     if bottleneck is None:
         return None
-    if bottleneck == "mixed":
+    if bottleneck == "mixed":  # (more than one verdict, so differ holds the count of each)
         return differ[0].replace("bottleneck differs across repeats: ", "the repeats' verdicts differ: ") + "."
     diagnoses = [j.metrics.get("diagnosis") or {} for j in row.jobs]
     verdict = next(d.get("verdict") for d in diagnoses if d.get("bottleneck") == bottleneck)
-    if differ:
-        agreeing = sum(d.get("bottleneck") == bottleneck for d in diagnoses)
+    if not verdict:
+        return None
+    agreeing = sum(d.get("bottleneck") == bottleneck for d in diagnoses)
+    if agreeing < len(diagnoses):
         verdict = f"({agreeing} of {len(diagnoses)} repeats) {verdict}"
     return verdict
 

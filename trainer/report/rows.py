@@ -223,13 +223,16 @@ def folded_bottleneck(row: Row, notes: List[str]) -> Optional[str]:
     differ), not the first repeat's alone, which could read "compute" beside the repeats' median data
     wait above the input-bound line; "mixed" where no verdict has a majority."""
     found = [(j.metrics.get("diagnosis") or {}).get("bottleneck") for j in row.jobs]
-    counts = collections.Counter(b for b in found if b)
+    # the repeats that measured a bottleneck: one without a diagnosis (an older record) or "unknown"
+    # (no whole epoch timed) has no say, unless none measured one
+    known = [b for b in found if b and b != "unknown"] or [b for b in found if b]
+    counts = collections.Counter(known)
     if not counts:
         return None
     if len(counts) > 1:
         notes.append("bottleneck differs across repeats: " + ", ".join(f"{b} {n}" for b, n in counts.most_common()))
     verdict, n = counts.most_common(1)[0]
-    return verdict if 2 * n > len(found) else "mixed"
+    return verdict if 2 * n > len(known) else "mixed"
 
 
 def _epoch_samples(job: Job) -> Optional[int]:
