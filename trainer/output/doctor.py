@@ -111,8 +111,9 @@ def diagnose(
         )
     if not timed:
         text = (
-            "no whole training epoch was timed in this process (none ran, or it resumed inside the only one it "
-            "trained), so where the time went is not measured: train at least one whole epoch for a verdict."
+            "no whole training epoch was timed (every epoch was cut short: stopped inside the first one, by "
+            "stop_at_acc or a signal, or resumed inside the only one), so where the time went was not measured: "
+            "train at least one whole epoch for a verdict."
         )
         return _verdict("unknown", text, [], hw_notes, evidence)
     if wait >= INPUT_BOUND:
@@ -122,7 +123,8 @@ def diagnose(
         from trainer.measure.hardware import workers_per_process
 
         more = max(1, workers_per_process(cores, processes_per_node))  # data.auto_workers's count
-        if workers < more and not saturated:  # (never the count the run already has)
+        # (never the count the run already has; data.auto_workers sets its own count over data.num_workers)
+        if workers < more and not saturated and not data.get("auto_workers"):
             suggestions += [f"data.num_workers={more}"]
         if not saturated and not dali and not data.get("persistent_workers"):
             suggestions += ["data.persistent_workers=true"]
@@ -167,7 +169,11 @@ def diagnose(
             s
             for s, on in (
                 ("compile=true", flags.get("compile") or not compiles),
-                ("compile_mode=reduce-overhead", flags.get("compile_mode") == "reduce-overhead" or not compiles),
+                # max-autotune captures CUDA graphs too
+                (
+                    "compile_mode=reduce-overhead",
+                    flags.get("compile_mode") in ("reduce-overhead", "max-autotune") or not compiles,
+                ),
                 ("data.batch_size=auto", flags.get("data.batch_size") == "auto"),
             )
             if not on
@@ -227,10 +233,8 @@ def _transfer_advice(transfer: float, h2d_share: Optional[float], cuda: bool, da
         # the batches cross the bus still encoded (a few kB each), already uint8 and pinned: what takes
         # the time is the decode and the per-image transforms after it (an H100: 60% of training time
         # at 1,181 images/s, with the batches prefetched)
-        from trainer.data.dali import installed
-
         suggestions = [] if data.get("device_prefetch") else ["data.device_prefetch=true"]
-        if installed():
+        if dali_takes(data):
             suggestions.append("data.loader=dali")
         text = (
             f"decoding the JPEGs on the GPU (nvJPEG) and cropping, flipping and resizing them there takes {transfer:.0%} "
@@ -266,6 +270,13 @@ def dali_off(data: Dict[str, Any]) -> bool:
     return data.get("loader", "torch") != "dali"
 
 
+def dali_takes(data: Dict[str, Any]) -> bool:
+    """data.loader=dali would run this data: DALI installed, and no data.random_erasing (which it refuses)."""
+    from trainer.data.dali import installed
+
+    return (data.get("random_erasing") or 0) <= 0 and installed()
+
+
 def _reads_object_store(data: Dict[str, Any]) -> bool:
     from trainer.data.storage import is_remote
 
@@ -293,9 +304,7 @@ def decode_suggestions(data: Dict[str, Any], cuda: bool) -> List[str]:
     files = data.get("name") in ("imagefolder", "builtin", "imagenette")  # nvjpeg decodes image files (not shard bytes)
     if data.get("loader") == "dali":  # DALI decodes with its own decoder (nvJPEG on a GPU) and reads only files
         return []
-    from trainer.data.dali import installed
-
-    out = ["data.loader=dali"] if files and installed() else []  # decode and crop in DALI's own threads
+    out = ["data.loader=dali"] if files and dali_takes(data) else []  # decode and crop in DALI's own threads
     if cuda and files and data.get("decoder") != "nvjpeg":
         out.append("data.decoder=nvjpeg")
     elif (not cuda or not files) and data.get("decoder") in ("pil", None):

@@ -301,7 +301,13 @@ class Search:
             if not self._budget_left():
                 budget_hit = True
                 break
-            verdict = next((r.bottleneck for r in reversed(incumbent) if r.ok and r.bottleneck), None) or "compute"
+            # the newest measured verdict ("unknown": no whole epoch timed, nothing measured)
+            verdict = (
+                next(
+                    (r.bottleneck for r in reversed(incumbent) if r.ok and r.bottleneck not in (None, "unknown")), None
+                )
+                or "compute"
+            )
             cand = self._next(verdict, config, kept, set(tried))
             if cand is None:  # all tried: once more, those dropped before a later keep
                 retry = [name for name in dropped if tried[name] < len(kept)]
