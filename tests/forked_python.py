@@ -78,7 +78,8 @@ def run_python(
             try:
                 end_hung(child.pid, list(args), cwd)
             finally:
-                child.kill()
+                if child.poll() is None:  # (end_hung killed it; its pid is not to be signalled again)
+                    child.kill()
                 child.wait()
             raise subprocess.TimeoutExpired([sys.executable, *args], timeout, _read(out), _read(err)) from None
         except BaseException:  # Ctrl-C, or anything else while waiting: the command ends too (as subprocess.run)

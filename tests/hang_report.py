@@ -14,6 +14,7 @@ SIGKILLs the whole tree whatever the report met on the way.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -50,6 +51,7 @@ def _dump(py_spy: str, pid: int, native: bool, timeout: float) -> str:
             encoding="utf-8",
             errors="replace",
             timeout=timeout,
+            env=dict(os.environ, RUST_BACKTRACE="0"),  # py-spy's own backtrace for a process it cannot read: noise
         )
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"({'native' if native else 'python'} stacks: {e})"
@@ -105,7 +107,7 @@ def end_hung(pid: int, args: List[str], cwd=".") -> None:
         print(f"(the hang report failed: {type(e).__name__}: {e})", file=sys.stderr, flush=True)
     finally:
         procs += [c for c in _tree(pid) if c not in procs]  # started while the report ran
-        for p in reversed(procs):  # the deepest first: a killed parent's children would be reparented
+        for p in reversed(procs):  # the deepest first
             try:
                 p.kill()
             except psutil.Error:

@@ -645,4 +645,7 @@ def test_bf16_asked_for_on_a_gpu_without_it_is_said_to_run_emulated():
     (auto,) = doctor.hardware_notes(v100, {"amp": True, "amp_dtype": "auto"})
     (bf16,) = doctor.hardware_notes(v100, {"amp": True, "amp_dtype": "bf16"})
     assert "fp16 with loss scaling" in auto and "emulated" not in auto
-    assert "amp_dtype=bf16 ran emulated" in bf16
+    assert "amp_dtype=bf16 ran emulated" in bf16 and "amp_dtype=auto picks fp16" in bf16
+    (fsdp2,) = doctor.hardware_notes(v100, {"amp": True, "amp_dtype": "bf16", "strategy": "fsdp2"})
+    assert "amp_dtype=auto" not in fsdp2  # fsdp2 refuses fp16
+    assert doctor.hardware_notes(v100, {"amp": True, "amp_dtype": "fp16"}) == []  # what was asked for, nothing to add

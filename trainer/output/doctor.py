@@ -345,11 +345,12 @@ def hardware_notes(hardware: Dict[str, Any], flags: Dict[str, Any]) -> List[str]
         notes.append(
             "this CPU has no native bf16 (no AVX512-BF16/AMX): amp=true ran emulated bf16, usually slower than fp32."
         )
-    if cuda and cap and cap < 8.0 and flags.get("amp"):
+    if cuda and cap and cap < 8.0 and flags.get("amp") and flags.get("amp_dtype", "auto") != "fp16":
         if flags.get("amp_dtype", "auto") == "bf16":
             notes.append(
                 f"this GPU (sm{hardware.get('capability')}) has no native bf16: amp_dtype=bf16 ran emulated, usually "
-                "slower than fp32; amp_dtype=auto picks fp16 with loss scaling here."
+                "slower than fp32"
+                + ("." if flags.get("strategy") == "fsdp2" else "; amp_dtype=auto picks fp16 with loss scaling here.")
             )
         else:
             notes.append(
