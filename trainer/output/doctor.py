@@ -17,6 +17,9 @@ It follows the tuning literature's decision tree, with the numbers this run meas
 6. compute: none of the above: the model's own math is the limit; the flags that make the math
    cheaper (amp, channels_last, compile, tf32) are what is left, where this hardware benefits.
 
+Before all of these: unknown, where no whole training epoch was timed (nothing to read). With
+several ranks the readings are rank 0's, and a note says so.
+
 It also checks the hardware against the flags (emulated bf16, TF32 or compile on GPUs that cannot
 benefit) and warns when other processes competed for the CPU during the run. Only flags that exist
 are suggested. The verdict goes into metrics.json under ``diagnosis`` and the report's
@@ -245,7 +248,8 @@ def _transfer_advice(transfer: float, h2d_share: Optional[float], cuda: bool, da
         return text, suggestions
     if cuda:
         # DALI's pipeline copies and prefetches on its own (no pinning or prefetch of ours applies to it)
-        own_loader = ("pin_memory", "gpu_normalize", "device_prefetch") if dali_off(data) else ("gpu_normalize",)
+        torch_loader = data.get("loader", "torch") != "dali"
+        own_loader = ("pin_memory", "gpu_normalize", "device_prefetch") if torch_loader else ("gpu_normalize",)
         suggestions = [f"data.{k}=true" for k in own_loader if not data.get(k)]
         if h2d_share is not None and h2d_share >= TRANSFER_BOUND:
             text = f"host-to-device copies take {h2d_share:.0%} of device time"
@@ -264,10 +268,6 @@ def _transfer_advice(transfer: float, h2d_share: Optional[float], cuda: bool, da
         "in the training process itself: move that work into the dataset or the loader's workers, where it runs in parallel."
     )
     return text, suggestions
-
-
-def dali_off(data: Dict[str, Any]) -> bool:
-    return data.get("loader", "torch") != "dali"
 
 
 def dali_takes(data: Dict[str, Any]) -> bool:
