@@ -120,7 +120,9 @@ def test_two_ranks_stopped_apart_resume_and_agree_without_a_blocking_read_per_st
         seen = json.loads((run_dir / f"step_loop_rank{rank}.json").read_text())
         assert seen["steps"] == 64 - step >= 50 and seen["rounds"] == seen["steps"], seen  # one round per step
         assert seen["broadcasts"] == 0, seen
-        assert seen["blocked"] <= 2, seen  # a read waits only when the other rank is a whole step behind
+        # a read waits only when the other rank is a whole step behind: now and then on a busy machine (3 of 60
+        # seen on 2 cores), where a read of the all-reduce just started would wait at nearly every step
+        assert seen["blocked"] <= seen["rounds"] // 10, seen
 
 
 @pytest.mark.slow
