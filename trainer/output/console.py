@@ -193,7 +193,11 @@ def ab_table(rows: List[Dict[str, Any]], varied: List[str], base_job: Optional[s
             reached = row.get("time_to_target_s")
             cells += [
                 (_seconds(reached) + f", {row['epochs_to_target']:g}{_NBSP}ep" if reached is not None else "")
-                or ((NOT_VALIDATED if _notes(row, NOT_VALIDATED) else "not reached") if ok else "-"),
+                or (
+                    (NOT_VALIDATED if any(n.startswith(NOT_VALIDATED) for n in row_notes(row)) else "not reached")
+                    if ok
+                    else "-"
+                ),
                 _ratio(row.get("time_to_target_speedup"), row.get("time_to_target_ci"), row is base, one_run(row)),
                 row.get("time_to_target_ci_holds") or "-",
             ]
@@ -243,9 +247,9 @@ def _ratio(value: Optional[float], ci: Optional[str], is_base: bool, unjudged: s
     return text + (" within noise" if within else "")
 
 
-def _notes(row: Dict[str, Any], start: str) -> List[str]:
-    """The row's notes that begin with ``start`` (notes are "; "-separated phrases)."""
-    return [note for note in (row.get("notes") or "").split("; ") if note.startswith(start)]
+def row_notes(row: Dict[str, Any]) -> List[str]:
+    """An A/B report row's notes, each phrase apart (the row holds them "; "-joined, as its csv/md cell)."""
+    return (row.get("notes") or "").split("; ")
 
 
 def _verdict(row: Dict[str, Any]) -> str:

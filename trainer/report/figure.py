@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from trainer.measure import time_to_target as ttt
+from trainer.output.console import row_notes
 from trainer.report.jobs import Job, fold_repeats, varied_keys
 from trainer.report.render import _fmt, shown_keys
 
@@ -70,7 +71,7 @@ def chart(jobs: List[Job], columns: List[str], rows: List[dict], goal: Optional[
             text = (
                 f"{t:.3g} s   {r['speedup']:.2f}x"
                 + (f" [{r['speedup_ci']}]" if r.get("speedup_ci") else "")
-                + (" (noise)" if "within noise" in r["notes"].split("; ") else "")  # the epoch time's, not the target's
+                + (" (noise)" if "within noise" in row_notes(r) else "")  # the epoch time's, not the target's
             )
         else:
             text = f"{t:.3g} s"
@@ -89,7 +90,7 @@ def chart(jobs: List[Job], columns: List[str], rows: List[dict], goal: Optional[
 
 def _is_baseline(row: dict) -> bool:
     """The baseline row's notes begin with "baseline" (other rows' notes may name the baseline)."""
-    return row["notes"].split("; ")[0] == "baseline"
+    return row_notes(row)[0] == "baseline"
 
 
 def save_png(path: Path, figure) -> None:

@@ -13,6 +13,7 @@ import io
 from typing import Any, Dict, List, Optional
 
 from trainer.measure.time_to_target import BASELINE_MISSED, NOT_VALIDATED
+from trainer.output.console import one_run, row_notes
 from trainer.report.jobs import Job, Row, fold_repeats, varied_keys
 from trainer.report.noise import BOOTSTRAP_RESAMPLES, CONFIDENCE
 from trainer.report.rows import (
@@ -62,8 +63,7 @@ def to_markdown(columns: List[str], rows: List[dict]) -> str:
     for row in rows:
         cells = [_fmt(row.get(c), c) for c in columns]
         if row.get("time_to_target_ci_holds") == NOT_JUDGED and "time_to_target_speedup" in columns:
-            from trainer.output.console import one_run  # a ratio without an interval: not judged, and marked so
-
+            # a ratio without an interval: not judged, and marked so
             cells[columns.index("time_to_target_speedup")] += " " + one_run(row)
         out.write("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |\n")
     return out.getvalue()
@@ -144,7 +144,7 @@ def judgement_notes(rows: List[dict], base_job: Optional[str]) -> List[str]:
     ):
         by_reason: Dict[str, List[str]] = {}
         for r in rows:
-            for note in (r.get("notes") or "").split("; "):
+            for note in row_notes(r):
                 if note.startswith(mark):
                     by_reason.setdefault(note, []).append(r["job"])
         for reason, jobs in by_reason.items():
