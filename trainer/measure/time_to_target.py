@@ -102,8 +102,12 @@ def reach(epochs: List[Dict[str, Any]], target: float) -> Optional[Tuple[float, 
     """(time_to_target_s, epochs_to_target) at the first validation whose val_acc reaches ``target``;
     None if none does. With validations within epochs (``report.val_per_epoch``) both are fractions
     of an epoch's worth (2.25: a quarter into the third epoch); else whole epochs."""
-    ordered = sorted(epochs, key=lambda e: e["epoch"])
-    for elapsed, epochs_so_far, acc in validations(ordered):
+    return _first_reaching(validations(sorted(epochs, key=lambda e: e["epoch"])), target)
+
+
+def _first_reaching(points: List[Tuple[float, float, float]], target: float) -> Optional[Tuple[float, float]]:
+    """``reach`` over a run's ``validations``."""
+    for elapsed, epochs_so_far, acc in points:
         if reaches(acc, target):
             return round(elapsed, 4), round(epochs_so_far, 2)
     return None
@@ -192,9 +196,10 @@ def _outcomes(runs: List[List[Dict[str, Any]]], target: float) -> tuple:
     unvalidated = missed = 0
     reached = []
     for epochs in runs:
-        if not validations(sorted(epochs, key=lambda e: e["epoch"])):
+        points = validations(sorted(epochs, key=lambda e: e["epoch"]))
+        if not points:
             unvalidated += 1
-        elif (found := reach(epochs, target)) is None:
+        elif (found := _first_reaching(points, target)) is None:
             missed += 1
         else:
             reached.append(found)
