@@ -338,11 +338,12 @@ class Search:
                 # time_to_target: an incumbent that misses the target measured again confirms nothing
                 # (its time would be left out of the comparison, which then rests on the first alone)
                 again_missed = again.ok and self.target is not None and again.to_target(self.target) is None
-                if again.ok and not again_missed:
+                counted = again.ok and not again_missed
+                if counted:
                     incumbent.append(again)
                     speed, ci = self._compare(incumbent, [result])
                     step.speedup, step.speedup_ci = speed, ci
-                if again.ok and not again_missed and ci is not None and ci[0] > 1.0:
+                if counted and ci is not None and ci[0] > 1.0:
                     step.decision, step.why = "kept", f"{speed:.2f}x{self._unit()} over the incumbent, measured twice"
                     config, incumbent = trial, [result]
                     self.kept_results[_key(trial)] = result
