@@ -241,6 +241,50 @@ def test_gradient_clipping_under_fp16_loss_scaling_with_a_fused_optimizer(compos
     assert all(0.5e-3 < norm <= 1.001e-3 for norm in seen), seen  # unscaled, then clipped to the norm asked for
 
 
+def test_fsdp1s_sharded_grad_scaler_steps_a_fused_adamw(compose):
+    """strategy=fsdp with fp16 steps a fused AdamW: torch's ShardedGradScaler leaves its found-inf flag
+    of shape (1,), which the fused step subtracted in place from its 0-d step counters ("output with
+    shape [] doesn't match the broadcast shape [1]", pytorch/pytorch#140514). Lightning's FSDP fp16
+    plugin with a real ShardedGradScaler, on a CPU (a one-process gloo group for its all-reduce; Lightning's
+    FSDP strategy refuses CPUs): clipping makes the classifier unscale, as strategy=fsdp always does."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.plugins.precision import FSDPPrecision
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from trainer.models.classifier import ImageClassifier
+    from trainer.models.tiny import TinyCNN
+
+    cfg = compose("optim.name=adamw", "optim.fused=true", "sched.name=constant")
+    torch.manual_seed(0)
+    model = ImageClassifier(TinyCNN(10, 8), cfg.optim, cfg.sched)
+    before = [p.detach().clone() for p in model.parameters()]
+    precision = FSDPPrecision("16-mixed")
+    precision.scaler = ShardedGradScaler(device="cpu")  # its own would be a CUDA one, disabled here
+    data = torch.utils.data.TensorDataset(torch.randn(24, 3, 16, 16), torch.randint(0, 10, (24,)))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        strategy="ddp",
+        devices=1,
+        plugins=[precision],
+        gradient_clip_val=1.0,
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    try:
+        trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8))
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    opt = trainer.optimizers[0]
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["fused"] is True and trainer.global_step == 3
+    steps = [s["step"] for s in opt.state.values()]
+    assert steps and all(s.shape == () and s.item() == 3 for s in steps), steps  # no step skipped for an overflow
+    assert all(not torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
 def test_fused_falls_back_with_a_message(compose, caplog):
     from trainer.models.optimizers import build_optimizer
 

@@ -190,6 +190,62 @@ def test_truncated_last_checkpoint_falls_back_to_the_previous_good_one(train, tm
     assert str(last) in str(e.value)
 
 
+def test_a_checkpoint_reads_back_through_lightnings_full_fsdp_loader(train):
+    """strategy=fsdp resumes a full checkpoint through lightning_fabric's lazy loader, which takes a
+    tensor's dtype from its storage's type: numpy's RNG key saved as a uint32 tensor (torch saves its
+    storage untyped) failed every such resume ("'UntypedStorage' object has no attribute 'dtype'")."""
+    from lightning_fabric.utilities.load import _lazy_load, _materialize_tensors
+
+    m, out = train("checkpoint.enabled=true")
+    assert m["status"] == "ok", m.get("error")
+    checkpoint = _materialize_tensors(_lazy_load(out / "checkpoints" / "last.ckpt"))  # as FSDPStrategy.load_checkpoint
+
+    def leaves(value):
+        if isinstance(value, dict):
+            return [leaf for v in value.values() for leaf in leaves(v)]
+        if isinstance(value, (list, tuple)):
+            return [leaf for v in value for leaf in leaves(v)]
+        return [value]
+
+    everything = leaves(checkpoint)
+    tensors = [t for t in everything if isinstance(t, torch.Tensor)]
+    assert checkpoint["state_dict"] and tensors and all(type(v).__name__ != "_NotYetLoadedTensor" for v in everything)
+    key = checkpoint["callbacks"]["ResumableState"]["numpy"][1]
+    assert isinstance(key, torch.Tensor) and key.shape == (624,) and key.dtype == torch.int64
+
+
+@pytest.mark.parametrize(
+    "saved_as, loader",
+    [("int64", "safe_load"), ("int64", "fsdp full checkpoint"), ("uint32 (older checkpoints)", "safe_load")],
+)
+def test_the_rng_states_resume_where_they_were_saved(tmp_path, saved_as, loader):
+    """numpy, python and torch draw after a resume what they would have drawn without one, whichever
+    loader reads the checkpoint; checkpoints that hold numpy's key as a uint32 tensor still restore it."""
+    import numpy as np
+    from lightning_fabric.utilities.load import _lazy_load, _materialize_tensors
+
+    from trainer.launch.checkpoint_files import AtomicCheckpointIO, safe_load
+    from trainer.launch.checkpointing import ResumableState
+
+    np.random.seed(1234)
+    random.seed(1234)
+    torch.manual_seed(1234)
+    np.random.randn(3)  # somewhere inside the stream, with a gaussian cached
+    state = ResumableState().state_dict()
+    if saved_as != "int64":
+        state["numpy"][1] = torch.from_numpy(state["numpy"][1].numpy().astype(np.uint32))
+    path = tmp_path / "last.ckpt"
+    AtomicCheckpointIO().save_checkpoint({"callbacks": {"ResumableState": state}}, path)  # the trainer's writer
+    expected = np.random.rand(5), np.random.randn(3), random.random(), torch.rand(3)
+    np.random.seed(0)
+    random.seed(0)
+    torch.manual_seed(0)
+    loaded = safe_load(path) if loader == "safe_load" else _materialize_tensors(_lazy_load(path))
+    ResumableState().load_state_dict(loaded["callbacks"]["ResumableState"])
+    assert np.array_equal(np.random.rand(5), expected[0]) and np.array_equal(np.random.randn(3), expected[1])
+    assert random.random() == expected[2] and torch.equal(torch.rand(3), expected[3])
+
+
 def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     import errno
 

@@ -118,17 +118,25 @@ class ResumableState(pl.Callback):
 
 
 def _plain(value):
-    """RNG states as tensors/lists/ints only, so they load under weights_only."""
+    """RNG states as tensors/lists/ints only, so they load under weights_only.
+
+    numpy's state holds its MT19937 key as a uint32 array; it is saved as int64. torch saves a uint32
+    tensor's storage untyped, and Lightning's loader of a full FSDP checkpoint
+    (``lightning_fabric.utilities.load._lazy_load``) takes a tensor's dtype from its storage's type:
+    resuming failed with "'UntypedStorage' object has no attribute 'dtype'".
+    """
     import numpy as np
 
     if isinstance(value, np.ndarray):
-        return torch.from_numpy(value.copy())
+        return torch.from_numpy(value.astype(np.int64))
     if isinstance(value, (tuple, list)):
         return [_plain(v) for v in value]
     return value
 
 
 def _tuples(value):
+    """What ``_plain`` saved, back as the tuples and arrays ``random``/``numpy`` take (the key saved as
+    int64, or as uint32 by older checkpoints)."""
     import numpy as np
 
     if isinstance(value, torch.Tensor):

@@ -158,8 +158,15 @@ class ImageClassifier(pl.LightningModule):
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         if scaler is None or not getattr(optimizer, "_step_supports_amp_scaling", False):
             return False
-        if scaler._per_optimizer_states[id(optimizer)]["stage"] is OptState.READY:
+        state = scaler._per_optimizer_states[id(optimizer)]
+        if state["stage"] is OptState.READY:
             scaler.unscale_(optimizer)  # the scaler's step then passes no scale to the fused kernel
+            # strategy=fsdp's ShardedGradScaler makes its found-inf flags of shape (1,) (GradScaler's are
+            # 0-d); the scaler's step hands their sum to the fused Adam/AdamW, which subtracts it in place
+            # from its 0-d step counters and fails at the first step ("output with shape [] doesn't match
+            # the broadcast shape [1]", pytorch/pytorch#140514). A 0-d view is the same flag: no copy, no
+            # host sync, and the scaler's update reads it as before.
+            state["found_inf_per_device"] = {d: f.reshape(()) for d, f in state["found_inf_per_device"].items()}
         return True
 
     def configure_optimizers(self):
