@@ -166,6 +166,51 @@ def test_progressive_resize_with_compile_compiles_a_static_graph_per_size_and_co
     assert epochs[0]["elapsed_train_s"] == pytest.approx(epochs[0]["time_s"] + epochs[0]["setup_s"], abs=1e-3)
 
 
+def test_compile_time_counts_the_evaluation_graph_the_first_validation_compiled(train):
+    """The first validation compiles a graph of its own (eval mode, no grad): its compiling batch's
+    time beyond a plain one is the epoch's val_compile_s, in compile_time_s beside the training
+    steps' compile, and time to target counts it as training time (not as validation, which it
+    leaves out). The second epoch's validation reuses the graph and compiles nothing."""
+    m, _ = train(*COMPILE, "compile_backend=aot_eager", "data.batch_size=16", "trainer.max_epochs=2")
+    assert m["status"] == "ok", m["error"]
+    first, second = m["epochs"]
+    assert first["val_compiling_steps"] == 1 and first["val_compile_s"] > 0
+    assert "val_compile_s" not in second and "val_compiling_steps" not in second
+    assert m["val_compile_s"] == pytest.approx(first["val_compile_s"], abs=1e-3)
+    assert m["compile_time_s"] == pytest.approx(first["compile_s"] + first["val_compile_s"], abs=2e-3)
+    assert first["val_compile_s"] <= first["val_time_s"]
+    train_s = first["time_s"] + first["setup_s"] + first["val_compile_s"]
+    assert first["elapsed_train_s"] == pytest.approx(train_s, abs=1e-3)
+    assert first["elapsed_val_s"] == pytest.approx(first["val_time_s"] - first["val_compile_s"], abs=1e-3)
+
+
+def test_a_smaller_last_validation_batch_compiles_no_graph_of_its_own(train, add_callbacks):
+    """20 validation samples in batches of 8: the last batch holds 4. Evaluation's batch dimension is
+    dynamic, so the graph the first batch compiled serves it; a static one would be compiled again
+    for it (dynamo's automatic dynamic shapes), a second compile in the first validation. Counted by
+    dynamo's own graph counter around each validation batch."""
+    import pytorch_lightning as pl
+    from torch._dynamo.utils import counters
+
+    class GraphsPerBatch(pl.Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            self.before = counters["stats"]["unique_graphs"]
+
+        def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+            self.seen.append((len(batch[1]), counters["stats"]["unique_graphs"] - self.before))
+
+    spy = GraphsPerBatch()
+    add_callbacks(spy)
+    m, _ = train(*COMPILE, "compile_backend=aot_eager", "data.batch_size=8", "data.val_samples=20")
+    assert m["status"] == "ok", m["error"]
+    assert [size for size, _ in spy.seen] == [8, 8, 4]
+    assert spy.seen[0][1] >= 1 and [graphs for _, graphs in spy.seen[1:]] == [0, 0], spy.seen
+    assert m["epochs"][0]["val_compiling_steps"] == 1
+
+
 def test_the_compiler_warm_up_runs_on_the_given_device_and_draws_no_random_numbers(train, add_callbacks, monkeypatch):
     """The warm-up compiles on the rank's device as the strategy knows it (under srun no LOCAL_RANK says
     which GPU is the rank's), and leaves the job's random state as it found it."""

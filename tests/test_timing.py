@@ -261,6 +261,30 @@ def test_time_to_target_finds_the_first_validation_that_reaches_it_within_an_epo
     assert reach(epochs, 0.95) is None
 
 
+def test_time_to_target_counts_what_compiling_cost_the_validations_as_training_time():
+    """Planted journal of a compiled run: epoch 0's validation compiled the evaluation graph (1.5 s of
+    its 2.0 s), epoch 1 validated twice within the epoch and its first one compiled again (0.5 s, a
+    resumed process). Each reaches its accuracy after paying that compile: it moves from the
+    validation's elapsed time to the training's, the sum unchanged."""
+    from trainer.measure.time_to_target import reach, with_elapsed
+
+    epochs = [
+        {"epoch": 0, "time_s": 10.0, "steps": 8, "setup_s": 2.0, "val_time_s": 2.0, "val_compile_s": 1.5, "val_acc": 0.5},
+        {
+            "epoch": 1, "time_s": 8.0, "steps": 8, "val_time_s": 1.0, "val_compile_s": 0.5, "val_acc": 0.9,
+            "validations": [
+                {"step": 4, "fraction": 0.5, "train_s": 4.0, "val_acc": 0.8, "compile_s": 0.5},
+                {"step": 8, "fraction": 1.0, "train_s": 8.0, "val_acc": 0.9},
+            ],
+        },
+    ]  # fmt: skip
+    timed = with_elapsed(epochs)
+    assert [e["elapsed_train_s"] for e in timed] == [13.5, 22.0]
+    assert [e["elapsed_val_s"] for e in timed] == [0.5, 1.0]
+    assert [v["elapsed_train_s"] for v in timed[1]["validations"]] == [18.0, 22.0]
+    assert reach(epochs, 0.5) == (13.5, 1) and reach(epochs, 0.8) == (18.0, 1.5)
+
+
 def test_a_run_freezes_what_lives_before_it_so_full_collections_skip_it(train):
     """gc.freeze before the process's first job: torch's, Lightning's and Dynamo's objects (hundreds of
     thousands) are left out of every full collection's walk, the one before each job's peak-memory

@@ -20,8 +20,15 @@ making the training loader's first iterator (starting its workers). Time to targ
 
 ``compile=true`` (``track_compiles``): a training step during which dynamo compiled a graph (its
 graph counter grew: the first step, and each new input size of progressive_resize) is a compiling
-step; its time beyond the epoch's median plain step is that epoch's ``compile_s``, and
-``compile_time_s`` sums them.
+step; its time beyond the epoch's median plain step is that epoch's ``compile_s``. Validation
+compiles too: its first batch compiles the evaluation graph (eval mode, no grad), and a resumed
+process compiles it again. A validation batch during which the counter grew is timed the same way,
+beyond that validation's median plain batch (per batch rather than against a later validation's
+time: the record of the epoch is written before any later validation runs, and the loader's
+start-up stays out); it goes into the validation's entry (``compile_s``) and the epoch's
+``val_compile_s``. ``compile_time_s`` sums both kinds, and time to target counts the validation's
+share as training time (``time_to_target.with_elapsed``): a compiled run pays it before its first
+accuracy is known.
 
 History across resumes: ``previous`` holds the epochs the run dir's metrics.json already recorded;
 ``history()`` merges them with this process's epochs, one entry per epoch number (a full epoch
@@ -65,6 +72,12 @@ def _batch_size(batch: Any) -> int:
     if isinstance(batch, dict) and batch:
         return _batch_size(next(iter(batch.values())))
     return 0
+
+
+def _beyond_typical(compiling: List[float], plain: List[float]) -> float:
+    """The compiling steps' time beyond the median plain step (all of it where none was plain)."""
+    typical = statistics.median(plain) if plain else 0.0
+    return sum(max(0.0, d - typical) for d in compiling)
 
 
 def merge_epochs(previous: List[Dict[str, Any]], current: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -147,6 +160,10 @@ class EpochTimer(pl.Callback):
         self.val_samples: int | None = None
         self.track_compiles = False  # set by run() with compile=true
         self._val_count = 0
+        self._val_plain: List[float] = []  # this validation's batch durations, compile=true only
+        self._val_compiling_batches: List[float] = []
+        self._val_graphs_before = 0
+        self._val_batch_t0 = 0.0
         self._fresh = True  # the first epoch this process runs is warm-up (also after a resume)
         self._fit_t0: float | None = None
         self._reset()
@@ -166,6 +183,8 @@ class EpochTimer(pl.Callback):
         self._graphs_before = 0
         self._plain_steps: List[float] = []  # step durations, compile=true only
         self._compiling_steps: List[float] = []
+        self._val_compile = 0.0  # the compile time of this epoch's validations
+        self._val_compiling = 0  # their batches that compiled
         self.clock.reset()
 
     def _start(self, trainer) -> None:
@@ -216,9 +235,24 @@ class EpochTimer(pl.Callback):
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         self._val_count = 0
+        self._val_plain = []  # this validation's batch durations, compile=true only
+        self._val_compiling_batches = []
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        if self.track_compiles and self._val_t0 is not None:
+            from trainer.switches.model_transforms import compiled_graphs
+
+            self._val_graphs_before = compiled_graphs()
+            self._val_batch_t0 = time.perf_counter()
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         self._val_count += _batch_size(batch)
+        if self.track_compiles and self._val_t0 is not None:
+            from trainer.switches.model_transforms import compiled_graphs
+
+            compiled = compiled_graphs() > self._val_graphs_before
+            took = time.perf_counter() - self._val_batch_t0
+            (self._val_compiling_batches if compiled else self._val_plain).append(took)
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking and self._val_count:
@@ -241,14 +275,18 @@ class EpochTimer(pl.Callback):
         self._val_t0 = None
         # the host reads the scalars here, once per validation (after the sync above)
         steps = trainer.num_training_batches if isinstance(trainer.num_training_batches, int) else None
-        self._validations.append(
-            {
-                "step": self._steps,  # training steps of this epoch before it
-                "fraction": round(self._steps / steps, 4) if steps else None,
-                "train_s": round(self._val_train_s, 4),
-                **validation_scalars(trainer),
-            }
-        )
+        entry = {
+            "step": self._steps,  # training steps of this epoch before it
+            "fraction": round(self._steps / steps, 4) if steps else None,
+            "train_s": round(self._val_train_s, 4),
+            **validation_scalars(trainer),
+        }
+        if self._val_compiling_batches:
+            compile_s = _beyond_typical(self._val_compiling_batches, self._val_plain)
+            self._val_compile += compile_s
+            self._val_compiling += len(self._val_compiling_batches)
+            entry["compile_s"] = round(compile_s, 4)
+        self._validations.append(entry)
         self.clock.active = True
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
@@ -321,14 +359,16 @@ class EpochTimer(pl.Callback):
         return fields
 
     def _compiles(self) -> Dict[str, Any]:
-        """compile=true: this epoch's compiling steps and their time beyond its median plain step."""
-        if not self._compiling_steps:
-            return {}
-        typical = statistics.median(self._plain_steps) if self._plain_steps else 0.0
-        return {
-            "compile_s": round(sum(max(0.0, d - typical) for d in self._compiling_steps), 4),
-            "compiling_steps": len(self._compiling_steps),
-        }
+        """compile=true: this epoch's compiling steps and their time beyond its median plain step,
+        and its validations' compiling batches, each beyond its validation's median plain batch."""
+        fields: Dict[str, Any] = {}
+        if self._compiling_steps:
+            fields["compile_s"] = round(_beyond_typical(self._compiling_steps, self._plain_steps), 4)
+            fields["compiling_steps"] = len(self._compiling_steps)
+        if self._val_compiling:  # its validations' compiling batches (see the module docstring)
+            fields["val_compile_s"] = round(self._val_compile, 4)
+            fields["val_compiling_steps"] = self._val_compiling
+        return fields
 
     def _publish(self, trainer, epoch: Dict[str, Any], elapsed: float, wait: float, transfer: float, tflops) -> None:
         """Rank 0: the epoch's scalars to every logger (trackers), its line to the log, the journal written."""
@@ -371,7 +411,8 @@ class EpochTimer(pl.Callback):
 
         With ``compiled``, ``compile_time_s`` is the time of this process's compiling steps beyond
         a plain step's (see the module docstring): the first step, where torch.compile traces and
-        generates code, and every later step that compiled again.
+        generates code, every later step that compiled again, and the validation batches that
+        compiled (also alone, as ``val_compile_s``).
         """
         full = [e for e in self.history() if not e.get("partial")]
         steady = [e for e in full if not e["warmup"]] or full
@@ -380,9 +421,10 @@ class EpochTimer(pl.Callback):
         total_time = sum(e["time_s"] for e in steady)
         median_time = statistics.median(e["time_s"] for e in steady)
         steps = max(1, statistics.median(e["steps"] for e in steady))
-        compile_time = None
-        if compiled and any("compile_s" in e for e in self.epochs):
-            compile_time = round(sum(e.get("compile_s", 0.0) for e in self.epochs), 3)
+        compile_time = val_compile = None
+        if compiled and any("compile_s" in e or "val_compile_s" in e for e in self.epochs):
+            val_compile = round(sum(e.get("val_compile_s", 0.0) for e in self.epochs), 3)
+            compile_time = round(sum(e.get("compile_s", 0.0) for e in self.epochs) + val_compile, 3)
         elif compiled and self.first_step_s is not None:  # no graph counter in this torch: the first step's
             compile_time = round(max(0.0, self.first_step_s - median_time / steps), 3)
         samples_per_s = statistics.median(e["samples_per_s"] for e in steady)
@@ -400,6 +442,7 @@ class EpochTimer(pl.Callback):
             "steady_epochs": len([e for e in full if not e["warmup"]]),
             "first_step_s": round(self.first_step_s, 4) if self.first_step_s is not None else None,
             "compile_time_s": compile_time,
+            "val_compile_s": val_compile,
             "val_time_s": round(statistics.median(e["val_time_s"] for e in steady), 4),
             "flops_per_sample": self.flops_per_sample,
             "tflops": _steady_tflops(steady, self.flops_per_sample, samples_per_s),
