@@ -1,34 +1,39 @@
 #!/usr/bin/env bash
 # GPU verification suite: one command for a maintainer on any CUDA machine.
 #
-# Measured on one H100 (torch 2.11, 16 cores): the GPU-marked tests about 90 s with --test-workers 8;
-# the ResNet-50 synthetic table's rows baseline, amp, channels_last, tf32, all 172 s (compiling the
-# all row 42 s); ViT's baseline, amp, all at --steps 10 115 s (compile 24 s); ResNet-50's JPEG rows
-# baseline and workers about 100 s with the data set's first generation. Everything at its defaults
-# takes longer than 15 minutes. With a short GPU reservation, run the tests side by side and fewer
-# rows, in parts of about 6 minutes each (by the times above):
-#   scripts/gpu_check.sh --recipes resnet50 --test-workers 8 --steps 10 \
-#     --synthetic-rows baseline,amp,compile,all --jpeg-rows baseline,workers,nvjpeg,all
-#   scripts/gpu_check.sh --recipes vit --skip-tests --steps 10 \
-#     --synthetic-rows baseline,amp,compile,all --jpeg-rows baseline,workers,nvjpeg,all
+# Measured on one H100 (torch 2.11, 16 cores): the GPU-marked tests about 95 s with --test-workers 8;
+# a compiled ResNet-50 row pays about 40 s of compile (cold) and 13 s for its first validation. Everything
+# at its defaults takes longer than 15 minutes. With a short GPU reservation, run it in parts of about
+# 6 minutes each, for example:
+#   scripts/gpu_check.sh --recipes resnet50 --test-workers 8 --tables none --headline
+#   scripts/gpu_check.sh --recipes resnet50 --skip-tests --tables jpeg --packed --ceiling
 #
 #   scripts/gpu_check.sh                  # GPU tests, then both recipes' A/B tables -> recipes/<recipe>/RESULTS.md + results.json
 #   scripts/gpu_check.sh --dry-run        # the same steps on CPU, tiny model, few steps, into a temp dir (CI runs this)
 #
 # Options (all optional):
 #   --recipes "resnet50 vit"   which recipes to benchmark
-#   --tables "synthetic jpeg"  synthetic: images kept on the GPU (the model's ceiling);
-#                              jpeg: the built-in real JPEGs at 224 px (end to end)
+#   --tables "synthetic jpeg"  synthetic: images kept on the GPU (the model's ceiling); jpeg: the built-in
+#                              real JPEGs at 224 px, end to end; none: neither
 #   --skip-tests / --skip-bench
-#   --overhead                 also the trainer against a plain PyTorch loop on the GPU (scripts/bench_overhead.py:
-#                              ResNet-18, 32 px, batch 256, 3 repeats; target 5%), into <out>/overhead.json and
-#                              scripts/results/bench_overhead_gpu.json
+#   --headline                 also the README's first command as written, `train.py +recipe=resnet50 amp=true
+#                              compile=true` (two epochs), into <out>/headline: is it compute-bound?
+#   --ceiling                  also the trainer against a hand-written loop on the same device-resident work
+#                              (scripts/bench_ceiling.py: ResNet-50, bf16, channels_last, compile, fused SGD, batch
+#                              256; target 1.00x), into <out>/ceiling.json and scripts/results/bench_ceiling.json
+#   --overhead                 also the trainer against a plain PyTorch loop where the host is the limit
+#                              (scripts/bench_overhead.py: ResNet-18, 32 px, batch 256, 3 repeats; target 5%)
+#   --packed                   the jpeg table also trains its all-on row from the same images packed
+#                              (python -m trainer.pack, uint8 at 224 px: no decode at all)
 #   --test-workers N           run the GPU-marked tests in N pytest-xdist processes sharing the GPU
 #                              (default 1: one at a time; the tests check behaviour, not speed)
 #   --out DIR                  where sweeps and the log go (default runs/gpu_check/<date>); RESULTS.md and
 #                              results.json go to recipes/<recipe>/ (under DIR with --dry-run)
-#   --steps N / --jpeg-steps N training steps per epoch on synthetic data / batches of 256 in the JPEG
-#                              data set, trained whole (default 20 / 20)
+#   --steps N                  training steps per epoch on synthetic data (default 20)
+#   --jpeg-images N            training images of the JPEG table's set (default 30720: 60 batches of 512), trained
+#                              in whole epochs; its validation set is a quarter of that
+#   --baseline-steps N         the all-off JPEG baseline's steps per epoch (default 20 of 256: it runs about 400
+#                              images/s, so a whole epoch would take minutes)
 #   --synthetic-rows A,B / --jpeg-rows A,B   which bench rows each table runs (default: all of them,
 #                              below); a shorter list when GPU time is scarce
 #
@@ -38,16 +43,20 @@
 #    is reported (and recorded in results.json) and the tables still run.
 # 2. per recipe, one sweep per table, `python train.py -m +recipe=R +bench=ROW,ROW,...`, job after job
 #    in one process (never parallel: timings must not compete); rows are configs/bench/*.yaml. Three
-#    epochs per row: the first is warm-up. The JPEG table has the input-pipeline rows and all-on vs
-#    all-off; the model flags are measured on the synthetic table, where nothing else hides them.
+#    epochs per row: the first is warm-up. The JPEG table is its all-on rows (`all_turbo`: libjpeg-turbo
+#    in the loader workers; `all`: nvJPEG on the GPU; `dali` where installed) in whole epochs, beside
+#    the all-off baseline (sweep jpeg_baseline, a step limit), the same all-on row from the packed
+#    images (jpeg_packed, with --packed) and on device-resident synthetic images at the same batch
+#    (jpeg_synthetic: what the model does when the input costs nothing). The compiled JPEG rows share
+#    one compile cache (compile_cache=shared): their compile times are a warm cache's.
 # 3. scripts/gpu_results.py writes each recipe's RESULTS.md and results.json, then prints a summary.
 # Environment: PYTHON (default .venv/bin/python if present, else python3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 DRY_RUN=0 RUN_TESTS=1 RUN_BENCH=1
-RECIPES="resnet50 vit" TABLES="synthetic jpeg" STEPS=20 JPEG_STEPS=20 OUT=""
-SYNTHETIC_ROWS_ARG="" JPEG_ROWS_ARG="" TEST_WORKERS=1 RUN_OVERHEAD=0
+RECIPES="resnet50 vit" TABLES="synthetic jpeg" STEPS=20 JPEG_IMAGES=30720 BASELINE_STEPS=20 OUT=""
+SYNTHETIC_ROWS_ARG="" JPEG_ROWS_ARG="" TEST_WORKERS=1 RUN_OVERHEAD=0 RUN_HEADLINE=0 RUN_CEILING=0 PACKED=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY_RUN=1 ;;
@@ -56,13 +65,17 @@ while [ $# -gt 0 ]; do
     --recipes) RECIPES="$2"; shift ;;
     --tables) TABLES="$2"; shift ;;
     --steps) STEPS="$2"; shift ;;
-    --jpeg-steps) JPEG_STEPS="$2"; shift ;;
+    --jpeg-images) JPEG_IMAGES="$2"; shift ;;
+    --baseline-steps) BASELINE_STEPS="$2"; shift ;;
+    --headline) RUN_HEADLINE=1 ;;
+    --ceiling) RUN_CEILING=1 ;;
+    --packed) PACKED=1 ;;
     --synthetic-rows) SYNTHETIC_ROWS_ARG="$2"; shift ;;
     --jpeg-rows) JPEG_ROWS_ARG="$2"; shift ;;
     --test-workers) TEST_WORKERS="$2"; shift ;;
     --overhead) RUN_OVERHEAD=1 ;;
     --out) OUT="$2"; shift ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,52p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -101,36 +114,58 @@ fi
 
 # rows per table: one flag at a time against the all-off baseline, then everything
 SYNTHETIC_ROWS="baseline,amp,channels_last,compile,tf32,big_batch,all"
-JPEG_ROWS="baseline,workers,prefetch,gpu_normalize,nvjpeg,all"
+JPEG_ROWS="all_turbo,all"
 # NVIDIA DALI's row where it is installed (an optional extra: pip install 'trainer-switchboard[dali]')
 if "$PYTHON" -c 'import nvidia.dali' >/dev/null 2>&1; then
-  JPEG_ROWS="baseline,workers,prefetch,gpu_normalize,nvjpeg,dali,all"
+  JPEG_ROWS="all_turbo,all,dali"
 else
   echo "note: NVIDIA DALI is not installed here: the jpeg table has no dali row (pip install 'trainer-switchboard[dali]')"
 fi
 if [ -n "$SYNTHETIC_ROWS_ARG" ]; then SYNTHETIC_ROWS=$SYNTHETIC_ROWS_ARG; fi
 if [ -n "$JPEG_ROWS_ARG" ]; then JPEG_ROWS=$JPEG_ROWS_ARG; fi
-# the JPEG table trains whole epochs of a data set sized to --jpeg-steps batches of 256 (20: 5,120
-# images, generated once per machine at 1.7 ms each on one core), and validates on all of its 1,280,
-# with the batch finder capped at 512. Whole epochs, not a step limit: an H100 run with 8 steps of
-# 3,000 images and a 1,024 batch measured mostly each epoch's first batch (and, before the loader
-# stopped at a step limit, the batches its persistent workers built past it, drained when the next
-# epoch started).
-EPOCHS=3 SIZE=224 STORED=256 PER_CLASS=$((JPEG_STEPS * 256 / 10)) MAX_BATCH=512 DRY=() JPEG_LIMITS=()
+# The JPEG table trains whole epochs of a set of --jpeg-images training images (generated once per
+# machine, one process per core), validating on all of its quarter as many, with the batch finder
+# capped at 512. Whole epochs, not a step limit: an H100 run with 8 steps of 3,000 images measured
+# mostly each epoch's first batch. The all-off baseline alone runs a step limit (no loader workers,
+# so nothing is built past it).
+EPOCHS=3 SIZE=224 STORED=256 PER_CLASS=$((JPEG_IMAGES / 10)) MAX_BATCH=512 DRY=() JPEG_LIMITS=() BASE_VAL=5
+HEADLINE=("+recipe=resnet50" amp=true compile=true trainer.max_epochs=2)
+CEILING=(--device cuda)
 if [ "$DRY_RUN" = 1 ]; then
   # the same sweeps, shrunk to a CPU: a tiny CNN on 32 px images, at most 3 steps per epoch, 2
   # epochs. The recipe's batch size stays (a command-line batch size would beat the bench rows'
   # data.batch_size=auto), so the data sets are made just large enough for it. The compile rows
   # capture their graphs with the aot_eager backend: a rehearsal's compile times mean nothing, and
   # Inductor's code generation on a CPU is what takes the time (it is tested in the suite itself).
-  EPOCHS=2 SIZE=32 STORED=40 PER_CLASS=40 MAX_BATCH=16 STEPS=3 JPEG_STEPS=3
-  JPEG_LIMITS=("trainer.limit_train_batches=$JPEG_STEPS" trainer.limit_val_batches=2)
+  EPOCHS=2 SIZE=32 STORED=40 PER_CLASS=40 MAX_BATCH=16 STEPS=3 BASELINE_STEPS=3 BASE_VAL=2
+  JPEG_LIMITS=(trainer.limit_train_batches=3 trainer.limit_val_batches=2)
   DRY=(accelerator=cpu model=tiny data.num_samples=768 data.val_samples=256 compile_backend=aot_eager)
+  HEADLINE+=(scale=smoke "${DRY[@]}" trainer.limit_val_batches=2)
+  CEILING=(--device cpu --model resnet18 --image-size 32 --batch-size 8 --batches 3 --epochs 2 --repeats 1 --backend aot_eager)
 fi
 COMMON=("trainer.max_epochs=$EPOCHS" checkpoint.enabled=false)
 SYNTHETIC=(data.device_resident=true "data.image_size=$SIZE" "trainer.limit_train_batches=$STEPS" trainer.limit_val_batches=2)
-JPEG=(data=builtin "data.image_size=$SIZE" "data.stored_size=$STORED" "data.images_per_class=$PER_CLASS"
-      "batch_finder.max_batch_size=$MAX_BATCH" "${JPEG_LIMITS[@]}")
+BUILTIN=(data=builtin "data.image_size=$SIZE" "data.stored_size=$STORED" "data.images_per_class=$PER_CLASS")
+JPEG=("${BUILTIN[@]}" "batch_finder.max_batch_size=$MAX_BATCH" compile_cache=shared "${JPEG_LIMITS[@]}")
+JPEG_BASELINE=("${BUILTIN[@]}" "trainer.limit_train_batches=$BASELINE_STEPS" "trainer.limit_val_batches=$BASE_VAL")
+# device-resident synthetic images, as many as the JPEG set's, at the same batch cap and flags
+JPEG_SYNTHETIC=("data.num_samples=$((PER_CLASS * 10))" "data.val_samples=$((PER_CLASS * 10 / 4))" "data.image_size=$SIZE"
+                "batch_finder.max_batch_size=$MAX_BATCH" compile_cache=shared "${JPEG_LIMITS[@]}")
+# the compiled rows of the JPEG table share one compile cache, apart from any other on this machine
+export TORCHINDUCTOR_CACHE_DIR="$OUT/inductor_cache"
+
+sweep() {  # sweep RECIPE TABLE ROWS ARGS...: one train.py sweep into $OUT/RECIPE/TABLE
+  local recipe=$1 table=$2 rows=$3
+  shift 3
+  local dir="$OUT/$recipe/$table"
+  local cmd=("$PYTHON" train.py -m "+recipe=$recipe" "+bench=$rows" "${COMMON[@]}" "$@" "${DRY[@]}" "hydra.sweep.dir=$dir")
+  stage "$recipe / $table: ${cmd[*]}"
+  mkdir -p "$dir"
+  printf '%q ' "${cmd[@]}" | sed 's/ $//' > "$dir/command.txt"
+  # a failed row keeps its place in the report (status failed); the sweep's exit status says so
+  "${cmd[@]}" || echo "note: a row of $recipe/$table failed; see its row in $dir/ab_report.md"
+  sweeps+=("$dir")
+}
 
 status=0
 results=()
@@ -138,27 +173,53 @@ for recipe in $RECIPES; do
   sweeps=()
   for table in $TABLES; do
     case "$table" in
-      synthetic) rows=$SYNTHETIC_ROWS; extra=("${SYNTHETIC[@]}") ;;
-      jpeg) rows=$JPEG_ROWS; extra=("${JPEG[@]}") ;;
-      *) echo "gpu_check.sh: unknown table '$table' (synthetic, jpeg)" >&2; exit 2 ;;
+      none) ;;
+      synthetic) sweep "$recipe" synthetic "$SYNTHETIC_ROWS" "${SYNTHETIC[@]}" ;;
+      jpeg)
+        sweep "$recipe" jpeg "$JPEG_ROWS" "${JPEG[@]}"
+        sweep "$recipe" jpeg_baseline baseline "${JPEG_BASELINE[@]}"
+        if [ "$PACKED" = 1 ]; then
+          packed="$OUT/packed-$PER_CLASS"
+          if [ ! -f "$packed/train/meta.json" ]; then
+            root=$("$PYTHON" -c "from trainer.data.builtin import ensure_builtin as e; print(e(None, $PER_CLASS, $STORED))")
+            stage "packing $root at $SIZE px into $packed"
+            "$PYTHON" -m trainer.pack "$root" "$packed" --size "$SIZE" || echo "note: packing failed"
+          fi
+          sweep "$recipe" jpeg_packed all data=packed "data.root=$packed" "batch_finder.max_batch_size=$MAX_BATCH" \
+            compile_cache=shared "${JPEG_LIMITS[@]}"
+        fi
+        sweep "$recipe" jpeg_synthetic all "${JPEG_SYNTHETIC[@]}"
+        ;;
+      *) echo "gpu_check.sh: unknown table '$table' (synthetic, jpeg, none)" >&2; exit 2 ;;
     esac
-    dir="$OUT/$recipe/$table"
-    cmd=("$PYTHON" train.py -m "+recipe=$recipe" "+bench=$rows" "${COMMON[@]}" "${extra[@]}" "${DRY[@]}" "hydra.sweep.dir=$dir")
-    stage "$recipe / $table: ${cmd[*]}"
-    mkdir -p "$dir"
-    printf '%q ' "${cmd[@]}" | sed 's/ $//' > "$dir/command.txt"
-    # a failed row keeps its place in the report (status failed); the sweep's exit status says so
-    "${cmd[@]}" || echo "note: a row of $recipe/$table failed; see its row in $dir/ab_report.md"
-    sweeps+=("$dir")
   done
-  dest="recipes/$recipe"
-  flag=()
-  if [ "$DRY_RUN" = 1 ]; then dest="$OUT/$recipe"; flag=(--dry-run); fi
-  stage "$recipe: RESULTS.md and results.json"
-  "$PYTHON" scripts/gpu_results.py --recipe "$recipe" --sweeps "${sweeps[@]}" --out "$dest" --tests "$TESTS_XML" "${flag[@]}" || status=1
-  results+=("$dest/results.json")
+  if [ "${#sweeps[@]}" -gt 0 ]; then
+    dest="recipes/$recipe"
+    flag=()
+    if [ "$DRY_RUN" = 1 ]; then dest="$OUT/$recipe"; flag=(--dry-run); fi
+    stage "$recipe: RESULTS.md and results.json"
+    "$PYTHON" scripts/gpu_results.py --recipe "$recipe" --sweeps "${sweeps[@]}" --out "$dest" --tests "$TESTS_XML" "${flag[@]}" || status=1
+    results+=("$dest/results.json")
+  fi
 done
-overhead=()
+extra=()
+if [ "$RUN_HEADLINE" = 1 ]; then
+  # the README's first command as written (two epochs): synthetic images gathered on the device, so
+  # the GPU should compute all the time (its own compile cache, as every job gets by default)
+  stage "headline: python train.py ${HEADLINE[*]}"
+  "$PYTHON" train.py "${HEADLINE[@]}" "hydra.run.dir=$OUT/headline" || { echo "note: the headline run failed"; status=1; }
+  extra+=(--headline "$OUT/headline/metrics.json")
+fi
+if [ "$RUN_CEILING" = 1 ]; then
+  ceiling="$OUT/ceiling.json"
+  stage "ceiling: the trainer against a hand-written loop (scripts/bench_ceiling.py ${CEILING[*]})"
+  if "$PYTHON" scripts/bench_ceiling.py "${CEILING[@]}" --out "$ceiling"; then
+    extra+=(--ceiling "$ceiling")
+    if [ "$DRY_RUN" = 0 ]; then cp "$ceiling" scripts/results/bench_ceiling.json; fi
+  else
+    echo "note: the ceiling benchmark failed (see above)"; status=1
+  fi
+fi
 if [ "$RUN_OVERHEAD" = 1 ]; then
   # the host-bound regime the framework's per-step Python shows in; a dry run checks the plumbing on a CPU
   over="$OUT/overhead.json"
@@ -166,13 +227,13 @@ if [ "$RUN_OVERHEAD" = 1 ]; then
   if [ "$DRY_RUN" = 1 ]; then oargs=(--device cpu --batch-size 8 --batches 3 --repeats 1 --short-epochs 1 --long-epochs 2); fi
   stage "overhead: the trainer against a plain loop (scripts/bench_overhead.py ${oargs[*]})"
   if "$PYTHON" scripts/bench_overhead.py "${oargs[@]}" --out "$over"; then
-    overhead=(--overhead "$over")
+    extra+=(--overhead "$over")
     if [ "$DRY_RUN" = 0 ]; then cp "$over" scripts/results/bench_overhead_gpu.json; fi
   else
     echo "note: the overhead benchmark failed (see above)"; status=1
   fi
 fi
 stage "summary"
-"$PYTHON" scripts/gpu_results.py --summary "${results[@]}" "${overhead[@]}" || status=1
+"$PYTHON" scripts/gpu_results.py --summary "${results[@]}" --tests "$TESTS_XML" "${extra[@]}" || status=1
 stage "done: sweeps and the log in $OUT"
 exit $status

@@ -71,6 +71,7 @@ def test_imagefolder_train_val_subfolders(compose, tmp_path):
 
 def test_loader_knobs_reach_the_dataloader(compose):
     cfg = compose(
+        "data.device_resident=false",  # the host loader (data=synthetic's default gathers on the device)
         "data.num_workers=2",
         "data.pin_memory=true",
         "data.persistent_workers=true",
@@ -85,7 +86,9 @@ def test_loader_knobs_reach_the_dataloader(compose):
         loader.prefetch_factor,
         loader.batch_size,
     ) == (2, True, True, 4, 16)
-    cfg = compose("data.num_workers=0", "data.persistent_workers=true", "data.prefetch_factor=4")
+    cfg = compose(
+        "data.device_resident=false", "data.num_workers=0", "data.persistent_workers=true", "data.prefetch_factor=4"
+    )
     loader = ImageDataModule(cfg.data, cfg.seed).train_dataloader()
     assert loader.num_workers == 0 and not loader.persistent_workers and loader.prefetch_factor is None
 

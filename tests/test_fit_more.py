@@ -112,13 +112,16 @@ def test_optimizer_implementation(compose, value, check):
         assert check(build_optimizer(torch.nn.Linear(4, 2), cfg.optim))
 
 
-def test_auto_is_fused_under_fp16_loss_scaling_on_a_gpu(compose):
-    """torch's GradScaler syncs the host every step with a non-fused optimizer (it reads found_inf on the host)."""
+def test_auto_is_fused_on_a_gpu(compose):
+    """On CUDA auto takes the fused kernels: one pass over the parameters per step where torch's own
+    choice (foreach) makes several, and under fp16 loss scaling torch's GradScaler syncs the host every
+    step with a non-fused optimizer (it reads found_inf on the host). Elsewhere: torch's own choice."""
     from trainer.models.optimizers import build_optimizer
 
     for name in ("sgd", "adamw"):
         cfg = compose(f"optim.name={name}").optim
         assert not build_optimizer(torch.nn.Linear(4, 2), cfg).defaults.get("fused")  # auto: torch's own choice
+        assert build_optimizer(torch.nn.Linear(4, 2), cfg, on_cuda=True).defaults["fused"] is True
         assert build_optimizer(torch.nn.Linear(4, 2), cfg, loss_scaled_on_cuda=True).defaults["fused"] is True
         foreach = compose(f"optim.name={name}", "optim.fused=foreach").optim
         assert not build_optimizer(torch.nn.Linear(4, 2), foreach, loss_scaled_on_cuda=True).defaults.get(

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 import torch
 from PIL import Image
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainer.data.datamodule import ImageDataModule
 
@@ -30,9 +33,10 @@ def _first_batch(compose, *overrides):
 
 
 def test_gpu_normalize_ships_uint8_and_the_model_normalizes(compose, train, tmp_path):
-    _, (x, _) = _first_batch(compose, "data.gpu_normalize=true", "data.image_size=16", "data.batch_size=4")
+    host = "data.device_resident=false"  # synthetic batches built on the host, as a loader of real data builds them
+    _, (x, _) = _first_batch(compose, host, "data.gpu_normalize=true", "data.image_size=16", "data.batch_size=4")
     assert x.dtype == torch.uint8
-    _, (x, _) = _first_batch(compose, "data.image_size=16", "data.batch_size=4")
+    _, (x, _) = _first_batch(compose, host, "data.image_size=16", "data.batch_size=4")
     assert x.dtype == torch.float32
     root = _jpeg_folder(tmp_path / "imgs")
     _, (x, _) = _first_batch(
@@ -129,9 +133,8 @@ def test_device_decode_ships_file_bytes_and_decodes_whole_batches(compose, tmp_p
     )
     dm, batch = _first_batch(compose, *args, "data.decoder=nvjpeg")
     assert dm.decoder == "nvjpeg" and isinstance(batch, EncodedBatch)
-    assert (
-        sum(t.ndim == 1 for t in batch.items) == 18 and sum(t.ndim == 3 for t in batch.items) == 1
-    )  # bytes, not pixels
+    assert len(batch.jpeg_at) == 18 and len(batch.decoded) == 1  # bytes, not pixels (the PNG decoded in the worker)
+    assert batch.data.ndim == 1 and batch.data.numel() == sum(f.numel() for f in batch.files())
     calls = []
     real_decode = tvio.decode_jpeg
     monkeypatch.setattr(
@@ -145,6 +148,101 @@ def test_device_decode_ships_file_bytes_and_decodes_whole_batches(compose, tmp_p
     # the same pixels as decoding in the workers (same decoder, same transforms, on a tensor)
     ref_dm, (ref, ref_y) = _first_batch(compose, *args, "data.decoder=torchvision", "data.gpu_normalize=true")
     assert ref_y.tolist() == y.tolist() and (x.int() - ref.int()).abs().max() <= 1
+
+
+def _tensors_of(batch) -> int:
+    """How many tensors an EncodedBatch holds: what a loader worker hands to the main process."""
+    found = 0
+    for name in type(batch).__slots__:
+        value = getattr(batch, name)
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            parts = item if isinstance(item, tuple) else (item,)
+            found += sum(isinstance(p, torch.Tensor) for p in parts)
+    return found
+
+
+class _ComputeOps(TorchDispatchMode):
+    """Counts the operations that make new data (views and the image decoder's own ops left out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        returns = func._schema.returns
+        if not name.startswith("image.") and not (returns and returns[0].alias_info is not None):
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "val"])
+def test_device_decode_hands_over_one_buffer_and_crops_the_batch_at_once(compose, tmp_path, device_decode_here, train):
+    """data.decoder=nvjpeg: a worker hands over one byte buffer per batch (three tensors: bytes,
+    offsets, labels), not one tensor per image; the crop, resize and flip are batched: the decoder
+    runs as many operations for 24 images as for 6 (counted, not timed; torchvision's CPU decoder
+    stands in for nvJPEG)."""
+    root = _jpeg_folder(tmp_path / "imgs", per_class=8)
+    counts, crossing = {}, {}
+    for n in (6, 24):
+        args = (
+            "data=imagefolder",
+            f"data.root={root}",
+            "data.val_split=0",
+            "data.image_size=16",
+            f"data.batch_size={n}",
+        )
+        cfg = compose(*args, "data.decoder=nvjpeg", "data.num_workers=1")
+        dm = ImageDataModule(cfg.data, cfg.seed)
+        dm.build()
+        batch = next(iter(dm.train_dataloader()))  # through a real worker process
+        assert len(batch) == n
+        crossing[n] = _tensors_of(batch)
+        decoder = dm.device_decoders[train]
+        with _ComputeOps() as counted:
+            x, y = decoder(batch, torch.device("cpu"))
+        assert x.shape == (n, 3, 16, 16) and x.dtype == torch.uint8 and y.tolist() == batch.labels.tolist()
+        counts[n] = counted.ops
+    assert crossing == {6: 3, 24: 3}
+    assert counts[6] and len(counts[24]) == len(counts[6]), (counts[6], counts[24])
+
+
+def test_batched_crops_match_torchvisions_per_image_transforms():
+    """The batched resample of a crop box is torchvision's resized crop: the same pixels up to rounding
+    where the crop is upscaled or kept, and close where it is shrunk (a box filter where torchvision
+    uses a triangle one); flips mirror; images of several sizes come back in the batch's order."""
+    from torchvision.transforms.v2 import functional as F
+
+    from trainer.data.batched_crops import center_boxes, random_resized_boxes, resized_crops
+
+    g = torch.Generator().manual_seed(0)
+    smooth = [
+        torch.nn.functional.interpolate(
+            torch.rand(1, 3, 6, 8, generator=g) * 255, size=size, mode="bilinear", align_corners=False
+        )[0]
+        .round()
+        .to(torch.uint8)
+        for size in [(60, 80), (80, 60), (60, 80), (50, 50)]
+    ]
+    boxes = torch.tensor(
+        [[5.0, 7.0, 40.0, 50.0], [0.0, 0.0, 80.0, 60.0], [10.0, 20.0, 30.0, 30.0], [0.0, 0.0, 50.0, 50.0]]
+    )
+    flips = torch.tensor([False, True, False, True])
+    out = resized_crops(smooth, boxes.double(), flips, 32)
+    assert out.shape == (4, 3, 32, 32) and out.dtype == torch.uint8
+    for image, box, flip, got in zip(smooth, boxes.tolist(), flips.tolist(), out):
+        top, left, h, w = (int(v) for v in box)
+        ref = F.resized_crop(image, top, left, h, w, [32, 32], antialias=True)
+        ref = F.horizontal_flip(ref) if flip else ref
+        assert (got.int() - ref.int()).abs().float().mean() < 1.5, (box, (got.int() - ref.int()).abs().max())
+    torch.manual_seed(3)
+    drawn = random_resized_boxes([(60, 80)] * 500, (0.35, 1.0), (3 / 4, 4 / 3))
+    top, left, h, w = drawn.unbind(1)
+    assert (top >= 0).all() and (left >= 0).all() and (top + h <= 60).all() and (left + w <= 80).all()
+    area = h * w / (60 * 80)
+    assert 0.34 <= area.min() and area.max() <= 1.0 and area.std() > 0.1  # spread over the scale range
+    assert center_boxes([(60, 80)], 36, 32).tolist() == [[60 / 36 * 2, 80 / 48 * 8, 32 * 60 / 36, 32 * 80 / 48]]
 
 
 def test_device_decode_skips_or_stops_on_a_corrupt_file(compose, tmp_path, device_decode_here):
@@ -631,11 +729,15 @@ def test_missing_allocator_is_a_clear_error(compose, monkeypatch):
     assert processes.allocator_env(compose()) == {}
 
 
-def test_device_resident_synthetic_gathers_whole_batches_on_the_device(compose, train, monkeypatch):
+def test_synthetic_batches_are_gathered_where_the_model_trains_by_default(compose, train, monkeypatch):
+    """data=synthetic's default (data.device_resident=true): one uint8 gather per batch on the model's
+    device, no workers, no per-sample collate; the same samples as the host loader's, once normalized."""
+    from trainer.data.gpu_transforms import model_input
     from trainer.data.synthetic import DeviceResidentImages
 
     args = ("data.image_size=16", "data.batch_size=8", "data.num_samples=32", "data.num_workers=2")
-    cfg = compose(*args, "data.device_resident=true")
+    cfg = compose(*args)
+    assert cfg.data.device_resident is True
     dm = ImageDataModule(cfg.data, cfg.seed)
     dm.build()
     loader = dm.train_dataloader()
@@ -647,13 +749,105 @@ def test_device_resident_synthetic_gathers_whole_batches_on_the_device(compose, 
     )
     batches = list(loader)
     assert calls == [8, 8, 8, 8]  # one gather per batch, no per-sample collate
-    ref = ImageDataModule(compose(*args).data, cfg.seed)
+    assert all(x.dtype == torch.uint8 for x, _ in batches)  # a quarter of float32's bytes; normalized on the device
+    ref = ImageDataModule(compose(*args, "data.device_resident=false").data, cfg.seed)
     ref.build()
+    assert not isinstance(ref.train_dataloader().dataset, DeviceResidentImages)
     for (x, y), (rx, ry) in zip(batches, ref.train_dataloader()):  # the same samples, in the same order
-        assert torch.equal(y, ry) and torch.allclose(x, rx)
+        assert torch.equal(y, ry) and torch.allclose(model_input(x), rx, atol=1e-5)
     monkeypatch.undo()
-    m, _ = train("data.device_resident=true")
+    m, _ = train()
     assert m["status"] == "ok" and m["flags"]["data.device_resident"] is True
+
+
+class _StepBatches(pl.Callback):
+    """The dtype of each training batch as ``training_step`` receives it."""
+
+    def __init__(self) -> None:
+        self.dtypes = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.dtypes.append(batch[0].dtype)
+
+
+@pytest.mark.parametrize(
+    "extra, in_network",
+    [([], True), (["channels_last=true"], True), (["data.mixup_alpha=0.2"], False)],
+    ids=["default", "channels_last", "mixup"],
+)
+def test_the_built_in_classifier_normalizes_uint8_batches_inside_its_network(
+    train, add_callbacks, clear_spies, extra, in_network
+):
+    """The built-in classifier's network converts the uint8 batch itself (ModelInput, a forward pre-hook:
+    inside the compiled graph with compile=true): the step gets uint8, the network's layers float32
+    (NHWC with channels_last). Mixup blends float images, so there the datamodule normalizes first."""
+    import spies
+
+    seen = _StepBatches()
+    add_callbacks(seen)
+    m, _ = train("model._target_=spies.ProbeNet", "~model.width", "trainer.max_epochs=1", *extra)
+    assert m["status"] == "ok" and seen.dtypes
+    assert set(seen.dtypes) == {torch.uint8 if in_network else torch.float32}
+    snaps = spies.training_snapshots()
+    assert snaps and all(s["input_dtype"] == torch.float32 for s in snaps)
+    assert all(s["input_channels_last"] for s in snaps) == ("channels_last=true" in extra)
+
+
+def test_the_input_conversion_is_inside_the_compiled_graph(compose):
+    """With compile=true the normalization and the NHWC layout are traced into the network's one
+    graph (``nn.Module.compile``, as ``apply_compile`` calls it; a forward pre-hook became a graph of
+    its own): the graph takes the uint8 batch, normalizes it and runs the layers; the next call runs
+    the same graph (a cache of constants dynamo guarded on recompiled it once)."""
+    from torch import nn
+
+    from trainer.switches.model_transforms import apply_model_input
+
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return torch.relu(self.conv(x))
+
+    holder = nn.Module()
+    holder.net = Net()
+    apply_model_input(holder, compose("channels_last=true"), normalize=True)
+    reference = copy.deepcopy(holder.net)
+    torch._dynamo.reset()
+    holder.net.compile(backend=capture)
+    x = torch.randint(0, 256, (2, 3, 8, 8), dtype=torch.uint8)
+    assert torch.allclose(holder.net(x), reference(x), atol=1e-5)
+    assert torch.allclose(holder.net(x + 1), reference(x + 1), atol=1e-5)  # the second step: the same graph
+    assert len(graphs) == 1
+    nodes = list(graphs[0].graph.nodes)
+    inputs = [n for n in nodes if n.op == "placeholder"]
+    assert any(n.meta["example_value"].dtype == torch.uint8 for n in inputs)
+    assert any("addcmul" in str(n.target) for n in nodes) and any("conv" in str(n.target) for n in nodes)
+    torch._dynamo.reset()
+
+
+def test_a_copy_of_a_network_converts_its_input_with_its_own_weights(compose):
+    """EMA's averaged model is a deep copy: its forward (bound to the copy) runs the copy's weights."""
+    from torch import nn
+
+    from trainer.switches.model_transforms import apply_model_input
+
+    holder = nn.Module()
+    holder.net = nn.Conv2d(3, 2, 1)
+    apply_model_input(holder, compose(), normalize=True)
+    twin = copy.deepcopy(holder.net)
+    with torch.no_grad():
+        twin.weight.zero_()
+        twin.bias.fill_(1.0)
+    x = torch.randint(0, 256, (1, 3, 4, 4), dtype=torch.uint8)
+    assert torch.equal(twin(x), torch.ones(1, 2, 4, 4)) and not torch.equal(holder.net(x), twin(x))
 
 
 def test_device_resident_needs_synthetic_data(compose, tmp_path):
@@ -750,7 +944,13 @@ def test_a_step_limit_leaves_lightning_the_same_count_of_batches_to_train_and_va
     from pytorch_lightning.trainer.states import RunningStage
     from torch.utils.data import DistributedSampler
 
-    cfg = compose("data.num_samples=70", "data.val_samples=30", "data.batch_size=4", "data.image_size=8")
+    cfg = compose(
+        "data.device_resident=false",
+        "data.num_samples=70",
+        "data.val_samples=30",
+        "data.batch_size=4",
+        "data.image_size=8",
+    )
     dm = ImageDataModule(cfg.data, cfg.seed)
     dm.trainer = SimpleNamespace(limit_train_batches=limit, limit_val_batches=limit, world_size=world, global_rank=0)
     assert cfg.data.drop_last  # training drops a last partial batch, validation keeps it
@@ -793,7 +993,13 @@ def test_a_distributed_strategy_of_one_process_gets_its_capped_sampler_dealt_as_
 
     from torch.utils.data import DistributedSampler
 
-    cfg = compose("data.num_samples=70", "data.val_samples=30", "data.batch_size=4", "data.image_size=8")
+    cfg = compose(
+        "data.device_resident=false",
+        "data.num_samples=70",
+        "data.val_samples=30",
+        "data.batch_size=4",
+        "data.image_size=8",
+    )
     for kwargs, dealt in ((None, False), ({"num_replicas": 1, "rank": 0}, True)):  # single device; ddp devices=1
         dm = ImageDataModule(cfg.data, cfg.seed)
         dm.trainer = SimpleNamespace(

@@ -8,7 +8,7 @@ from conftest import ROOT
 from host_read_guard import HostReadGuard, HostReadInStep
 
 ROWS = sorted(p.stem for p in (ROOT / "configs" / "bench").glob("*.yaml"))
-HEAVY_ROWS = {"all", "compile"}  # they compile (and all emulates bf16 on a CPU without it): make test only
+HEAVY_ROWS = {"all", "all_turbo", "compile"}  # they compile (and all emulates bf16 on a CPU without it): make test only
 # real JPEGs (the input rows need them), two short epochs: the second one's steps are checked
 SMALL = [
     "data=imagefolder",

@@ -196,7 +196,7 @@ def test_nvjpeg_decodes_batches_on_the_gpu(compose, train, tmp_path):
     dm.build()
     assert dm.decoder == "nvjpeg"
     batch = next(iter(dm.train_dataloader()))
-    assert isinstance(batch, EncodedBatch) and batch.items and all(t.ndim == 1 for t in batch.items)
+    assert isinstance(batch, EncodedBatch) and len(batch.jpeg_at) == 12 and not batch.decoded  # one byte buffer
     x, y = dm.transfer_batch_to_device(batch, torch.device("cuda"), 0)
     assert x.is_cuda and x.dtype == torch.uint8 and x.shape == (12, 3, 32, 32)
     ref_cfg = compose(*args, "data.decoder=torchvision", "data.gpu_normalize=true")
@@ -503,17 +503,19 @@ def test_nvjpeg_never_writes_into_memory_the_compute_stream_still_reads():
     of its own that does not wait for the caller's: blocks freed while kernels queued on the compute
     stream still read them were handed to it and overwritten (a NaN loss in the fp32 nvjpeg row on an
     H100). Victim tensors of the decoded images' size are read by kernels queued behind a long stall
-    and freed before the decode: their sums must come out as written."""
+    and freed before the decode: their sums must come out as written. The decode itself is observed
+    (``DeviceDecoder.decode``): it must end while the victims' reads still wait (else the race could
+    not happen and the test proves nothing), and the batched crop after it is left out."""
     from torchvision.io import encode_jpeg
 
-    from trainer.data.device_decode import DeviceDecoder, EncodedBatch
+    from trainer.data.device_decode import DeviceDecoder, encoded_collate
 
     device = torch.device("cuda", torch.cuda.current_device())
     side = 128
     n = 8
     encoded = [encode_jpeg(torch.randint(0, 256, (3, side, side), dtype=torch.uint8), quality=90) for _ in range(n)]
-    batch = EncodedBatch(encoded, torch.arange(n), [f"{i}.jpg" for i in range(n)], train=True)
-    decoder = DeviceDecoder(transform=lambda image: image)
+    batch = encoded_collate([((e, f"{i}.jpg"), i) for i, e in enumerate(encoded)]).pin_memory()
+    decoder = DeviceDecoder(side, train=False, augment=False)
     a = torch.randn(4096, 4096, device=device)
     c = torch.empty_like(a)
     wrong = stalled = 0
@@ -529,11 +531,11 @@ def test_nvjpeg_never_writes_into_memory_the_compute_stream_still_reads():
             read = torch.cuda.Event()
             read.record()
             del victims  # their blocks are free on the compute stream while those reads still wait
-            x, _ = decoder(batch, device)
+            images = decoder.decode(batch, device)
             stalled += not read.query()  # the reads had not run when the decode was done: the race was on
             torch.cuda.synchronize(device)
             wrong += int((sums != 3 * side * side // 4).sum())
-            assert x.shape == (n, 3, side, side)
+            assert len(images) == n and all(im.shape == (3, side, side) for im in images)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     assert stalled >= 5, stalled  # most tries decoded while the victims' reads still waited

@@ -29,6 +29,7 @@ INPUT_ROWS = {
     "nvjpeg",
     "dali",
     "all",
+    "all_turbo",
 }  # rows about the input pipeline: real JPEGs
 # smoke scale keeps the recipe's model and batch (32; big_batch and all search it, up to 64)
 SMALL = [
@@ -70,10 +71,12 @@ def _cases():
             if (recipe, row) == ("vit", "progressive"):
                 continue  # refused before it runs: a ViT's position embeddings fix its input size (tests/test_switches.py)
             yield pytest.param(recipe, row, JPEGS if row in INPUT_ROWS else SYNTHETIC, id=f"{recipe}-{row}")
-    # uint8 batches normalized where the device-resident pool gathers them (DeviceResidentImages.__getitems__)
+    # uint8 batches gathered from the device-resident pool, normalized by the network (ModelInput)
     yield pytest.param(
         "vit", "gpu_normalize", SYNTHETIC + ["data.gpu_normalize=true"], id="vit-gpu_normalize-device_resident"
     )
+    # the README's headline: synthetic data's defaults (device-resident), amp and compile
+    yield pytest.param("resnet50", "none", ["amp=true", "compile=true", "data.num_samples=320"], id="resnet50-headline")
     # fp16 with loss scaling: the loss scaler must not read its overflow flag on the host
     yield pytest.param("resnet50", "amp", SYNTHETIC + ["amp_dtype=fp16"], id="resnet50-amp-fp16")
 

@@ -69,26 +69,72 @@ def ensure_builtin(cache_dir: str | None, images_per_class: int, stored_size: in
     return root
 
 
-def _generate(out: str, images_per_class: int, size: int, seed: int) -> None:
-    from PIL import Image, ImageEnhance
+# from this many images on, the crops are cut and saved by one process per usable core
+PARALLEL_FROM = 2000
+
+
+def _plan(images_per_class: int, size: int, seed: int, data_dir: str) -> list:
+    """Every crop's parameters, drawn in one sequence from ``seed``: (path parts, source, box, flip, brightness).
+
+    Drawn here, before any image is cut, so that cutting them in several processes writes the same
+    files as cutting them in order in one."""
+    from PIL import Image
 
     rng = random.Random(seed)
-    data_dir = _skimage_data_dir()
     n_val = max(2, images_per_class // 4)
+    jobs = []
     for fname, cls in SOURCES.items():
-        photo = Image.open(os.path.join(data_dir, fname)).convert("RGB")
-        w, h = photo.size
+        with Image.open(os.path.join(data_dir, fname)) as photo:
+            w, h = photo.size
         for split, count in (("train", images_per_class), ("val", n_val)):
-            folder = os.path.join(out, split, cls)
-            os.makedirs(folder, exist_ok=True)
             for i in range(count):
                 area = rng.uniform(0.08, 0.5) * w * h
                 aspect = rng.uniform(3 / 4, 4 / 3)
                 cw = min(w, int(round((area * aspect) ** 0.5)))
                 ch = min(h, int(round((area / aspect) ** 0.5)))
                 x0, y0 = rng.randint(0, w - cw), rng.randint(0, h - ch)
-                crop = photo.crop((x0, y0, x0 + cw, y0 + ch)).resize((size, size), Image.BILINEAR)
-                if rng.random() < 0.5:
-                    crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
-                crop = ImageEnhance.Brightness(crop).enhance(rng.uniform(0.7, 1.3))
-                crop.save(os.path.join(folder, f"{cls}_{i:05d}.jpg"), quality=90)
+                flip = rng.random() < 0.5
+                brightness = rng.uniform(0.7, 1.3)
+                jobs.append((split, cls, i, fname, (x0, y0, x0 + cw, y0 + ch), flip, brightness))
+    return jobs
+
+
+_PHOTOS: dict = {}  # per process: source file -> its RGB image
+
+
+def _cut(job, out: str, size: int, data_dir: str) -> None:
+    from PIL import Image, ImageEnhance
+
+    split, cls, i, fname, box, flip, brightness = job
+    if fname not in _PHOTOS:
+        _PHOTOS[fname] = Image.open(os.path.join(data_dir, fname)).convert("RGB")
+    crop = _PHOTOS[fname].crop(box).resize((size, size), Image.BILINEAR)
+    if flip:
+        crop = crop.transpose(Image.FLIP_LEFT_RIGHT)
+    crop = ImageEnhance.Brightness(crop).enhance(brightness)
+    crop.save(os.path.join(out, split, cls, f"{cls}_{i:05d}.jpg"), quality=90)
+
+
+def _cut_all(jobs: list, out: str, size: int, data_dir: str) -> None:
+    for job in jobs:
+        _cut(job, out, size, data_dir)
+
+
+def _generate(out: str, images_per_class: int, size: int, seed: int) -> None:
+    """Cut and save every crop (a large set in one process per usable core: same files either way)."""
+    import functools
+    import multiprocessing
+
+    from trainer.measure.hardware import usable_cores
+
+    data_dir = _skimage_data_dir()
+    jobs = _plan(images_per_class, size, seed, data_dir)
+    for split, cls in {(j[0], j[1]) for j in jobs}:
+        os.makedirs(os.path.join(out, split, cls), exist_ok=True)
+    processes = min(usable_cores(), 32)
+    if len(jobs) < PARALLEL_FROM or processes < 2:
+        _cut_all(jobs, out, size, data_dir)
+        return
+    chunks = [jobs[k::processes] for k in range(processes)]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        pool.map(functools.partial(_cut_all, out=out, size=size, data_dir=data_dir), chunks)

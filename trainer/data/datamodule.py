@@ -67,6 +67,9 @@ class ImageDataModule(pl.LightningDataModule):
         self.step_clock = None
         # progressive_resize: the training image size of each epoch (set by trainer.run); None: data.image_size
         self.train_sizes: list | None = None
+        # set by trainer.run: the built-in classifier's network normalizes uint8 batches itself, inside
+        # its compiled graph (switches.model_transforms.ModelInput), so they are handed over as uint8
+        self.model_normalizes = False
 
     def _workers(self) -> int:
         """data.auto_workers: the cores this node's ranks can spare, one main process each kept free."""
@@ -197,11 +200,22 @@ class ImageDataModule(pl.LightningDataModule):
                     f"data.device_resident=true keeps synthetic images on the device; data={c.name} reads real files. "
                     "Use it with data=synthetic, or use data.device_prefetch / data.gpu_normalize / data.decoder=nvjpeg for real images."
                 )
-            if self.num_workers or c.pin_memory:
-                log.info(
-                    "data.device_resident: batches are gathered on the device, so loader workers and pinned memory are not used"
+            moot = [
+                f"data.{k}={str(v).lower()}"
+                for k, v in (
+                    ("num_workers", self.num_workers),
+                    ("pin_memory", c.pin_memory),
+                    ("device_prefetch", c.get("device_prefetch")),
                 )
-                self.num_workers = 0
+                if v
+            ]
+            if moot:
+                log.info(
+                    "data.device_resident=true (data=synthetic's default): batches are gathered where the model "
+                    "trains, so %s change nothing; set data.device_resident=false to measure the loader on synthetic data",
+                    ", ".join(moot),
+                )
+            self.num_workers = 0
 
     def _build_cifar10(self) -> int:
         """data=cifar10: torchvision's pickled batches (downloaded once), raw pixels through the image folder's transforms."""
@@ -275,13 +289,9 @@ class ImageDataModule(pl.LightningDataModule):
             self.dali_samples = {True: samples_of(self.train_set), False: val}
         if self.decoder == "nvjpeg":
             from trainer.data.device_decode import DeviceDecoder
-            from trainer.data.folder import transforms_for
 
             self.device_decoders = {
-                train: DeviceDecoder(
-                    transforms_for(c.image_size, train, self.augmentation, keep_uint8=True), c.on_bad_sample
-                )
-                for train in (True, False)
+                train: DeviceDecoder(c.image_size, train, self.augmentation, c.on_bad_sample) for train in (True, False)
             }
         self._check_batch_fits(root)
         if c.name == "imagenette":  # class folders are WordNet ids: named by torchvision's table
@@ -584,12 +594,14 @@ class ImageDataModule(pl.LightningDataModule):
         return move_to_device(batch, device)
 
     def on_after_batch_transfer(self, batch, dataloader_idx):
-        """data.gpu_normalize, data.decoder=nvjpeg: uint8 batches arrive on the device and are normalized here.
+        """data.gpu_normalize, data.decoder=nvjpeg, device-resident synthetic data: uint8 batches arrive
+        on the device and are normalized here, or by the built-in classifier's network where it does
+        that itself (``model_normalizes``: in its compiled graph, fused with its first layer).
 
-        The datamodule's hook, so that a user's own LightningModule gets the same float batches as
-        the built-in classifier. Lightning calls only the datamodule's hook when both define one, so
-        this one then calls the LightningModule's own, after normalizing: a user's hook still runs,
-        and sees what its model will see.
+        The datamodule's hook, so that a user's own LightningModule gets float batches as documented.
+        Lightning calls only the datamodule's hook when both define one, so this one then calls the
+        LightningModule's own, after normalizing: a user's hook still runs, and sees what its model
+        will see.
         """
         from pytorch_lightning.utilities.model_helpers import is_overridden
 
@@ -597,7 +609,7 @@ class ImageDataModule(pl.LightningDataModule):
         from trainer.data.progressive import resize_batch
 
         if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
-            images = model_input(batch[0])
+            images = batch[0] if self.model_normalizes else model_input(batch[0])
             if self.train_sizes and self.trainer is not None and self.trainer.training:
                 images = resize_batch(images, self.train_size(self.trainer.current_epoch))
             batch = type(batch)([images, *batch[1:]])

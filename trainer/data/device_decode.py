@@ -1,12 +1,17 @@
 """``data.decoder=nvjpeg``: JPEG files are decoded on the GPU, a whole batch per call, then cropped,
-flipped and resized there.
+flipped and resized there, a whole batch at a time.
 
-Loader workers only read each file's bytes (no decode, no resize): the CPU cost per image is a
-file read. The batch's encoded files go to the device through torchvision's batched
-``decode_jpeg(list, device="cuda")`` (nvJPEG); the same torchvision v2 transforms as the CPU path
-then run on each decoded image on the device, and the stacked uint8 batch is normalized by the
-datamodule's ``on_after_batch_transfer``, as with ``data.gpu_normalize``. Files that are not JPEG (PNG,
-...) are decoded in the workers and join the batch already decoded.
+Loader workers only read each file's bytes (no decode, no resize), and the collate function (in the
+worker) joins a batch's files into one byte buffer with offsets: one tensor crosses from the worker
+to the main process per batch, not one per image (each tensor is a shared-memory handle of its own
+to pass and open). The buffer is pinned once. The batch's files go to the device through
+torchvision's batched ``decode_jpeg(list, device="cuda")`` (nvJPEG), given views into that buffer;
+``batched_crops`` then crops, resizes and flips the decoded batch in a few batched operations (one
+resample per distinct image size), and the uint8 batch is normalized on the device (by the built-in
+classifier's network, or the datamodule's ``on_after_batch_transfer``), as with
+``data.gpu_normalize``. Files that are not JPEG (PNG, ...) are decoded in the workers and join the
+batch already decoded. An automatic policy (``data.augment_policy``) and random erasing, where
+asked for, still run image by image after the batched crop.
 
 Where nvJPEG may write: torchvision's CUDA decoder allocates its output tensors while the caller's
 stream is current, then decodes on a private stream of its own that never waits for the caller's
@@ -18,11 +23,13 @@ and overwrote them: the fp32 ``data.decoder=nvjpeg`` row of the ResNet-50 table 
 NaN loss at its seventh step, while the same data decoded on the CPU trained. The upstream reports:
 pytorch/vision#9606 (corrupted sums in 199 of 200 tries on an H100), meta-pytorch/torchcodec#1634.
 So the decode runs with a stream of its own current (``decode_stream``, one per device, on which
-nothing else runs and nothing but the decoder's outputs is allocated): a block in its pool was freed
-only after every stream that read it had passed that point, because each decoded image is
-``record_stream``-ed onto the stream that consumes it. The consumer also waits for the decode on the
-device (``wait_stream``; torchvision already makes the host wait for its own decode stream, but never
-for the compute stream, and that stays so).
+nothing else runs and nothing but the decoder's outputs is allocated), and the caller's stream waits
+for it on the device (``wait_stream``; torchvision already makes the host wait for its own decode
+stream, but never for the compute stream, and that stays so). The decoded images are read only by
+the batched crop, on the caller's stream; instead of a ``record_stream`` per image (a call each),
+the decoder keeps the last two batches' decoded images alive, each until an event recorded after its
+crop has passed (``_Held``): their blocks go back to the decode stream's pool only once nothing
+queued still reads them.
 
 Everything here also runs with ``device="cpu"`` (torchvision's CPU decoder): that is how it is
 tested on machines without a GPU.
@@ -51,10 +58,9 @@ def decode_stream(device: torch.device) -> "torch.cuda.Stream":
 
 
 @contextlib.contextmanager
-def _decoding_on(device: torch.device, out: List[Optional[torch.Tensor]]):
+def _decoding_on(device: torch.device):
     """Decode with ``decode_stream`` current; afterwards the caller's stream waits for it (on the
-    device) and owns the decoded images (``record_stream``), so their blocks go back to the decode
-    stream's pool only once the caller's stream is done with them."""
+    device). The caller keeps the decoded images alive until its own stream is done with them."""
     if device.type != "cuda":
         yield
         return
@@ -63,9 +69,31 @@ def _decoding_on(device: torch.device, out: List[Optional[torch.Tensor]]):
     with torch.cuda.stream(private):
         yield
     consumer.wait_stream(private)  # torchvision made the decode stream wait for its own: chained on the device
-    for image in out:
-        if image is not None and image.is_cuda:
-            image.record_stream(consumer)
+
+
+class _Held:
+    """Batches' decoded images, each kept alive until the caller's stream has passed the batched crop
+    that read them (an event recorded after it), so that the decode stream's pool cannot hand their
+    blocks to a later decode while that crop is still queued (see the module's docstring). The last
+    ``depth`` batches are held: by the time a batch two back is let go, its crop has long run, so
+    the host does not wait (it would wait, on the event alone, if it had not)."""
+
+    def __init__(self, depth: int = 2) -> None:
+        self.depth = depth
+        self.held: list = []  # (event, images), oldest first
+
+    def release(self) -> None:
+        """Before the next decode: let go of all but the newest ``depth - 1`` batches."""
+        while len(self.held) >= self.depth:
+            event, _ = self.held.pop(0)
+            if not event.query():
+                event.synchronize()  # the crop of a batch ``depth`` back still queued: rare, and waits for it alone
+
+    def hold(self, images: list, device: torch.device) -> None:
+        if device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            self.held.append((event, images))
 
 
 class BytesLoader(Loader):
@@ -82,46 +110,81 @@ class BytesLoader(Loader):
 
 
 class EncodedBatch:
-    """One batch of encoded (or CPU-decoded) images, their labels and paths, before decoding."""
+    """One batch before decoding: every JPEG file's bytes in one buffer (``data``, with ``offsets``:
+    file k is ``data[offsets[k]:offsets[k + 1]]``, sample ``jpeg_at[k]`` of the batch), the images
+    decoded in the worker (``decoded``: (position, uint8 CHW) pairs, for files that are not JPEG),
+    the labels and the paths."""
 
-    __slots__ = ("items", "labels", "paths", "train")
+    __slots__ = ("data", "offsets", "jpeg_at", "decoded", "labels", "paths", "train")
 
-    def __init__(self, items: List[torch.Tensor], labels: torch.Tensor, paths: List[str], train: bool) -> None:
-        self.items, self.labels, self.paths, self.train = items, labels, paths, train
+    def __init__(self, data, offsets, jpeg_at, decoded, labels, paths, train: bool) -> None:
+        self.data, self.offsets, self.jpeg_at, self.decoded = data, offsets, jpeg_at, decoded
+        self.labels, self.paths, self.train = labels, paths, train
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.paths)
+
+    def files(self) -> List[torch.Tensor]:
+        """Each JPEG file's bytes: views into the one buffer (no copy)."""
+        bounds = self.offsets.tolist()  # a host tensor
+        return [self.data[bounds[k] : bounds[k + 1]] for k in range(len(bounds) - 1)]
 
     def pin_memory(self) -> "EncodedBatch":
-        """The DataLoader's pin-memory thread calls this: labels and CPU-decoded images (PNG) cross
-        to the GPU from pinned memory, without the driver staging them; JPEG bytes go to nvJPEG as they are."""
-        items = [t.pin_memory() if t.ndim == 3 else t for t in self.items]
-        return EncodedBatch(items, self.labels.pin_memory(), self.paths, self.train)
+        """The DataLoader's pin-memory thread calls this: the byte buffer (nvJPEG copies from it), the
+        labels and the worker-decoded images cross to the GPU from pinned memory, once per batch."""
+        decoded = [(i, t.pin_memory()) for i, t in self.decoded]
+        return EncodedBatch(
+            self.data.pin_memory(),
+            self.offsets,
+            self.jpeg_at,
+            decoded,
+            self.labels.pin_memory(),
+            self.paths,
+            self.train,
+        )
 
 
 def encoded_collate(samples, train: bool = True) -> EncodedBatch:
-    """The loader's collate_fn (with ``functools.partial`` for ``train``, which picks the transforms)."""
+    """The loader's collate_fn (with ``functools.partial`` for ``train``, which picks the transforms):
+    joins the batch's JPEG bytes into one buffer, in the worker."""
     samples = [s for s in samples if s is not None]
-    return EncodedBatch(
-        [s[0][0] for s in samples], torch.tensor([int(s[1]) for s in samples]), [s[0][1] for s in samples], train
-    )
+    jpeg_at = [i for i, s in enumerate(samples) if s[0][0].ndim == 1]
+    files = [samples[i][0][0] for i in jpeg_at]
+    offsets = torch.zeros(len(files) + 1, dtype=torch.int64)
+    if files:
+        offsets[1:] = torch.tensor([len(f) for f in files]).cumsum(0)
+    data = torch.cat(files) if files else torch.empty(0, dtype=torch.uint8)
+    decoded = [(i, s[0][0]) for i, s in enumerate(samples) if s[0][0].ndim != 1]
+    labels = torch.tensor([int(s[1]) for s in samples])
+    return EncodedBatch(data, offsets, jpeg_at, decoded, labels, [s[0][1] for s in samples], train)
 
 
 class DeviceDecoder:
-    """EncodedBatch -> (uint8 N x 3 x S x S on ``device``, labels on ``device``)."""
+    """EncodedBatch -> (uint8 N x 3 x S x S on ``device``, labels on ``device``).
 
-    def __init__(self, transform, on_bad_sample: str = "skip") -> None:
-        self.transform = transform  # folder.transforms_for(..., keep_uint8=True): tensors on any device
+    Training: torchvision's random-resized crop (``augment.crop_scale``, its aspect ratios) and a
+    horizontal flip at random, or with ``data.augment=false`` a resize and centre crop; validation:
+    the resize and centre crop at the eval size (``Augmentation.eval_resize``/``eval_size``). Then the
+    policy and random erasing where asked for (``augment.uint8_train_steps``, per image).
+    """
+
+    def __init__(self, image_size: int, train: bool, augment, on_bad_sample: str = "skip") -> None:
+        from trainer.data.augment import Augmentation, uint8_train_steps
+
+        self.augment = Augmentation.coerce(augment)
+        self.train = train
+        self.size = image_size if train else self.augment.eval_size(image_size)
+        self.image_size = image_size
+        self.extra_steps = uint8_train_steps(self.augment) if train else None
         self.on_bad_sample = on_bad_sample
+        self._held = _Held()
 
     def _decode_one(self, item: torch.Tensor, path: str, device: torch.device) -> Optional[torch.Tensor]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
         try:
-            out: List[Optional[torch.Tensor]] = []
-            with _decoding_on(device, out):
-                out.append(decode_jpeg(item, mode=ImageReadMode.RGB, device=device))
-            return out[0]
+            with _decoding_on(device):
+                return decode_jpeg(item, mode=ImageReadMode.RGB, device=device)
         except RuntimeError as e:
             if self.on_bad_sample == "stop":
                 from trainer.errors import TrainingStopped
@@ -136,22 +199,35 @@ class DeviceDecoder:
     def decode(self, batch: EncodedBatch, device: torch.device) -> List[Optional[torch.Tensor]]:
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        jpeg = [i for i, t in enumerate(batch.items) if t.ndim == 1]
-        images: List[Optional[torch.Tensor]] = [
-            t.to(device, non_blocking=True) if t.ndim == 3 else None for t in batch.items
-        ]
-        if jpeg:
+        images: List[Optional[torch.Tensor]] = [None] * len(batch)
+        for i, image in batch.decoded:
+            images[i] = image.to(device, non_blocking=True)
+        files = batch.files()
+        if files:
             try:  # one batched call: nvJPEG decodes the whole batch on the device
-                decoded: List[Optional[torch.Tensor]] = []
-                with _decoding_on(device, decoded):
-                    decoded.extend(decode_jpeg([batch.items[i] for i in jpeg], mode=ImageReadMode.RGB, device=device))
+                with _decoding_on(device):
+                    decoded = decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
             except RuntimeError:  # a bad file fails the whole call: find it, one file at a time
-                decoded = [self._decode_one(batch.items[i], batch.paths[i], device) for i in jpeg]
-            for i, image in zip(jpeg, decoded):
+                decoded = [self._decode_one(f, batch.paths[i], device) for f, i in zip(files, batch.jpeg_at)]
+            for i, image in zip(batch.jpeg_at, decoded):
                 images[i] = image
         return images
 
+    def boxes(self, sizes) -> torch.Tensor:
+        """Each image's source region (top, left, height, width), drawn or fixed as the transforms say."""
+        from trainer.data.augment import CROP_RATIO
+        from trainer.data.batched_crops import center_boxes, random_resized_boxes
+
+        if self.train and self.augment.crop_flip:
+            return random_resized_boxes(sizes, self.augment.crop_scale, CROP_RATIO)
+        if self.train:
+            return center_boxes(sizes, int(round(self.image_size * self.augment.eval_resize_ratio)), self.size)
+        return center_boxes(sizes, self.augment.eval_resize(self.image_size), self.size)
+
     def __call__(self, batch: EncodedBatch, device: torch.device):
+        from trainer.data.batched_crops import resized_crops
+
+        self._held.release()  # older batches' decoded images, once their crop has run
         images = self.decode(batch, device)
         keep = [i for i, im in enumerate(images) if im is not None]
         if not keep:
@@ -160,6 +236,19 @@ class DeviceDecoder:
             raise TrainingStopped(
                 f"no image of a batch could be decoded ({', '.join(batch.paths[:3])}, ...): check the files under data.root."
             )
-        x = torch.stack([self.transform(images[i]) for i in keep])
+        kept = [images[i] for i in keep]
+        boxes = self.boxes([tuple(im.shape[-2:]) for im in kept])
+        flips = (
+            torch.rand(len(kept)) < 0.5
+            if self.train and self.augment.crop_flip
+            else torch.zeros(len(kept), dtype=torch.bool)
+        )
+        x = resized_crops(kept, boxes, flips, self.size)
+        self._held.hold(kept, device)
+        if self.extra_steps is not None:
+            x = torch.stack([self.extra_steps(image) for image in x])
         y = batch.labels[keep] if len(keep) < len(images) else batch.labels
+        if device.type == "cuda" and not y.is_pinned():
+            # a copy from pageable memory would make the host wait for everything queued on the stream
+            y = y.pin_memory()
         return x, y.to(device, non_blocking=True)

@@ -49,11 +49,13 @@ def param_groups(model: nn.Module, weight_decay: float, norm_weight_decay=0.0, b
     return out if together else [*out, {"params": groups["bias"], "weight_decay": bias_wd}]
 
 
-def _implementation(fused, loss_scaled_on_cuda: bool = False) -> dict:
-    """optim.fused -> optimizer kwargs: auto leaves torch's own choice, except under fp16 loss scaling
-    on CUDA: there torch's GradScaler reads the overflow flag on the host every step (a device
-    sync) unless the optimizer is fused, which takes the flag on the device."""
-    if fused is True or (fused == "auto" and loss_scaled_on_cuda):
+def _implementation(fused, on_cuda: bool = False) -> dict:
+    """optim.fused -> optimizer kwargs. auto: the fused kernels on CUDA (torch's own choice there is
+    foreach: several kernels over every parameter per step where the fused one makes one pass, with
+    the same update; and under fp16 loss scaling torch's GradScaler reads the overflow flag on the
+    host every step, a device sync, unless the optimizer is fused, which takes the flag on the
+    device); torch's own choice elsewhere."""
+    if fused is True or (fused == "auto" and on_cuda):
         return {"fused": True}
     if fused == "foreach":
         return {"foreach": True}
@@ -106,7 +108,11 @@ def _keep_zero_momentum(optimizer: torch.optim.Optimizer) -> torch.optim.Optimiz
     return _zero_momentum_for_fused_sgd(optimizer)
 
 
-def build_optimizer(model: torch.nn.Module, cfg, loss_scaled_on_cuda: bool = False) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: torch.nn.Module, cfg, loss_scaled_on_cuda: bool = False, on_cuda: bool = False
+) -> torch.optim.Optimizer:
+    """``on_cuda``: the parameters train on a CUDA device (optim.fused=auto picks the fused kernels);
+    ``loss_scaled_on_cuda``: there, under fp16 loss scaling."""
     groups = param_groups(model, cfg.weight_decay, cfg.get("norm_weight_decay", 0.0), cfg.get("bias_weight_decay", 0.0))
     if cfg.name == "sgd":
         cls, kwargs = torch.optim.SGD, {"lr": cfg.lr, "momentum": cfg.momentum, "nesterov": cfg.nesterov}
@@ -128,7 +134,10 @@ def build_optimizer(model: torch.nn.Module, cfg, loss_scaled_on_cuda: bool = Fal
         return Lamb(groups, lr=cfg.lr, betas=tuple(cfg.betas), **foreach)
     else:
         raise ValueError(f"unknown optimizer {cfg.name}")  # config.validate rejects it earlier
-    impl = _implementation(cfg.get("fused", "auto"), loss_scaled_on_cuda)
+    # sharded parameters (strategy=fsdp2's DTensors) keep torch's own choice under auto: not every
+    # fused kernel has a sharding rule for them
+    sharded = any(type(p).__name__ == "DTensor" for group in groups for p in group["params"])
+    impl = _implementation(cfg.get("fused", "auto"), (on_cuda or loss_scaled_on_cuda) and not sharded)
     try:
         if impl.get("fused"):
             _check_fused(groups)

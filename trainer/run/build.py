@@ -96,10 +96,21 @@ def _data_and_model(parts: Parts) -> None:
     module = build_module(cfg)
     if user_class is None:  # a factory function may still return a LightningModule of the user's
         check_user_module(module, cfg, overrides)
-    parts.module = model_transforms.prepare_model(module, cfg)
+    normalize_input = _network_normalizes(module, cfg)
+    parts.module = model_transforms.prepare_model(module, cfg, normalize_input)
+    parts.datamodule.model_normalizes = normalize_input  # uint8 batches reach the network as they are
     _check_input_size(parts.module, parts.datamodule, cfg)
     if cfg.progressive_resize:
         _progressive_sizes(parts)
+
+
+def _network_normalizes(module, cfg) -> bool:
+    """Whether the network itself normalizes a uint8 batch (``model_transforms.ModelInput``): the
+    built-in classifier hands the batch to its network untouched unless it mixes batches (mixup and
+    cutmix blend float images), and progressive_resize resizes the batch before the step (float)."""
+    from trainer.models.classifier import ImageClassifier
+
+    return isinstance(module, ImageClassifier) and module.mixing is None and not cfg.progressive_resize
 
 
 def _check_given_num_classes(parts: Parts, num_classes: int) -> None:

@@ -6,9 +6,11 @@ The order, and why:
    block's forward. First, so that whatever comes later (compile, FSDP) sees the checkpointed
    blocks. Under ``strategy=fsdp`` Lightning's FSDPStrategy checkpoints the blocks it wraps instead
    (``fsdp_checkpoint_policy``): checkpointing them twice would recompute twice.
-2. ``apply_channels_last`` (``channels_last=true``): weights converted before any wrapper copies
+2. ``apply_model_input`` (``channels_last=true``): weights converted before any wrapper copies
    them (FSDP1 keeps the strides it finds when it flattens; FSDP2 refuses non-contiguous weights,
-   so ``switchboard.resolve`` refuses that pair), and a pre-hook converts every 4-D input.
+   so ``switchboard.resolve`` refuses that pair), and ``ModelInput`` converts every 4-D input at
+   the start of each network's forward; for the built-in classifier it normalizes a uint8 batch
+   there too, inside the compiled graph.
    The batch-size search runs after these two, on the eager model (``trainer.run``).
 3. Data parallelism and sharding: Lightning's strategy wraps the model in ``Trainer.fit``
    (DDP; FSDP1 with ``fsdp_block_types``; FSDP2 by ``fully_shard`` in ``configure_model``).
@@ -40,6 +42,7 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 
+from trainer.data.gpu_transforms import normalize_uint8
 from trainer.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -90,30 +93,68 @@ def apply_activation_checkpointing(module: nn.Module, cfg) -> int:
     return len(blocks)
 
 
-# ---- 2. memory format
+# ---- 2. memory format, and the input's conversion inside the network
 
 
-def _to_channels_last(module, args):
-    return tuple(
-        a.contiguous(memory_format=torch.channels_last) if isinstance(a, torch.Tensor) and a.ndim == 4 else a
-        for a in args
-    )
+class ModelInput:
+    """The batch as a network takes it, converted at the start of the network's own forward (so with
+    ``compile=true`` inside its compiled graph, where Inductor fuses it with the first layer's casts:
+    a forward pre-hook would be compiled as a graph of its own, as ``nn.Module.compile`` runs hooks).
+
+    - ``normalize``: a uint8 image batch (device-resident synthetic data, ``data.gpu_normalize``,
+      nvJPEG) is converted and normalized here, in one pass (``gpu_transforms.normalize_uint8``),
+      instead of by the datamodule before the step. Only for the built-in classifier, whose steps
+      hand the batch to the network untouched (``run.build`` decides; the datamodule then leaves
+      the batch uint8): a user's LightningModule gets float batches, as documented.
+    - ``channels_last``: every 4-D input in NHWC, as the weights are, however a LightningModule's
+      step calls the network; a normalized batch is written in that layout directly (no second copy).
+
+    A float batch (the batch-size search's, the data loaders' without data.gpu_normalize) passes
+    through the normalization unchanged.
+    """
+
+    def __init__(self, normalize: bool, channels_last: bool) -> None:
+        self.normalize = normalize
+        self.memory_format = torch.channels_last if channels_last else None
+
+    def convert(self, a):
+        if not isinstance(a, torch.Tensor) or a.ndim != 4:
+            return a
+        if self.normalize and a.dtype == torch.uint8:
+            return normalize_uint8(a, self.memory_format)
+        if self.memory_format is not None:
+            return a.contiguous(memory_format=self.memory_format)
+        return a
 
 
-def apply_channels_last(module: nn.Module, cfg) -> None:
-    if not cfg.channels_last:
+def _forward_with_input(self, *args, **kwargs):
+    """A network's forward with its ``ModelInput`` first; bound to the network as its ``forward``
+    (a bound method: a deep copy, such as EMA's averaged model, binds it to the copy)."""
+    return type(self).forward(self, *(self.model_input.convert(a) for a in args), **kwargs)
+
+
+def apply_model_input(module: nn.Module, cfg, normalize: bool = False) -> None:
+    """``channels_last=true``: the weights converted, and with ``normalize`` (the built-in
+    classifier, see ``ModelInput``) the uint8 batch normalized: by each network's forward."""
+    import types
+
+    if cfg.channels_last:
+        module.to(memory_format=torch.channels_last)
+    if not (cfg.channels_last or normalize):
         return
-    module.to(memory_format=torch.channels_last)
-    # inputs follow the weights: a pre-hook on each network converts whatever 4-D batch reaches it,
-    # however a LightningModule's step calls it (and it runs inside the compiled region)
     for net in networks(module):
-        net.register_forward_pre_hook(_to_channels_last)
+        net.model_input = ModelInput(normalize, bool(cfg.channels_last))
+        if "forward" in vars(net):  # a forward of the instance's own (not its class's): wrap it as a pre-hook
+            net.register_forward_pre_hook(lambda m, args: tuple(m.model_input.convert(a) for a in args))
+        else:
+            net.forward = types.MethodType(_forward_with_input, net)
 
 
-def prepare_model(module: nn.Module, cfg) -> nn.Module:
-    """Steps 1 and 2: what must happen before the batch-size search and before any wrapper."""
+def prepare_model(module: nn.Module, cfg, normalize_input: bool = False) -> nn.Module:
+    """Steps 1 and 2: what must happen before the batch-size search and before any wrapper.
+    ``normalize_input``: the networks normalize a uint8 batch themselves (``ModelInput``)."""
     apply_activation_checkpointing(module, cfg)
-    apply_channels_last(module, cfg)
+    apply_model_input(module, cfg, normalize_input)
     return module
 
 
