@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # GPU verification suite: one command for a maintainer on any CUDA machine.
 #
-# Measured on one H100 (torch 2.11, 16 cores): the GPU-marked tests about 95 s with --test-workers 8;
-# a compiled ResNet-50 row pays about 40 s of compile (cold) and 13 s for its first validation. Everything
-# at its defaults takes longer than 15 minutes. With a short GPU reservation, run it in parts of about
-# 6 minutes each, for example:
+# Measured on one H100 (torch 2.11, 16 cores, 2026-11-27): the GPU-marked tests more than 115 s with
+# --test-workers 8 (76 tests); a compiled ResNet-50 row at batch 512 pays 55 s of compile cold and 16 s
+# for its first validation's evaluation graph (3-4 s each from a warm shared cache); the headline
+# run more than 95 s (start-up, pool, cold compile). Everything at its defaults takes longer than 15
+# minutes. With a short GPU reservation, run it in parts of about 6 minutes each, for example:
 #   scripts/gpu_check.sh --recipes resnet50 --test-workers 8 --tables none --headline
 #   scripts/gpu_check.sh --recipes resnet50 --skip-tests --tables jpeg --packed --ceiling
 #

@@ -22,6 +22,8 @@ pytestmark = [
 
 GPU = ["accelerator=gpu"]
 PROBE = GPU + ["model._target_=spies.ProbeNet", "~model.width"]
+# synthetic batches built on the host and copied, as a loader of real data does (data=synthetic gathers them on the GPU by default)
+HOST = "data.device_resident=false"
 
 
 def _jpeg_folder(root, classes=("a", "b", "c"), per_class=8, size=48):
@@ -95,11 +97,11 @@ def test_device_prefetch_copies_on_a_side_stream(train, monkeypatch):
 
     monkeypatch.setattr(dm_mod.ImageDataModule, "to_device", to_device)
     monkeypatch.setattr(dm_mod.ImageDataModule, "transfer_batch_to_device", transfer)
-    m, _ = train(*GPU, "data.device_prefetch=true", "data.num_workers=1")
+    m, _ = train(*GPU, HOST, "data.device_prefetch=true", "data.num_workers=1")
     assert m["status"] == "ok" and streams and not any(streams)  # every copy on the side stream
     assert arrived and all(d == "cuda" for d in arrived)  # already on the GPU when Lightning gets it
     monkeypatch.undo()
-    plain, _ = train(*GPU, "data.num_workers=1")
+    plain, _ = train(*GPU, HOST, "data.num_workers=1")
     assert m["train_loss"] == pytest.approx(plain["train_loss"], rel=1e-3)  # same batches, same training
 
 
@@ -172,7 +174,7 @@ def test_gpu_normalize_ships_uint8_to_the_gpu(train, monkeypatch):
         "transfer_batch_to_device",
         lambda self, b, d, i: shipped.append(b[0].dtype) or real(self, b, d, i),
     )
-    train(*PROBE, "data.gpu_normalize=true")
+    train(*PROBE, HOST, "data.gpu_normalize=true")
     assert shipped and all(dt == torch.uint8 for dt in shipped)
     seen = training_snapshots()
     assert seen and all(s["input_dtype"] == torch.float32 and s["device"] == "cuda" for s in seen)
@@ -388,6 +390,7 @@ def test_compute_bound_gpu_run_is_not_called_input_bound(train):
     """Pageable copies wait for the previous step's kernels: that wait is compute, not data wait or transfer."""
     m, _ = train(
         *GPU,
+        HOST,
         "data.pin_memory=false",
         "data.num_samples=2048",
         "data.batch_size=256",
@@ -421,6 +424,7 @@ def test_the_copy_share_agrees_with_the_trace(train):
 
     m, out = train(
         *GPU,
+        HOST,
         "profile=true",
         "data.pin_memory=false",
         "data.image_size=128",
