@@ -34,7 +34,7 @@ def test_builtin_dataset_is_real_jpeg_and_cached(compose, tmp_path):
         assert im.format == "JPEG" and im.size == (40, 40)
     first_mtime = files[0].stat().st_mtime
     x, y = next(iter(dm.train_dataloader()))
-    assert x.shape == (4, 3, 32, 32) and x.dtype == torch.float32
+    assert x.shape == (4, 3, 32, 32) and x.dtype == torch.uint8  # normalized after the loader (data.gpu_normalize)
     ImageDataModule(cfg.data, cfg.seed).build()  # second build reuses the cache
     assert files[0].stat().st_mtime == first_mtime
 

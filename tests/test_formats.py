@@ -207,8 +207,10 @@ def _served(compose, name: str, root: str, split: str):
     dm = ImageDataModule(compose(f"data={name}", f"data.root={root}", "data.image_size=32", "data.augment=false").data)
     dm.build()
     dataset = dm.train_set if split == "train" else dm.val_set
+    from trainer.data.gpu_transforms import model_input
+
     images, labels = zip(*(dataset[i] for i in range(len(dataset))))
-    return torch.stack([x.float() for x in images]), [dm.classes[y] for y in labels]
+    return model_input(torch.stack(images)), [dm.classes[y] for y in labels]  # normalized: a model's units
 
 
 @pytest.mark.parametrize("split", ["train", "val"])

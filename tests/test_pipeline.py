@@ -34,9 +34,9 @@ def _first_batch(compose, *overrides):
 
 def test_gpu_normalize_ships_uint8_and_the_model_normalizes(compose, train, tmp_path):
     host = "data.device_resident=false"  # synthetic batches built on the host, as a loader of real data builds them
-    _, (x, _) = _first_batch(compose, host, "data.gpu_normalize=true", "data.image_size=16", "data.batch_size=4")
-    assert x.dtype == torch.uint8
     _, (x, _) = _first_batch(compose, host, "data.image_size=16", "data.batch_size=4")
+    assert x.dtype == torch.uint8  # the default
+    _, (x, _) = _first_batch(compose, host, "data.gpu_normalize=false", "data.image_size=16", "data.batch_size=4")
     assert x.dtype == torch.float32
     root = _jpeg_folder(tmp_path / "imgs")
     _, (x, _) = _first_batch(
@@ -81,7 +81,11 @@ def test_decoders_deliver_the_same_images(compose, tmp_path, decoder):
         "data.image_size=32",
         "data.batch_size=4",
     )
-    assert x.shape == ref.shape and torch.allclose(x, ref, atol=0.15)  # JPEG decoders differ by a few levels
+    from trainer.data.gpu_transforms import model_input
+
+    assert x.dtype == ref.dtype == torch.uint8  # normalized after the loader (data.gpu_normalize's default)
+    # JPEG decoders differ by a few levels
+    assert x.shape == ref.shape and torch.allclose(model_input(x), model_input(ref), atol=0.15)
     import importlib.util
 
     expected = decoder if (decoder != "turbo" or importlib.util.find_spec("simplejpeg")) else "torchvision"
@@ -732,7 +736,6 @@ def test_missing_allocator_is_a_clear_error(compose, monkeypatch):
 def test_synthetic_batches_are_gathered_where_the_model_trains_by_default(compose, train, monkeypatch):
     """data=synthetic's default (data.device_resident=true): one uint8 gather per batch on the model's
     device, no workers, no per-sample collate; the same samples as the host loader's, once normalized."""
-    from trainer.data.gpu_transforms import model_input
     from trainer.data.synthetic import DeviceResidentImages
 
     args = ("data.image_size=16", "data.batch_size=8", "data.num_samples=32", "data.num_workers=2")
@@ -754,7 +757,7 @@ def test_synthetic_batches_are_gathered_where_the_model_trains_by_default(compos
     ref.build()
     assert not isinstance(ref.train_dataloader().dataset, DeviceResidentImages)
     for (x, y), (rx, ry) in zip(batches, ref.train_dataloader()):  # the same samples, in the same order
-        assert torch.equal(y, ry) and torch.allclose(model_input(x), rx, atol=1e-5)
+        assert torch.equal(y, ry) and torch.equal(x, rx)
     monkeypatch.undo()
     m, _ = train()
     assert m["status"] == "ok" and m["flags"]["data.device_resident"] is True

@@ -53,8 +53,14 @@ def test_random_erasing_erases_a_rectangle_at_its_probability():
     assert all(n >= 0.02 * 32 * 32 for n in always), always  # torchvision's area range starts at 2%
     half = [erased(_augmented(Augmentation(random_erasing=0.5), s)) > 0 for s in range(60)]
     assert 15 <= sum(half) <= 45, sum(half)
-    # with gpu_normalize the uint8 image is erased to black
-    assert erased(_augmented(Augmentation(random_erasing=1.0), 0, keep_uint8=True)) > 0
+    # with gpu_normalize the uint8 image is erased to the mean colour's pixels: 0 once normalized, as above
+    from trainer.data.augment import MEAN_PIXELS
+    from trainer.data.gpu_transforms import normalize_uint8
+
+    image = _augmented(Augmentation(random_erasing=1.0), 0, keep_uint8=True)
+    box = (image == torch.tensor(MEAN_PIXELS, dtype=torch.uint8).view(3, 1, 1)).all(0)
+    assert image.dtype == torch.uint8 and int(box.sum()) >= 0.02 * 32 * 32
+    assert normalize_uint8(image)[0][:, box].abs().max() < 0.01
 
 
 def test_the_crop_scale_and_the_eval_resolution_follow_their_keys(compose):

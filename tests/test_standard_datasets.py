@@ -245,7 +245,7 @@ def test_imagenette_reads_the_image_folders_as_torchvision_does(compose, tmp_pat
         theirs = Imagenette(str(tmp_path / "nette"), split=split, size="160px")
         assert dataset.samples == theirs._samples and len(dataset) == (20 if split == "train" else 10)
     x, y = next(iter(dm.train_dataloader()))
-    assert x.shape == (4, 3, 16, 16) and x.dtype == torch.float32
+    assert x.shape == (4, 3, 16, 16) and x.dtype == torch.uint8  # normalized after the loader (data.gpu_normalize)
 
 
 def test_python_train_py_data_imagenette_trains(train, tmp_path):

@@ -138,7 +138,11 @@ class DataConfig:
     on_bad_sample: str = key("skip", choices=("skip", "stop"))
     # input pipeline switches
     auto_workers: bool = key(False, "pick num_workers from the cores (and ranks) of this machine", flag=OPTIMIZATION)
-    gpu_normalize: bool = key(False, "ship uint8 batches; convert and normalize on the device", flag=OPTIMIZATION)
+    gpu_normalize: bool = key(
+        True,
+        "ship uint8 batches; convert and normalize them after the loader, on the device, in one pass over the batch",
+        flag=OPTIMIZATION,
+    )
     device_prefetch: bool = key(
         False, "CUDA: copy the next batch to the GPU on a side stream during the step", flag=OPTIMIZATION
     )

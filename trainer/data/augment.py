@@ -92,26 +92,40 @@ def policy_transform(augment: Augmentation):
     return None
 
 
-def _erasing(p: float):
+def _erasing(p: float, uint8: bool = False):
+    """Random erasing that fills with 0 after normalization: the mean colour. ``uint8``: on a uint8
+    image before normalization (data.gpu_normalize), where the same fill is the mean colour's pixels."""
     # the class is made when first used (torchvision is imported then), and found by name (__getattr__ below)
     cls = globals().get("RandomErasingZero") or __getattr__("RandomErasingZero")
-    return cls(p=p, value=0)
+    erasing = cls(p=p, value=0)
+    erasing.fill = MEAN_PIXELS if uint8 else (0.0, 0.0, 0.0)
+    return erasing
+
+
+# the ImageNet mean as uint8 pixels: what 0 after normalization is before it
+MEAN_PIXELS = (124, 116, 104)
 
 
 def _random_erasing_zero():
     from torchvision.transforms import v2
 
     class RandomErasingZero(v2.RandomErasing):
-        """torchvision's RandomErasing (its box rule), filling with the scalar 0: on a CUDA image
-        (data.decoder=nvjpeg transforms on the device) its own fill is a CPU tensor copied in, a host
-        wait per image."""
+        """torchvision's RandomErasing (its box rule), filling each channel with a Python number
+        (``fill``): on a CUDA image (data.decoder=nvjpeg transforms on the device) its own fill is a
+        CPU tensor copied in, a host wait per image."""
+
+        fill = (0.0, 0.0, 0.0)
 
         def transform(self, inpt, params):
             if params["v"] is None:
                 return inpt
             i, j, h, w = params["i"], params["j"], params["h"], params["w"]
             out = inpt.clone()
-            out[..., i : i + h, j : j + w] = 0
+            if len(set(self.fill)) == 1 or out.ndim < 3:
+                out[..., i : i + h, j : j + w] = self.fill[0]
+            else:
+                for c, value in enumerate(self.fill):
+                    out[..., c, i : i + h, j : j + w] = value
             return out
 
     RandomErasingZero.__module__, RandomErasingZero.__qualname__ = __name__, "RandomErasingZero"  # picklable by name
@@ -131,8 +145,9 @@ def transforms_for(image_size: int, train: bool, augment, keep_uint8: bool = Fal
     ``augment``: an Augmentation, or ``data.augment``'s bool alone. Training: crop + flip, the policy
     (on uint8, as torchvision's reference scripts order it), then float conversion, normalization and
     random erasing. Validation: resize + center crop at the eval size. ``keep_uint8``
-    (``data.gpu_normalize``): the device converts and normalizes, so erasing fills with 0 (black) on
-    the uint8 image rather than 0 after normalization (the mean colour).
+    (``data.gpu_normalize``, the default): the batch stays uint8 and is converted and normalized
+    after the loader, in one pass over the batch; erasing then fills with the mean colour's pixels,
+    what 0 after normalization is.
     """
     import torch
     from torchvision.transforms import v2
@@ -159,7 +174,7 @@ def transforms_for(image_size: int, train: bool, augment, keep_uint8: bool = Fal
     policy = policy_transform(augment) if train else None
     if policy is not None:
         steps.append(policy)
-    erasing = [_erasing(augment.random_erasing)] if train and augment.random_erasing > 0 else []
+    erasing = [_erasing(augment.random_erasing, keep_uint8)] if train and augment.random_erasing > 0 else []
     if keep_uint8:  # data.gpu_normalize: the device converts and normalizes
         return v2.Compose(steps + erasing + [v2.ToPureTensor()])
     return v2.Compose(
@@ -178,5 +193,5 @@ def uint8_train_steps(augment):
     augment = Augmentation.coerce(augment)
     steps = [s for s in (policy_transform(augment),) if s is not None]
     if augment.random_erasing > 0:
-        steps.append(_erasing(augment.random_erasing))
+        steps.append(_erasing(augment.random_erasing, uint8=True))
     return v2.Compose(steps) if steps else None

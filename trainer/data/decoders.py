@@ -98,7 +98,10 @@ class Loader:
                 # only where a smaller scale exists: asked for sizes, simplejpeg decodes about 8% slower at full scale
                 sides = {"min_height": self.min_side, "min_width": self.min_side}
             array = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True, **sides)
-            return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+            # CHW over the decoder's HWC pixels, not copied: the crop that follows is a view, and the
+            # resize reads only the crop (uint8 channels-last is its fast path); a contiguous copy of
+            # the whole decoded image cost about 15% of this decoder's time per image
+            return torch.from_numpy(array).permute(2, 0, 1)
         from torchvision.io import ImageReadMode, decode_image
 
         return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)

@@ -241,9 +241,9 @@ def _transfer_advice(transfer: float, h2d_share: Optional[float], cuda: bool, da
             suggestions.append("data.loader=dali")
         text = (
             f"decoding the JPEGs on the GPU (nvJPEG) and cropping, flipping and resizing them there takes {transfer:.0%} "
-            "of training time: the batch is decoded in one call, but the transforms then run image by image, many small "
-            "kernels launched from one thread. data.loader=dali decodes only each crop's region and runs the batch in a "
-            "pipeline of its own; data.decoder=turbo with loader workers moves the work to the CPU's cores instead."
+            "of training time: the GPU spends it on the input, not the model. data.loader=dali decodes only each "
+            "crop's region and runs the batch in a pipeline of its own; data.decoder=turbo with loader workers moves "
+            "the work to the CPU's cores instead."
         )
         return text, suggestions
     if cuda:
