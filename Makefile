@@ -2,14 +2,24 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast lint
+.PHONY: setup setup-demo demo test test-fast lint
 setup: $(VENV)/.installed
+setup-demo: $(VENV)/.installed-demo
 
-# exact versions from constraints.txt (pyproject.toml only holds ranges)
-$(VENV)/.installed: pyproject.toml constraints.txt
-	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+# exact versions from constraints.txt (pyproject.toml only holds ranges). The demo installs what it
+# runs (the runtime dependencies and the fast JPEG decoder, [turbo]); the tests everything they use
+# ([test]: DALI, MLflow, W&B, moto, ...). tests/test_readme.py checks that the demo's install pulls in
+# nothing only the tests need.
+DEMO_EXTRAS := turbo
+$(VENV)/.installed-demo: pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[$(DEMO_EXTRAS)]'
 	touch $@
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	touch $@ $(VENV)/.installed-demo
 
 # The tests' MLflow tracking server, in its own venv: the server needs pyarrow<26, the product pins a
 # newer one (the product itself talks to MLflow through mlflow-skinny, in .venv).
@@ -22,7 +32,7 @@ $(SERVER_VENV)/.installed: constraints-mlflow-server.txt
 # A CPU-sized A/B sweep on the built-in real JPEGs: the JPEG decoder x channels_last, 4 jobs of 6
 # epochs of the small CNN, about 40 s on 2 cores of any CPU kind (no flag that a CPU may only
 # emulate), every row learning to about 0.99 val_acc (chance is 0.1). See the README for why.
-demo: setup
+demo: setup-demo
 	$(PY) train.py -m data=builtin data.image_size=32 trainer.max_epochs=6 data.decoder=pil,turbo channels_last=false,true
 
 # The suite in two parts: most tests on two pytest-xdist workers, each pinned to its own core (the

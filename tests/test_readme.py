@@ -284,6 +284,67 @@ def test_make_demo_runs_the_command_the_readme_shows():
     assert _demo_command() in [c.text for c in readme_commands()]
 
 
+# what only the tests use: none of it may reach `make demo`'s install (a newcomer's first command
+# should not download a GPU data-loading library, a tracking server's client or an S3 mock)
+TEST_ONLY = {
+    "nvidia-dali-cuda130", "mlflow-skinny", "wandb", "moto", "s3fs", "pyarrow", "webdataset", "pytest",
+    "pytest-xdist", "ruff", "import-linter", "py-spy", "hydra-submitit-launcher",
+}  # fmt: skip
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _installed_closure(requirements: List[str]) -> set:
+    """The distributions these requirement strings pull in, through the installed packages' own
+    metadata (markers evaluated, extras followed): what `pip install` of them installs."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    seen, todo = set(), [(r, frozenset()) for r in requirements]
+    while todo:
+        text, extras = todo.pop()
+        req = Requirement(text)
+        env_extras = extras or {""}
+        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in env_extras):
+            continue
+        name = _canonical(req.name)
+        key = (name, frozenset(req.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            requires = metadata.requires(req.name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        todo += [(r, frozenset(req.extras)) for r in requires]
+    return {name for name, _ in seen}
+
+
+def test_the_demos_install_pulls_in_nothing_only_the_tests_need():
+    """`make demo` installs the runtime dependencies and the extras its Makefile target names
+    (DEMO_EXTRAS), not the tests' [test]; every package those pull in, followed through the installed
+    packages' metadata, is outside TEST_ONLY (DALI, MLflow, moto, ...), and [test] holds them all."""
+    import tomllib
+
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^demo: setup-demo$", makefile, flags=re.M), "make demo must install with setup-demo"
+    extras = re.search(r"^DEMO_EXTRAS := (.*)$", makefile, flags=re.M).group(1).split()
+    demo_install = re.search(r"^\$\(VENV\)/\.installed-demo:.*\n(?:\t.*\n)*", makefile, flags=re.M).group(0)
+    assert "'.[$(DEMO_EXTRAS)]'" in demo_install and "[test]" not in demo_install
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = list(project["dependencies"]) + [r for e in extras for r in project["optional-dependencies"][e]]
+    pulled = _installed_closure(requirements)
+    assert {"torch", "pytorch-lightning", "hydra-core", "simplejpeg"} <= pulled  # the closure is really walked
+    assert not pulled & TEST_ONLY, sorted(pulled & TEST_ONLY)
+    test_extra = {
+        _canonical(r.split(">")[0].split("[")[0].split("=")[0]) for r in project["optional-dependencies"]["test"]
+    }
+    assert TEST_ONLY <= test_extra | {"pytest"}, TEST_ONLY - test_extra
+
+
 def test_the_readme_has_the_commands_this_test_expects():
     """The collector itself can fail: it finds the quickstart commands, the errors and the markers."""
     found = readme_commands()
