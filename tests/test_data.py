@@ -281,3 +281,25 @@ def _recording(seen, real):
         return image
 
     return decode
+
+
+def test_the_builtin_set_is_the_same_cut_in_several_processes(tmp_path, monkeypatch):
+    """A large built-in set is cut and saved by one process per core: the crops are drawn first, in
+    one sequence, so the files are the very same as cutting them all in one process."""
+    import hashlib
+
+    from trainer.data import builtin
+
+    def digests(root):
+        return {p.relative_to(root): hashlib.md5(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*.jpg"))}
+
+    builtin._generate(str(tmp_path / "one"), 6, 24, 0)
+    monkeypatch.setattr(builtin, "PARALLEL_FROM", 10)
+    monkeypatch.setattr("trainer.measure.hardware.usable_cores", lambda: 2)
+    calls = []
+    real = builtin._cut
+    monkeypatch.setattr(builtin, "_cut", lambda *a: calls.append(a) or real(*a))  # this process's, not the workers'
+    builtin._generate(str(tmp_path / "two"), 6, 24, 0)
+    assert not calls  # cut in the worker processes, not here
+    one, two = digests(tmp_path / "one"), digests(tmp_path / "two")
+    assert len(one) == 10 * (6 + 2) and one == two

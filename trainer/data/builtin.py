@@ -124,6 +124,8 @@ def _generate(out: str, images_per_class: int, size: int, seed: int) -> None:
     """Cut and save every crop (a large set in one process per usable core: same files either way)."""
     import functools
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     from trainer.measure.hardware import usable_cores
 
@@ -136,5 +138,10 @@ def _generate(out: str, images_per_class: int, size: int, seed: int) -> None:
         _cut_all(jobs, out, size, data_dir)
         return
     chunks = [jobs[k::processes] for k in range(processes)]
-    with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        pool.map(functools.partial(_cut_all, out=out, size=size, data_dir=data_dir), chunks)
+    # an executor, not a Pool: a worker that cannot start (a __main__ that spawn cannot import, such
+    # as code piped to python's stdin) breaks it with an error, where a Pool starts workers forever
+    try:
+        with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+            list(pool.map(functools.partial(_cut_all, out=out, size=size, data_dir=data_dir), chunks))
+    except BrokenProcessPool:
+        _cut_all(jobs, out, size, data_dir)  # the same files, in this process
