@@ -1019,3 +1019,27 @@ def test_a_resumed_epoch_under_a_step_limit_draws_the_rest_of_its_first_draws_on
     capped = EpochShuffleSampler(50, 5, stop=12)
     capped.skip[0] = 4  # one batch of 4 trained before the checkpoint
     assert list(capped) == full[4:12] and list(capped) == full[:12]  # the skip applies once
+
+
+def test_the_training_process_leaves_its_loader_workers_their_cores(train, add_callbacks, monkeypatch):
+    """The step's intra-op threads are the cores the loader workers leave (each worker runs one
+    thread): 1 worker on 4 cores, 3 threads in every step; the next job of the process (a local
+    sweep's) sets its own count again, every core with no workers."""
+    monkeypatch.setattr("trainer.measure.hardware.usable_cores", lambda: 4)
+    seen = []
+
+    class Threads(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append(torch.get_num_threads())
+
+    add_callbacks(Threads())
+    before = torch.get_num_threads()
+    try:
+        host = ("data.device_resident=false", "trainer.max_epochs=1", "trainer.limit_train_batches=3")
+        m, _ = train(*host, "data.num_workers=1")
+        assert m["status"] == "ok" and m["intra_op_threads"] == 3 and seen and set(seen) == {3}
+        seen.clear()
+        m, _ = train(*host)
+        assert m["intra_op_threads"] == 4 and seen and set(seen) == {4}
+    finally:
+        torch.set_num_threads(before)

@@ -205,7 +205,8 @@ def diagnose(
                 f"the {workers} loader worker{'s' if workers > 1 else ''} and the training step compete for the "
                 f"{cores} cores ({busy_text}): the workers used {loader:.1f} and the step {main:.1f} of them, and "
                 f"{wait:.0%} of training time waits for data. Each core's worth of decoding the workers do is taken "
-                f"from the step's threads, so on this machine the workers pay only if they save the step more than "
+                f"from the step's threads (it ran {metrics.get('intra_op_threads') or '?'} intra-op thread(s), the cores "
+                f"the workers leave), so on this machine the workers pay only if they save the step more than "
                 f"that: measure both with -m data.num_workers=0,{workers}, and make each sample cheaper to load."
             )
             suggestions = ["data.num_workers=0"] + decode_suggestions(data, cuda)

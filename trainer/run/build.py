@@ -77,7 +77,7 @@ def _data_and_model(parts: Parts) -> None:
     from trainer.launch.processes import processes_per_node
     from trainer.models import build_module
     from trainer.models.build import check_user_module, user_lightning_module_class
-    from trainer.switches import model_transforms
+    from trainer.switches import model_transforms, switchboard
 
     cfg, overrides = parts.cfg, parts.overrides
     user_class = user_lightning_module_class(cfg)
@@ -89,6 +89,8 @@ def _data_and_model(parts: Parts) -> None:
     )
     parts.datamodule.step_clock = parts.timer.clock
     num_classes = parts.datamodule.build()
+    # the cores the loader workers leave (the workers count is final once the data is built)
+    parts.notes["intra_op_threads"] = switchboard.set_intra_op_threads(parts.datamodule.num_workers, ranks_per_node)
     if num_classes != cfg.data.num_classes:
         _check_given_num_classes(parts, num_classes)
         log.info("data.num_classes set to %d: the dataset has %d classes", num_classes, num_classes)

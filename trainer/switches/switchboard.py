@@ -233,6 +233,26 @@ def apply_global_settings(cfg) -> None:
     torch.backends.cudnn.allow_tf32 = bool(cfg.tf32)
 
 
+def set_intra_op_threads(workers: int, processes_per_node: int = 1) -> int:
+    """The training process's intra-op threads: its share of the node's cores less its loader workers
+    (at least 1), set for this job and returned. torch's default is every core, and each loader worker
+    runs one thread of its own, so with workers the step's threads and theirs oversubscribed the
+    cores: on a 2-core CPU one worker slowed the step more than it fed it. Set at every job's start,
+    so a local sweep's next job gets its own count back."""
+    from trainer.measure.hardware import usable_cores
+
+    threads = max(1, usable_cores() // max(1, processes_per_node) - workers)
+    torch.set_num_threads(threads)
+    if workers:
+        log.info(
+            "intra-op threads: %d (%d cores for this process, %d of them to its loader workers)",
+            threads,
+            usable_cores() // max(1, processes_per_node),
+            workers,
+        )
+    return threads
+
+
 def scaled_lr(cfg, world_size: int) -> tuple:
     """optim.lr for the effective batch size (batch x accumulate x world) per ``lr_scaling``, and a note saying so."""
     effective = int(cfg.data.batch_size) * cfg.accumulate * world_size
