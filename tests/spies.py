@@ -374,3 +374,28 @@ class SignalWatchedModule(WatchedLightningModule):
         if rank < len(self.at) and self.steps == self.at[rank]:
             os.kill(os.getpid(), signal.Signals[self.signal_name])
         return super().training_step(batch, batch_idx)
+
+
+class SlowValidationModule(SignalWatchedModule):
+    """A ``SignalWatchedModule`` with a validation, whose first epoch's run lasts ``val_s`` seconds on
+    every rank (a large evaluation set, a slow metric); rank 0 writes ``marker`` when it starts, so
+    that a test can signal the job while it validates."""
+
+    def __init__(self, num_classes: int = 10, lr: float = 0.01, val_s: float = 0.0, marker: str = ""):
+        super().__init__(num_classes, lr)
+        self.val_s = val_s
+        self.marker = marker
+
+    def on_validation_epoch_start(self):
+        import time
+        from pathlib import Path
+
+        if self.trainer.sanity_checking or self.current_epoch != 0 or not self.val_s:
+            return
+        if self.global_rank == 0 and self.marker:
+            Path(self.marker).write_text(str(time.time()))
+        time.sleep(self.val_s)  # a stop signal's handler runs on the way; the sleep then goes on (PEP 475)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_acc", (self(x).argmax(1) == y).float().mean(), sync_dist=True)

@@ -319,12 +319,13 @@ def _job_processes(run_dir) -> list:
 
 @pytest.mark.slow
 @pytest.mark.whole_machine  # two ranks: one core each
-@pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGUSR1"])
+@pytest.mark.parametrize("signal_name", ["SIGUSR1"])
 def test_a_stop_signal_to_the_launching_process_stops_every_rank_at_one_step_and_they_save(tmp_path, signal_name):
-    """A scheduler signals the train.py it started (SIGTERM: a cloud's preemption, SIGUSR1: Slurm's
-    --signal=USR1@...): it passes the signal to torchrun's agent, which passes it to every rank; the
-    ranks stop at one step, save once, and the job exits as one process does, with 75. Rank 0's
-    model sends the signal to the launcher at its 3rd step."""
+    """A scheduler signals the train.py it started (SIGUSR1: Slurm's --signal=USR1@...): it passes the
+    signal to torchrun's agent, which passes it to every rank; the ranks stop at one step, save once,
+    and the job exits as one process does, with 75. Rank 0's model sends the signal to the launcher at
+    its 3rd step. (SIGTERM, a cloud's preemption, is test_distributed_stop.py's, during a validation
+    longer than torchrun's own window.)"""
     import os
     import signal
 
@@ -378,11 +379,22 @@ def test_only_rank_0_records_a_run_that_failed_before_its_trainer_existed(compos
         assert (out / "metrics.json").exists() == written, rank
 
 
+def test_trainer_torchrun_help_prints_its_usage_and_torchruns_options():
+    """``python -m trainer.torchrun --help`` took ``--help`` for LOG_DIR (torchrun's --log-dir) and ended in
+    torchrun's "argument --log-dir/--log_dir: expected one argument"."""
+    from forked_python import run_python
+
+    r = run_python(["-m", "trainer.torchrun", "--help"], ROOT, clean_env())
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr[-2000:]
+    assert r.stdout.startswith("usage: python -m trainer.torchrun LOG_DIR"), r.stdout[:500]
+    assert "--nproc-per-node" in r.stdout and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" in r.stdout
+
+
 def test_after_a_rank_fails_the_others_get_a_short_grace_before_sigkill(tmp_path, monkeypatch):
     """torchrun's process context closes the other ranks of a failed job with its default grace (30 s
     between SIGTERM and SIGKILL); a rank blocked in C++ on the failed one cannot react to SIGTERM, so
-    the job's answer waited those 30 s. trainer.torchrun makes that default FAILURE_GRACE_S; the
-    grace the agent passes itself (a signal to the launcher, when the ranks save) is left alone."""
+    the job's answer waited those 30 s. trainer.torchrun makes it FAILURE_GRACE_S for a failure (a
+    stop signal's grace is the next test's)."""
     import os
     import signal
 
@@ -392,7 +404,7 @@ def test_after_a_rank_fails_the_others_get_a_short_grace_before_sigkill(tmp_path
     from trainer.launch import torchrun
 
     monkeypatch.setattr(PContext, "close", PContext.close)  # undone after the test
-    torchrun._stop_the_others_promptly()
+    torchrun._grace_by_cause()
     graces = []
     real_close = SubprocessContext._close
 
@@ -413,6 +425,109 @@ def test_after_a_rank_fails_the_others_get_a_short_grace_before_sigkill(tmp_path
     assert result is not None and result.is_failed() and result.failures[1].exitcode == 2
     assert graces[0] == torchrun.FAILURE_GRACE_S < 30
     assert result.failures[0].exitcode == -signal.SIGKILL  # the stubborn rank was ended after the grace
+
+
+def test_a_signalled_agent_gives_its_ranks_the_stop_grace_and_a_second_ctrl_c_ends_them(tmp_path, monkeypatch):
+    """torchrun's agent, signalled, passes the signal to its ranks and closes them with a grace before
+    SIGKILL: torch < 2.12 passes none (its default was 30 s); trainer.torchrun gives them
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT, as torch >= 2.12 does. While they save, the stop signal again (a
+    scheduler signals every process of the job, and train.py passes its own on) neither cuts the grace
+    short nor reaches the agent's own handler; a second Ctrl-C ends them at once. Here this process is
+    the agent, and its rank ignores SIGTERM as if its save took minutes."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+    from torch.distributed.elastic.multiprocessing.api import PContext, SubprocessContext
+
+    from trainer.launch import torchrun
+
+    monkeypatch.setattr(PContext, "close", PContext.close)  # undone after the test
+    monkeypatch.setenv(torchrun.STOP_GRACE_ENV, "60")
+    torchrun._grace_by_cause()
+    graces, reached_the_agent = [], []
+    real_close = SubprocessContext._close
+
+    def spy(self, death_sig, timeout=30):
+        graces.append(timeout)
+        real_close(self, death_sig=death_sig, timeout=timeout)
+
+    monkeypatch.setattr(SubprocessContext, "_close", spy)
+    saving = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
+    pc = start_processes(
+        "ranks",
+        sys.executable,
+        args={0: ("-c", saving)},
+        envs={0: dict(os.environ)},
+        logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)),
+    )
+    time.sleep(1)  # the rank has set its handler
+    # the agent's own handlers (torch's raise SignalException, which would end its wait for the ranks)
+    agents = {
+        s: signal.signal(s, lambda signum, frame: reached_the_agent.append(signum))
+        for s in (signal.SIGTERM, signal.SIGINT)
+    }
+    timers = [threading.Timer(t, os.kill, (os.getpid(), s)) for t, s in ((0.5, signal.SIGTERM), (1.5, signal.SIGINT))]
+    try:
+        for timer in timers:
+            timer.start()
+        started = time.monotonic()
+        pc.close(signal.SIGTERM)  # as torch < 2.12's agent calls it: no grace of its own
+        took = time.monotonic() - started
+    finally:
+        for timer in timers:
+            timer.cancel()
+        for s, handler in agents.items():
+            signal.signal(s, handler)
+    assert graces == [60]
+    assert reached_the_agent == []
+    assert 1 < took < 20, took  # the second Ctrl-C ended the rank, not the grace
+
+
+def test_a_second_ctrl_c_leaves_the_launcher_waiting_for_its_job_to_end(monkeypatch):
+    """Ctrl-C in a terminal reaches the launching train.py and its job's process (torchrun's agent)
+    together, twice for a second Ctrl-C: the agent then ends the ranks at once, and the launcher
+    waits for that and answers with the job's code, not a KeyboardInterrupt traceback. Here a child
+    stands for the agent: it ends at its second SIGINT."""
+    import os
+    import signal
+    import threading
+
+    from trainer.launch import processes, stopping
+
+    agent = (
+        "import signal, sys, time\n"
+        "got = []\n"
+        "signal.signal(signal.SIGINT, lambda s, f: got.append(s) or (len(got) == 2 and sys.exit(130)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", agent], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+
+    def ctrl_c() -> None:  # what a terminal does: the whole foreground process group
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(child.pid, signal.SIGINT)
+
+    timers = [threading.Timer(t, ctrl_c) for t in (0.3, 1.0)]
+    stopping.clear()
+    stopping.install()
+    try:
+        for timer in timers:
+            timer.start()
+        code = processes._wait_forwarding_stop(child)
+    except KeyboardInterrupt:
+        code = "KeyboardInterrupt"
+    finally:
+        for timer in timers:
+            timer.cancel()
+        stopping.uninstall_all()
+        stopping.clear()
+        child.kill()
+        child.wait()
+    assert code == 130
 
 
 def test_the_journal_written_after_each_epoch_reads_no_metric_lightning_reduces_across_ranks(train, monkeypatch):

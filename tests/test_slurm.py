@@ -297,3 +297,19 @@ def test_ddp_with_two_slurm_tasks_and_no_torchrun(tmp_path, cluster):
         assert (run_dir / "train_rank1.log").exists()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_a_launched_jobs_stop_grace_is_at_least_slurms(cluster, compose, monkeypatch):
+    """A job whose ranks torchrun starts gives them checkpoint.stop_grace_s to save after a stop signal,
+    or Slurm's own grace where that is longer: KillWait plus the job's partition's GraceTime, read from
+    the cluster (scripts/slurm/local_cluster.sh sets 30 s and, on partition debug, 5 s)."""
+    from trainer.launch.processes import stop_grace_s
+    from trainer.launch.slurm import grace_s
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert grace_s() is None  # not inside a job
+    monkeypatch.setenv("SLURM_JOB_ID", "1")
+    monkeypatch.setenv("SLURM_JOB_PARTITION", "debug")
+    assert grace_s() == 35
+    assert stop_grace_s(compose("checkpoint.stop_grace_s=10")) == 35
+    assert stop_grace_s(compose()) == 300

@@ -150,6 +150,17 @@ class CheckpointConfig:
     monitor: Optional[str] = None  # also keep the best by this metric, e.g. val/acc
     mode: str = key("max", choices=("max", "min"))
     save_weights_only: bool = False
+    # A stop signal to a job whose ranks torchrun starts (devices=N on one node): torchrun's agent
+    # passes it on, the ranks finish the validation or save in flight, agree on a step and save
+    # last.ckpt, and the agent sends SIGKILL to any still running after this long. torchrun's own 30 s
+    # lost the checkpoint of a stop during a 40 s validation. A scheduler ends the job after its own
+    # grace anyway, so a longer window costs nothing there; under Slurm the job's KillWait or its
+    # partition's GraceTime is taken where longer (trainer/launch/slurm.py).
+    stop_grace_s: int = key(
+        300,
+        "seconds a launched job's ranks get after a stop signal to save last.ckpt (torchrun's default: 30)",
+        check=(lambda v: v >= 1, "an integer >= 1 (seconds)"),
+    )
 
 
 @dataclass

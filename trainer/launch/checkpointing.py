@@ -158,6 +158,8 @@ class PreemptionCallback(pl.Callback):
     whichever rank was signalled and when, and they save last.ckpt together. Lightning's own SIGTERM
     handling (its per-step broadcast, its handler that raises at its own check points) is turned off
     for the fit: a signal during validation or between epochs waits for the next training step's end.
+    torchrun's agent kills the ranks if they take longer than it allows: ``checkpoint.stop_grace_s``
+    where the trainer launched them (``trainer.launch.torchrun``), else its ``--shutdown-timeout`` (30 s).
 
     SIGUSR2 too where the process already handles it in Python: submitit's jobs do (Hydra's Slurm
     launcher), it is their preemption/time-limit signal. That handler (submitit's) runs after the

@@ -197,8 +197,11 @@ def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False) -> int:
         o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir", "hydra.sweep.dir", "hydra.job.num"))
     ]
     job = [str(ROOT / "train.py"), *kept, f"hydra.run.dir={out_dir}"]
+    extra_env = allocator_env(cfg)
     if launches_ranks(cfg):
-        from trainer.launch.torchrun import FIRST_FAILURE
+        from trainer.launch.torchrun import FIRST_FAILURE, STOP_GRACE_ENV
+
+        extra_env[STOP_GRACE_ENV] = str(stop_grace_s(cfg))  # what the agent waits for the ranks to save
 
         nproc = processes_per_node(cfg)
         stale = os.path.join(out_dir, "ranks", FIRST_FAILURE)  # an earlier launch's (this one resumes it)
@@ -221,13 +224,22 @@ def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False) -> int:
     env = dict(
         os.environ,
         PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])),
-        **allocator_env(cfg),
+        **extra_env,
     )
     if quiet:
         env[QUIET_ENV] = "1"
     log.info("launching: %s%s", f"LD_PRELOAD={env['LD_PRELOAD']} " if "LD_PRELOAD" in env else "", " ".join(cmd))
     started = time.time()
     return _preempted_code(_wait_forwarding_stop(subprocess.Popen(cmd, env=env)), out_dir, started)
+
+
+def stop_grace_s(cfg) -> int:
+    """The seconds the ranks get after a stop signal to save (torchrun's agent then sends SIGKILL):
+    ``checkpoint.stop_grace_s``, or Slurm's own grace for this job where that is longer, so that
+    Slurm, not the agent, ends a stop that takes that long."""
+    from trainer.launch.slurm import grace_s
+
+    return max(int(cfg.checkpoint.stop_grace_s), grace_s() or 0)
 
 
 def _preempted_code(code: int, out_dir: str, started: float) -> int:
@@ -250,8 +262,11 @@ def _preempted_code(code: int, out_dir: str, started: float) -> int:
 
 def _wait_forwarding_stop(proc: subprocess.Popen) -> int:
     """Wait for the job's processes; a SIGTERM/SIGUSR1 this process gets (``trainer.launch.stopping``) is
-    passed on, so they save and stop too (torchrun passes it to every rank). Ctrl-C in a terminal
-    reaches them already (the whole foreground process group gets it)."""
+    passed on to torchrun's agent, which passes it to every rank: they save and stop too, within
+    ``stop_grace_s``. The ranks run in sessions of their own (torchrun starts them so), so no signal
+    reaches them but the agent's. Ctrl-C in a terminal reaches this process and the agent together
+    (one foreground process group) and is not passed on again: a second SIGINT at the agent is a
+    second Ctrl-C, which ends the ranks at once (``trainer.launch.torchrun``)."""
     from trainer.launch import stopping
 
     forwarded = False
@@ -263,3 +278,6 @@ def _wait_forwarding_stop(proc: subprocess.Popen) -> int:
             if name and name != "SIGINT" and not forwarded:
                 proc.send_signal(signal.Signals[name])
                 forwarded = True
+        except KeyboardInterrupt:
+            # a second Ctrl-C: the terminal sent it to the job's process too, which ends at once
+            return proc.wait()

@@ -7,6 +7,8 @@ dir is the same (the sweep job's, or the batch script's ``outputs/slurm-<job id>
 resumes from that dir's newest checkpoint, or starts over in it when the first run was stopped
 before it saved one; either way it continues the first run's tracker runs (trainer/output/trackers/).
 Nothing else may reuse a dir that holds a run (see trainer/output/run_dirs.py).
+
+``grace_s``: how long Slurm lets a stopped job save, for the ranks' stop window (``checkpoint.stop_grace_s``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Optional
 
 from omegaconf import open_dict
 
@@ -48,6 +51,31 @@ def resume_if_requeued(cfg, out_dir: str) -> bool:
             "requeued by Slurm (restart %d) before a checkpoint was saved: starting over in %s", restarts, out_dir
         )
     return True
+
+
+def grace_s() -> Optional[int]:
+    """Seconds Slurm may leave this job between its first stop signal and SIGKILL, where scontrol says:
+    KillWait (a cancelled job, the time limit), plus the job's partition's GraceTime, which a
+    preemption adds before that SIGTERM, KillWait and SIGKILL. None outside a Slurm job, or where
+    scontrol does not answer."""
+    import re
+    import subprocess
+
+    if "SLURM_JOB_ID" not in os.environ:
+        return None
+    asked = [(["scontrol", "show", "config"], r"^KillWait\s*=\s*(\d+)")]
+    if os.environ.get("SLURM_JOB_PARTITION"):
+        asked.append((["scontrol", "show", "-o", "partition", os.environ["SLURM_JOB_PARTITION"]], r"\bGraceTime=(\d+)"))
+    found = []
+    for cmd, pattern in asked:
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        match = re.search(pattern, out, re.MULTILINE)
+        if match:
+            found.append(int(match.group(1)))
+    return sum(found) if found else None
 
 
 def requeue_pending() -> bool:

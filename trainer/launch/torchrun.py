@@ -9,11 +9,18 @@ stdout, where the logs go, stays on the console), and when a rank fails:
   bad input, else the end of its stderr (a real crash keeps its traceback);
 - the exit code is that rank's (2 for bad input, 3 for a deliberate stop, ...), as in one process;
 - torchrun's launcher traceback is not shown; every rank's full stderr stays in LOG_DIR.
+
+When the agent is signalled (a scheduler's SIGTERM, SIGUSR1, Ctrl-C), it passes the signal to every
+rank, and the ranks agree on a step and save last.ckpt: they get ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``
+seconds for it (``checkpoint.stop_grace_s`` when the trainer launches them) before SIGKILL, not
+torchrun's default 30 (``_grace_by_cause``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import List, Optional
 
@@ -22,6 +29,10 @@ from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 TAIL_LINES = 40
 FAILURE_GRACE_S = 5  # seconds the other ranks get to end after one failed (torchrun's agent: 30)
 FIRST_FAILURE = "first_failure.json"  # in LOG_DIR: the failed rank's answer, for the job's metrics.json
+# torchrun's own name (torch >= 2.12 reads it as --shutdown-timeout's default); read here for older torch too
+STOP_GRACE_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+TORCHRUN_STOP_GRACE_S = 30  # torchrun's default
+USAGE = "usage: python -m trainer.torchrun LOG_DIR [torchrun's options] TRAINING_SCRIPT [its arguments]"
 
 
 def _quiet_elastic_logs() -> None:
@@ -64,33 +75,96 @@ def _stop_on_sigusr1() -> None:
         signal.signal(signal.SIGUSR1, stop)
 
 
-def _stop_the_others_promptly() -> None:
-    """After a rank fails, the others get ``FAILURE_GRACE_S`` between SIGTERM and SIGKILL, not 30 s.
+def stop_grace_s() -> int:
+    """Seconds the ranks get, after the agent passes a stop signal on, before it sends SIGKILL."""
+    try:
+        return int(os.environ.get(STOP_GRACE_ENV, TORCHRUN_STOP_GRACE_S))
+    except ValueError:
+        return TORCHRUN_STOP_GRACE_S
 
-    When its process context sees a rank fail, torchrun closes the others with SIGTERM and waits up
-    to 30 s (the default of ``PContext.close``) before SIGKILL. A rank blocked in C++ on the failed
-    one (rank 0 waiting in the process group's rendezvous for a rank that died building its model)
-    cannot run its Python signal handler and could not finish anyway, so the job's answer came 30 s
-    late (measured: 42 s for a 2-rank job whose rank 1 fails at once, 12 s of it the job). A rank that
-    can still react records its epochs within milliseconds. Only that default changes: when the
-    launcher itself is signalled (a scheduler's SIGTERM), the agent passes its own grace explicitly,
-    and the ranks agree on a step and save.
+
+def _grace_by_cause() -> None:
+    """Each of torchrun's closes of the ranks (SIGTERM or the given signal, then SIGKILL after a
+    grace) gets the grace its cause needs.
+
+    - A rank failed (the process context closes the others, with no signal named): ``FAILURE_GRACE_S``,
+      not 30 s. A rank blocked in C++ on the failed one (rank 0 waiting in the process group's
+      rendezvous for a rank that died building its model) cannot run its Python signal handler and
+      could not finish anyway, so the job's answer came 30 s late (measured: 42 s for a 2-rank job
+      whose rank 1 fails at once, 12 s of it the job). A rank that can still react records its
+      epochs within milliseconds.
+    - The agent was signalled (it names the signal it passes on): the ranks finish the validation or
+      save in flight, agree on a step and save last.ckpt, which may take minutes: ``stop_grace_s()``.
+      torch >= 2.12 passes that grace itself (it reads the same variable); older torch passes none,
+      and its 30 s default is what this replaces. While they save, a repeated stop signal is the
+      same request again (a scheduler signals every process of a job, and the launching train.py
+      passes its own on): it is ignored; a second Ctrl-C ends the ranks at once, as it ends one process.
     """
     from torch.distributed.elastic.multiprocessing.api import PContext
 
     close = PContext.close
 
-    def close_promptly(self, death_sig=None, timeout: float = FAILURE_GRACE_S) -> None:
-        close(self, death_sig, timeout)
+    def close_by_cause(self, death_sig=None, timeout=None) -> None:
+        if death_sig is None:
+            close(self, None, FAILURE_GRACE_S if timeout is None else timeout)
+            return
+        with _while_the_ranks_stop(self):
+            close(self, death_sig, stop_grace_s() if timeout is None else timeout)
 
-    PContext.close = close_promptly
+    PContext.close = close_by_cause
+
+
+@contextmanager
+def _while_the_ranks_stop(pcontext):
+    """The agent's handling of further signals while its ranks stop (see ``_grace_by_cause``)."""
+    import signal
+
+    def again(signum, frame) -> None:
+        if signum != signal.SIGINT:
+            return  # the ranks already have this request
+        for pid in pcontext.pids().values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    names = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP", "SIGQUIT")
+    previous = {}
+    try:
+        for s in [getattr(signal, name) for name in names if hasattr(signal, name)]:
+            previous[s] = signal.signal(s, again)
+    except ValueError:  # not the main thread: signals stay as they were
+        pass
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _print_help() -> None:
+    """This module's docstring, then torchrun's own options (LOG_DIR, the first argument, is torchrun's
+    ``--log-dir``: without this, ``--help`` was taken for it and torchrun's parser refused the line)."""
+    from torch.distributed.run import get_args_parser
+
+    about = __doc__.split("\n", 1)[1].strip()
+    print(f"{USAGE}\n\n{about}\n\ntorchrun's options, after LOG_DIR:\n")
+    parser = get_args_parser()
+    parser.prog = "torchrun"
+    parser.print_help()
 
 
 def main(argv: List[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        _print_help()
+        return 0
+    if not argv:
+        print(USAGE, file=sys.stderr)
+        return 2
     log_dir = Path(argv[0])
     _quiet_elastic_logs()
     _stop_on_sigusr1()
-    _stop_the_others_promptly()
+    _grace_by_cause()
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
