@@ -124,7 +124,7 @@ def test_compute_flags_are_kept_on_evidence_and_the_guard_rejects_a_faster_candi
         "model.width=32",
         *PROBE,
         "tune.verify_epochs=2",
-        "tune.only=[amp,channels_last,gpu_normalize,narrow]",
+        "tune.only=[amp,channels_last,tf32,narrow]",
         '+tune.extra.narrow="model.width=1"',
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -142,7 +142,7 @@ def test_compute_flags_are_kept_on_evidence_and_the_guard_rejects_a_faster_candi
         if row["candidate"] in ("amp", "channels_last"):
             assert row["chosen_by"] == "compute", row
     skipped = {row["candidate"]: row["why"] for row in rows if row["decision"] == "skipped"}
-    assert "CPU" in skipped["gpu_normalize"]  # what this hardware cannot use is skipped, with the reason
+    assert "CPU" in skipped["tf32"]  # what this hardware cannot use is skipped, with the reason
     if not bf16:
         assert "no native bf16" in skipped["amp"]
 
@@ -735,3 +735,19 @@ def test_dali_is_a_candidate_for_image_files_where_installed_and_then_the_torch_
     assert "not a folder of image files" in by_name["dali"].skip(packed, {})
     assert "random erasing" in by_name["dali"].skip(ctx, {"data.random_erasing": 0.25})
     assert by_name["dali"].skip(ctx, {"data.augment_policy": "randaugment"}) is None  # DALI's own policies
+
+
+def test_the_loaders_candidates_are_not_offered_where_synthetic_batches_are_gathered_on_the_device():
+    """data=synthetic's default gathers batches where the model trains: no loader whose workers,
+    pinning, prefetch or normalization a probe could change, so no probe is spent on them; with
+    data.device_resident=false they are offered again."""
+    from trainer.tune.candidates import CATALOGUE, Context
+
+    by_name = {c.name: c for c in CATALOGUE}
+    ctx = Context(cuda=True, bf16_native=True, capability=9.0, cores=16, data_name="synthetic", allocators=())
+    for name in ("workers", "pin_memory", "device_prefetch", "gpu_normalize", "prefetch"):
+        assert "data.device_resident=true" in by_name[name].skip(ctx, {"data.device_resident": True}), name
+    host = {"data.device_resident": False}
+    assert all(
+        by_name[n].skip(ctx, host) is None for n in ("workers", "pin_memory", "device_prefetch", "gpu_normalize")
+    )

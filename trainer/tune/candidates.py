@@ -175,6 +175,10 @@ def _torch_loader(skip: Callable) -> Callable:
     def skip_under_dali(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
         if cfg.get("data.loader") == "dali":
             return "data.loader=dali reads, decodes and hands over the batches itself"
+        if ctx.data_name == "synthetic" and cfg.get("data.device_resident"):
+            return (
+                "synthetic batches are gathered where the model trains (data.device_resident=true): no loader to tune"
+            )
         return skip(ctx, cfg)
 
     return skip_under_dali
@@ -192,7 +196,7 @@ def _dali(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
 
 CATALOGUE: List[Candidate] = [
     # input pipeline
-    Candidate("workers", INPUT, ("data.auto_workers=true", "data.persistent_workers=true"), _workers),
+    Candidate("workers", INPUT, ("data.auto_workers=true", "data.persistent_workers=true"), _torch_loader(_workers)),
     Candidate("decoder_torchvision", INPUT, ("data.decoder=torchvision",), _torch_loader(_encoded)),
     Candidate("decoder_turbo", INPUT, ("data.decoder=turbo",), _torch_loader(_turbo)),
     # decode, crop and normalize in DALI's own threads (nvJPEG on a GPU), a thread per core the workers would use
@@ -205,7 +209,7 @@ CATALOGUE: List[Candidate] = [
         "gpu_normalize",
         INPUT,
         ("data.gpu_normalize=true",),
-        _cuda_only("it moves normalization from the loader to the GPU"),
+        _torch_loader(_cuda_only("it moves normalization from the loader to the GPU")),
     ),
     # host-device transfer
     Candidate(
