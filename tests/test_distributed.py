@@ -204,7 +204,7 @@ def test_ddp_knobs_reach_the_strategy(compose):
         "static_graph": True,
         "gradient_as_bucket_view": True,
         "find_unused_parameters": False,
-        "broadcast_buffers": False,
+        "forward_sync_buffers": False,  # torch 2.13's name (broadcast_buffers before it)
         "bucket_cap_mb": 5,
     }
     assert switchboard.trainer_kwargs(cfg, plan)["sync_batchnorm"] is False
@@ -215,6 +215,32 @@ def test_ddp_knobs_reach_the_strategy(compose):
     gpu = Hardware("cuda", "H100", 8, 16, True, True, "9.0")
     plan = switchboard.resolve(compose("strategy=ddp", "devices=2", "sync_batchnorm=true"), gpu)
     assert switchboard.trainer_kwargs(compose("sync_batchnorm=true"), plan)["sync_batchnorm"] is True
+
+
+def test_a_default_ddp_run_passes_ddp_no_deprecated_argument(compose, tmp_path):
+    """torch 2.13 deprecated DDP's ``broadcast_buffers`` for ``forward_sync_buffers``, with a FutureWarning
+    in every run that passes it: the default (buffers synced before each forward, DDP's own default)
+    passes neither, and DDP, built with the strategy's arguments, warns of nothing."""
+    import warnings
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainer.measure.hardware import Hardware
+    from trainer.switches import switchboard
+
+    cfg = compose("strategy=ddp", "devices=2")
+    hw = Hardware("cpu", "cpu", 1, 2, False, False)
+    kwargs = switchboard.build_strategy(cfg, switchboard.resolve(cfg, hw), hw, torch.nn.Linear(2, 2))._ddp_kwargs
+    assert not {"broadcast_buffers", "forward_sync_buffers"} & set(kwargs), kwargs
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            DistributedDataParallel(torch.nn.BatchNorm1d(3), **kwargs)
+    finally:
+        dist.destroy_process_group()
+    assert not [w for w in seen if "deprecated" in str(w.message)], [str(w.message) for w in seen]
 
 
 @pytest.mark.whole_machine  # two ranks: one core each

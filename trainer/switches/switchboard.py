@@ -181,6 +181,20 @@ def _precision(cfg, hw: Hardware, accelerator: str, warnings: List[str]) -> tupl
     return amp_dtype, precision
 
 
+def _no_buffer_sync_per_forward() -> dict:
+    """``ddp.broadcast_buffers=false``, the only case passed to DDP: torch 2.13 deprecated DDP's
+    ``broadcast_buffers`` (a FutureWarning in every run that names it, the default included) for
+    ``forward_sync_buffers``, whose ``False`` still syncs the buffers once at the start, where the
+    ranks' buffers are equal anyway."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}  # torch < 2.13
+
+
 def build_strategy(cfg, plan: Plan, hw: Hardware, module: torch.nn.Module) -> Any:
     """The Lightning strategy object for ``strategy=`` (needs the model: FSDP wraps its repeated blocks)."""
     if cfg.strategy == "ddp":
@@ -190,8 +204,9 @@ def build_strategy(cfg, plan: Plan, hw: Hardware, module: torch.nn.Module) -> An
             "static_graph": cfg.ddp.static_graph,
             "gradient_as_bucket_view": cfg.ddp.gradient_as_bucket_view,
             "find_unused_parameters": cfg.ddp.find_unused_parameters,
-            "broadcast_buffers": cfg.ddp.broadcast_buffers,
         }
+        if not cfg.ddp.broadcast_buffers:
+            kwargs.update(_no_buffer_sync_per_forward())
         if cfg.ddp.bucket_cap_mb is not None:
             kwargs["bucket_cap_mb"] = cfg.ddp.bucket_cap_mb
         return DDPStrategy(process_group_backend="nccl" if plan.accelerator == "cuda" else "gloo", **kwargs)
