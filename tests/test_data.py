@@ -303,3 +303,24 @@ def test_the_builtin_set_is_the_same_cut_in_several_processes(tmp_path, monkeypa
     assert not calls  # cut in the worker processes, not here
     one, two = digests(tmp_path / "one"), digests(tmp_path / "two")
     assert len(one) == 10 * (6 + 2) and one == two
+
+
+def test_the_builtin_set_is_cut_in_this_process_where_workers_cannot_start(tmp_path):
+    """Code piped to python's stdin has a __main__ that spawned workers cannot import: the set is
+    cut in the calling process instead (a process pool restarted such workers forever)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "from trainer.data import builtin\n"
+        "builtin.PARALLEL_FROM = 10\n"
+        "import trainer.measure.hardware as h; h.usable_cores = lambda: 2\n"
+        "builtin._generate(%r, 6, 24, 0)\n"
+        "print('done')\n"
+    ) % (str(ROOT), str(tmp_path / "set"))
+    r = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("done"), r.stderr[-2000:]
+    assert len(list((tmp_path / "set").rglob("*.jpg"))) == 10 * (6 + 2)

@@ -309,6 +309,25 @@ def test_a_rank_stopped_because_another_failed_keeps_its_epochs_under_the_failed
     assert metrics.read(str(tmp_path / "fresh" / "metrics.json"))["error"] == answer
 
 
+def test_a_launched_job_that_dies_keeps_the_epochs_its_journal_recorded(tmp_path, compose):
+    """A launched job whose ranks die without a record of their own (killed, out of memory) leaves
+    rank 0's journal (status running, the finished epochs): the failure is written over its status
+    and error only, never over the epochs it finished."""
+    from trainer.cli import _record_failure
+    from trainer.measure import metrics
+
+    journal = metrics.build(
+        status="running", error=None, recipe=None, flags={"amp": False}, device={"accelerator": "cpu"},
+        epochs=[{"epoch": 0, "time_s": 1.0}, {"epoch": 1, "time_s": 0.9}], summary={"epoch_time_s": 0.9},
+        peak_memory=None, train_loss=2.1, val_acc=0.4,
+    )  # fmt: skip
+    metrics.write(str(tmp_path / "metrics.json"), journal)
+    _record_failure(str(tmp_path), compose(), [], "its processes exited with signal 9 (SIGKILL)")
+    m = metrics.read(str(tmp_path / "metrics.json"))
+    assert m["status"] == "failed" and m["error"] == "its processes exited with signal 9 (SIGKILL)"
+    assert m["epochs"] == journal["epochs"] and m["val_acc"] == 0.4 and m["flags"] == {"amp": False}
+
+
 # a launched 2-rank job slow enough to be mid-epoch when a stop comes: 64 steps per rank of at least 80 ms
 SLOW_DDP = [
     "data=custom",

@@ -204,12 +204,34 @@ def test_device_decode_hands_over_one_buffer_and_crops_the_batch_at_once(compose
         assert len(batch) == n
         crossing[n] = _tensors_of(batch)
         decoder = dm.device_decoders[train]
+        torch.manual_seed(1)  # some image of each batch is flipped (a batch with none skips the flip's operations)
         with _ComputeOps() as counted:
             x, y = decoder(batch, torch.device("cpu"))
         assert x.shape == (n, 3, 16, 16) and x.dtype == torch.uint8 and y.tolist() == batch.labels.tolist()
         counts[n] = counted.ops
     assert crossing == {6: 3, 24: 3}
     assert counts[6] and len(counts[24]) == len(counts[6]), (counts[6], counts[24])
+
+
+def test_batched_crops_call_the_native_roi_align(monkeypatch):
+    """torchvision.ops.roi_align switches to a Python version on CUDA under deterministic algorithms
+    (trainer.deterministic), which samples the whole image per output pixel: the batch's crop calls
+    the native op itself, so that wrapper is never in the way."""
+    import torchvision.ops
+
+    from trainer.data.batched_crops import resized_crops
+
+    def refused(*args, **kwargs):
+        raise AssertionError("torchvision.ops.roi_align called")
+
+    monkeypatch.setattr(torchvision.ops, "roi_align", refused)
+    monkeypatch.setattr("torchvision.ops.roi_align", refused)
+    images = [torch.randint(0, 256, (3, 20, 30), dtype=torch.uint8) for _ in range(3)]
+    with _ComputeOps() as counted:
+        out = resized_crops(
+            images, torch.tensor([[0.0, 0.0, 20.0, 30.0]] * 3, dtype=torch.float64), torch.zeros(3, dtype=torch.bool), 8
+        )
+    assert out.shape == (3, 3, 8, 8) and "torchvision.roi_align.default" in counted.ops
 
 
 def test_batched_crops_match_torchvisions_per_image_transforms():
@@ -781,8 +803,8 @@ class _StepBatches(pl.Callback):
 def test_the_built_in_classifier_normalizes_uint8_batches_inside_its_network(
     train, add_callbacks, clear_spies, extra, in_network
 ):
-    """The built-in classifier's network converts the uint8 batch itself (ModelInput, a forward pre-hook:
-    inside the compiled graph with compile=true): the step gets uint8, the network's layers float32
+    """The built-in classifier's network converts the uint8 batch itself (ModelInput, at the start of
+    its forward: inside the compiled graph with compile=true): the step gets uint8, the network's layers float32
     (NHWC with channels_last). Mixup blends float images, so there the datamodule normalizes first."""
     import spies
 
@@ -837,7 +859,8 @@ def test_the_input_conversion_is_inside_the_compiled_graph(compose):
 
 
 def test_a_copy_of_a_network_converts_its_input_with_its_own_weights(compose):
-    """EMA's averaged model is a deep copy: its forward (bound to the copy) runs the copy's weights."""
+    """EMA's averaged model is a deep copy: its forward (bound to the copy) runs the copy's weights;
+    a pickled network (torch.save of the module, a spawned process) comes back converting its input."""
     from torch import nn
 
     from trainer.switches.model_transforms import apply_model_input
@@ -851,6 +874,10 @@ def test_a_copy_of_a_network_converts_its_input_with_its_own_weights(compose):
         twin.bias.fill_(1.0)
     x = torch.randint(0, 256, (1, 3, 4, 4), dtype=torch.uint8)
     assert torch.equal(twin(x), torch.ones(1, 2, 4, 4)) and not torch.equal(holder.net(x), twin(x))
+    import pickle
+
+    thawed = pickle.loads(pickle.dumps(twin))
+    assert torch.equal(thawed(x), torch.ones(1, 2, 4, 4)) and thawed.weight is not twin.weight
 
 
 def test_device_resident_needs_synthetic_data(compose, tmp_path):
@@ -1043,3 +1070,41 @@ def test_the_training_process_leaves_its_loader_workers_their_cores(train, add_c
         assert m["intra_op_threads"] == 4 and seen and set(seen) == {4}
     finally:
         torch.set_num_threads(before)
+
+
+def test_decoded_images_are_let_go_only_once_their_crop_has_run():
+    """The nvJPEG path's decoded images are freed into the decode stream's pool, which the next
+    decode writes from a stream of its own: a batch is let go two decodes later, as it is where its
+    crop's event has passed, and marked as used by the crop's stream where it has not (never a wait
+    of the host)."""
+    from trainer.data.device_decode import _Held
+
+    class Event:
+        def __init__(self, done):
+            self.done, self.waited = done, False
+
+        def query(self):
+            return self.done
+
+        def synchronize(self):
+            self.waited = True
+
+    class Image:
+        def __init__(self):
+            self.streams = []
+
+        def record_stream(self, stream):
+            self.streams.append(stream)
+
+    held = _Held(depth=2)
+    batches = [(Event(done), [Image(), Image()], f"stream {k}") for k, done in enumerate([True, False, True])]
+    held.held.append(batches[0])
+    held.release()
+    assert held.held == [batches[0]]  # the newest batch stays until a later one arrives
+    held.held.append(batches[1])
+    held.release()  # batch 0's crop has run: let go as it is
+    assert held.held == [batches[1]] and all(not im.streams for im in batches[0][1])
+    held.held.append(batches[2])
+    held.release()  # batch 1's crop still queued: its images are marked as read by its stream
+    assert held.held == [batches[2]] and all(im.streams == ["stream 1"] for im in batches[1][1])
+    assert not any(event.waited for event, _, _ in batches)

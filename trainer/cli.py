@@ -41,6 +41,11 @@ def _record_failure(out_dir: str, cfg, overrides: List[str], error: str, rank_er
             if rank_error and existing.get("error") != rank_error and not stopping.requested():
                 metrics.write(path, dict(existing, error=rank_error))
             return  # run() (or rank 0) already recorded this failure
+        if existing.get("epochs"):
+            # rank 0's journal (status running, or a record written before the job died): its finished
+            # epochs are results, kept; only the status and the reason change
+            metrics.write(path, dict(existing, status="failed", error=rank_error or error))
+            return
     record = metrics.build(
         status="failed",
         error=rank_error or error,

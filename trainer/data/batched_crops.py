@@ -4,12 +4,14 @@ Why it exists: ``data.decoder=nvjpeg`` decodes a batch in one call, and then ran
 ``RandomResizedCrop`` + flip image by image on the GPU: a few kernels and a few hundred microseconds
 of Python per image, in one thread, which at 512 images a batch kept the GPU waiting for its data.
 Here the crop parameters of the whole batch are drawn at once on the host (torchvision's rule,
-vectorized), and the images are resampled by one ``torchvision.ops.roi_align`` call per distinct
-image size (one call for a set stored at one size): a bilinear crop-and-resize whose adaptive
-sampling averages ``ceil(crop side / output side)`` samples per output pixel in each direction where
-the crop shrinks, so a downscale is antialiased (a box filter, where torchvision's ``antialias=True``
-uses a triangle one; the two differ by rounding on smooth images). The flip and the conversion back
-to uint8 are one batched operation each. Nothing here reads a device value on the host.
+vectorized), and the images are resampled by one ``roi_align`` call per distinct image size (one
+call for a set stored at one size): a bilinear crop-and-resize whose adaptive sampling averages
+``ceil(crop side / output side)`` bilinear samples per output pixel in each direction where the crop
+shrinks. That is not torchvision's resize: where the crop shrinks, its box of samples is a narrower
+filter than ``antialias=True``'s triangle, so fine detail aliases more; at the crop's edges it
+interpolates with the pixels just outside the crop (torchvision clamps to the crop); on smooth
+images the two agree to about a level. The flip and the conversion back to uint8 are one batched
+operation each. Nothing here reads a device value on the host.
 
 Randomness: ``random_resized_boxes`` and the flips draw from torch's CPU generator, which the caller
 seeds per batch (``ImageDataModule.to_device``), as the per-image transforms drew from it.
@@ -81,7 +83,7 @@ def resized_crops(images: List[torch.Tensor], boxes: torch.Tensor, flips: torch.
     Images of one size are stacked and resampled together (one ``roi_align`` call per distinct
     size), then put back in the batch's order with one gather.
     """
-    from torchvision.ops import roi_align
+    import torchvision  # noqa: F401  (registers torch.ops.torchvision)
 
     device = images[0].device
     groups: dict = {}
@@ -96,15 +98,12 @@ def resized_crops(images: List[torch.Tensor], boxes: torch.Tensor, flips: torch.
         rois = torch.stack(
             [torch.arange(len(members), dtype=torch.float64), b[:, 1], b[:, 0], b[:, 1] + b[:, 3], b[:, 0] + b[:, 2]], 1
         )
+        # the native op, not torchvision.ops.roi_align: under torch.use_deterministic_algorithms (Lightning's
+        # trainer.deterministic) that wrapper runs a Python version on CUDA which, with an adaptive
+        # sampling ratio, samples every pixel of the image for each output pixel; the native forward is
+        # deterministic already
         parts.append(
-            roi_align(
-                stacked,
-                _to_device(rois.float(), device),
-                (size, size),
-                spatial_scale=1.0,
-                sampling_ratio=-1,
-                aligned=True,
-            )
+            torch.ops.torchvision.roi_align(stacked, _to_device(rois.float(), device), 1.0, size, size, -1, True)
         )
     out = parts[0] if len(parts) == 1 else torch.cat(parts)
     if order != sorted(order):  # back to the batch's order

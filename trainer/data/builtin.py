@@ -10,10 +10,13 @@ once into a cache dir (atomically: written to a temp dir, then renamed) and reus
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import random
 import shutil
 import tempfile
+
+log = logging.getLogger(__name__)
 
 # file name in skimage/data -> class name
 SOURCES = {
@@ -143,5 +146,6 @@ def _generate(out: str, images_per_class: int, size: int, seed: int) -> None:
     try:
         with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
             list(pool.map(functools.partial(_cut_all, out=out, size=size, data_dir=data_dir), chunks))
-    except BrokenProcessPool:
-        _cut_all(jobs, out, size, data_dir)  # the same files, in this process
+    except BrokenProcessPool as e:
+        log.info("the built-in set is cut in this process: its worker processes could not start (%s)", e)
+        _cut_all(jobs, out, size, data_dir)  # the same files

@@ -28,8 +28,8 @@ for it on the device (``wait_stream``; torchvision already makes the host wait f
 stream, but never for the compute stream, and that stays so). The decoded images are read only by
 the batched crop, on the caller's stream; instead of a ``record_stream`` per image (a call each),
 the decoder keeps the last two batches' decoded images alive, each until an event recorded after its
-crop has passed (``_Held``): their blocks go back to the decode stream's pool only once nothing
-queued still reads them.
+crop has passed, or marks them used by the crop's stream when it lets go of them earlier (``_Held``):
+their blocks go back to the decode stream's pool only once nothing queued still reads them.
 
 Everything here also runs with ``device="cpu"`` (torchvision's CPU decoder): that is how it is
 tested on machines without a GPU.
@@ -75,25 +75,28 @@ class _Held:
     """Batches' decoded images, each kept alive until the caller's stream has passed the batched crop
     that read them (an event recorded after it), so that the decode stream's pool cannot hand their
     blocks to a later decode while that crop is still queued (see the module's docstring). The last
-    ``depth`` batches are held: by the time a batch two back is let go, its crop has long run, so
-    the host does not wait (it would wait, on the event alone, if it had not)."""
+    ``depth`` batches are held; one let go before its crop has run (the host queued steps far ahead)
+    is ``record_stream``-ed onto the stream that reads it instead, so its blocks are freed only once
+    that stream passes this point: the host never waits here."""
 
     def __init__(self, depth: int = 2) -> None:
         self.depth = depth
-        self.held: list = []  # (event, images), oldest first
+        self.held: list = []  # (event, images, the stream that reads them), oldest first
 
     def release(self) -> None:
         """Before the next decode: let go of all but the newest ``depth - 1`` batches."""
         while len(self.held) >= self.depth:
-            event, _ = self.held.pop(0)
-            if not event.query():
-                event.synchronize()  # the crop of a batch ``depth`` back still queued: rare, and waits for it alone
+            event, images, stream = self.held.pop(0)
+            if not event.query():  # its crop still queued: the allocator waits for the stream, not the host
+                for image in images:
+                    image.record_stream(stream)
 
     def hold(self, images: list, device: torch.device) -> None:
         if device.type == "cuda":
+            stream = torch.cuda.current_stream(device)
             event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(device))
-            self.held.append((event, images))
+            event.record(stream)
+            self.held.append((event, images, stream))
 
 
 class BytesLoader(Loader):

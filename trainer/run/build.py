@@ -109,10 +109,17 @@ def _data_and_model(parts: Parts) -> None:
 def _network_normalizes(module, cfg) -> bool:
     """Whether the network itself normalizes a uint8 batch (``model_transforms.ModelInput``): the
     built-in classifier hands the batch to its network untouched unless it mixes batches (mixup and
-    cutmix blend float images), and progressive_resize resizes the batch before the step (float)."""
+    cutmix blend float images), and progressive_resize resizes the batch before the step (float). A
+    subclass with steps of its own may do float maths on the batch first: it gets float batches."""
     from trainer.models.classifier import ImageClassifier
 
-    return isinstance(module, ImageClassifier) and module.mixing is None and not cfg.progressive_resize
+    own_steps = any(
+        getattr(type(module), step, None) is not getattr(ImageClassifier, step)
+        for step in ("training_step", "validation_step", "forward")
+    )
+    return (
+        isinstance(module, ImageClassifier) and not own_steps and module.mixing is None and not cfg.progressive_resize
+    )
 
 
 def _check_given_num_classes(parts: Parts, num_classes: int) -> None:

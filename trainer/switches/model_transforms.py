@@ -128,15 +128,21 @@ class ModelInput:
 
 
 def _forward_with_input(self, *args, **kwargs):
-    """A network's forward with its ``ModelInput`` first; bound to the network as its ``forward``
-    (a bound method: a deep copy, such as EMA's averaged model, binds it to the copy)."""
+    """A network's forward with its ``ModelInput`` first; the network's ``forward`` as a
+    ``functools.partial`` over it (a deep copy, such as EMA's averaged model, binds it to the copy,
+    and the network still pickles: a bound method of a function the class lacks does not)."""
     return type(self).forward(self, *(self.model_input.convert(a) for a in args), **kwargs)
+
+
+def _convert_args(module, args):
+    """The pre-hook form of ``_forward_with_input``, for a network with a ``forward`` of its own instance."""
+    return tuple(module.model_input.convert(a) for a in args)
 
 
 def apply_model_input(module: nn.Module, cfg, normalize: bool = False) -> None:
     """``channels_last=true``: the weights converted, and with ``normalize`` (the built-in
     classifier, see ``ModelInput``) the uint8 batch normalized: by each network's forward."""
-    import types
+    import functools
 
     if cfg.channels_last:
         module.to(memory_format=torch.channels_last)
@@ -144,10 +150,10 @@ def apply_model_input(module: nn.Module, cfg, normalize: bool = False) -> None:
         return
     for net in networks(module):
         net.model_input = ModelInput(normalize, bool(cfg.channels_last))
-        if "forward" in vars(net):  # a forward of the instance's own (not its class's): wrap it as a pre-hook
-            net.register_forward_pre_hook(lambda m, args: tuple(m.model_input.convert(a) for a in args))
+        if "forward" in vars(net):  # a forward of the instance's own (not its class's): a pre-hook instead
+            net.register_forward_pre_hook(_convert_args)
         else:
-            net.forward = types.MethodType(_forward_with_input, net)
+            net.forward = functools.partial(_forward_with_input, net)
 
 
 def prepare_model(module: nn.Module, cfg, normalize_input: bool = False) -> nn.Module:
