@@ -18,7 +18,7 @@ from conftest import ROOT, clean_env
 
 # the script's own rows, in another order given with --synthetic-rows (the report keeps the order asked for)
 SYNTHETIC_ROWS = ["baseline", "tf32", "amp", "channels_last", "compile", "big_batch", "all"]
-JPEG_ROWS = ["baseline", "workers", "prefetch", "gpu_normalize", "nvjpeg", "all"]
+JPEG_ROWS = ["all_turbo", "all"]  # the JPEG table's all-on rows (dali after them where installed)
 
 
 def _script(*args, **env):
@@ -32,6 +32,14 @@ def _script(*args, **env):
     )
 
 
+def _jobs(sweep) -> dict:
+    jobs = {}
+    for p in sweep.glob("*/metrics.json"):
+        m = json.loads(p.read_text())
+        jobs[next(o for o in m["overrides"] if o.startswith("+bench=")).split("=", 1)[1]] = m
+    return jobs
+
+
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_gpu_check_dry_run_writes_results(tmp_path):
@@ -40,7 +48,8 @@ def test_gpu_check_dry_run_writes_results(tmp_path):
     # the GPU-marked tests are left out here: the suite itself collects them (skipped without CUDA),
     # and test_the_gpu_tests_outcome_is_read_from_pytests_report reads an outcome like theirs
     r = _script(
-        "--dry-run", "--skip-tests", "--recipes", "vit", "--synthetic-rows", ",".join(SYNTHETIC_ROWS), "--out", str(tmp_path)
+        "--dry-run", "--skip-tests", "--recipes", "vit", "--synthetic-rows", ",".join(SYNTHETIC_ROWS), "--packed",
+        "--out", str(tmp_path),
     )  # fmt: skip
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     summary = r.stdout[r.stdout.index("] summary") :]
@@ -48,43 +57,53 @@ def test_gpu_check_dry_run_writes_results(tmp_path):
         "GPU-marked tests: not run" in summary
         and "vit / synthetic: best `" in summary
         and "vit / jpeg: best `" in summary
+        and "vit / jpeg targets: best real-image all-on row" in summary
     ), summary
-    assert "doctor (" in summary and (tmp_path / "gpu_check.log").read_text().count("== [") >= 5
+    assert "doctor (" in summary and (tmp_path / "gpu_check.log").read_text().count("== [") >= 7
     from trainer.data.dali import installed
 
-    jpeg_rows = JPEG_ROWS[:-1] + ["dali", "all"] if installed() else JPEG_ROWS  # DALI's row where installed
-    for recipe in ("vit",):
-        text = (tmp_path / recipe / "RESULTS.md").read_text()
-        assert "CPU DRY RUN" in text and "## synthetic" in text and "## jpeg" in text and "train.py -m +recipe=" in text
-        assert "GPU-marked tests: not run with this table." in text
-        results = json.loads((tmp_path / recipe / "results.json").read_text())
-        assert results["tests"] == {"ran": False}
-        assert (
-            set(results["tables"]) == {"synthetic", "jpeg"} and results["tables"]["jpeg"]["best"]["samples_per_s"] > 0
-        )
-        assert [row["bench"] for row in results["tables"]["synthetic"]["rows"]] == SYNTHETIC_ROWS
-        assert (tmp_path / recipe / "synthetic.png").exists() and (tmp_path / recipe / "jpeg.png").exists()
-        for table, names in (("synthetic", SYNTHETIC_ROWS), ("jpeg", jpeg_rows)):
-            with open(tmp_path / recipe / table / "ab_report.csv") as f:
-                rows = list(csv.DictReader(f))
-            assert [row["bench"] for row in rows] == names and all(row["status"] == "ok" for row in rows)
-            jobs = {}
-            for p in (tmp_path / recipe / table).glob("*/metrics.json"):
-                m = json.loads(p.read_text())
-                jobs[next(o for o in m["overrides"] if o.startswith("+bench=")).split("=", 1)[1]] = m
-            assert sorted(jobs) == sorted(names)
-            assert jobs["baseline"]["flags"]["amp"] is False and jobs["all"]["flags"]["amp"] is True
-            assert jobs["all"]["flags"]["compile"] is True and jobs["all"]["compile_time_s"]
-            assert jobs["all"]["flags"]["data.batch_size"] == "auto" and isinstance(jobs["all"]["batch_size"], int)
-            if table == "synthetic":
-                assert jobs["compile"]["compile_time_s"] and jobs["big_batch"]["flags"]["data.batch_size"] == "auto"
-                assert all(m["flags"]["data.device_resident"] for m in jobs.values())
-            else:
-                assert jobs["workers"]["num_workers"] == max(0, min(16, len(os.sched_getaffinity(0)) - 1))
-                assert (
-                    jobs["nvjpeg"]["flags"]["data.decoder"] == "nvjpeg" and jobs["nvjpeg"]["decoder"] == "torchvision"
-                )  # CPU fallback
-                assert jobs["gpu_normalize"]["flags"]["data.gpu_normalize"] is True
+    jpeg_rows = JPEG_ROWS + ["dali"] if installed() else JPEG_ROWS  # DALI's row where installed
+    tables = {
+        "synthetic": SYNTHETIC_ROWS,
+        "jpeg": jpeg_rows,
+        "jpeg_baseline": ["baseline"],
+        "jpeg_packed": ["all"],
+        "jpeg_synthetic": ["all"],
+    }
+    text = (tmp_path / "vit" / "RESULTS.md").read_text()
+    assert "CPU DRY RUN" in text and "## synthetic" in text and "## jpeg" in text and "train.py -m +recipe=" in text
+    assert "GPU-marked tests: not run with this table." in text and "## Real JPEGs end to end: the targets" in text
+    results = json.loads((tmp_path / "vit" / "results.json").read_text())
+    assert results["tests"] == {"ran": False} and set(results["tables"]) == set(tables)
+    assert results["tables"]["jpeg"]["best"]["samples_per_s"] > 0 and results["jpeg_targets"]
+    assert [row["bench"] for row in results["tables"]["synthetic"]["rows"]] == SYNTHETIC_ROWS
+    assert (tmp_path / "vit" / "synthetic.png").exists() and (tmp_path / "vit" / "jpeg.png").exists()
+    for table, names in tables.items():
+        with open(tmp_path / "vit" / table / "ab_report.csv") as f:
+            rows = list(csv.DictReader(f))
+        # a one-row sweep varies nothing, so its report has no bench column: the jobs below name it
+        assert [row.get("bench", names[0]) for row in rows] == names, table
+        assert all(row["status"] == "ok" for row in rows), table
+        jobs = _jobs(tmp_path / "vit" / table)
+        assert sorted(jobs) == sorted(names), table
+        every = jobs.get("all")
+        if every:
+            assert every["flags"]["amp"] is True and every["flags"]["compile"] is True and every["compile_time_s"]
+            assert every["flags"]["data.batch_size"] == "auto" and isinstance(every["batch_size"], int)
+    synthetic = _jobs(tmp_path / "vit" / "synthetic")
+    assert synthetic["compile"]["compile_time_s"] and synthetic["big_batch"]["flags"]["data.batch_size"] == "auto"
+    assert synthetic["baseline"]["flags"]["amp"] is False and all(
+        m["flags"]["data.device_resident"] for m in synthetic.values()
+    )
+    jpeg = _jobs(tmp_path / "vit" / "jpeg")
+    assert jpeg["all_turbo"]["flags"]["data.decoder"] == "turbo" and jpeg["all_turbo"]["decoder"] == "turbo"
+    assert jpeg["all"]["flags"]["data.decoder"] == "nvjpeg" and jpeg["all"]["decoder"] == "torchvision"  # CPU fallback
+    assert jpeg["all_turbo"]["num_workers"] == max(0, min(16, len(os.sched_getaffinity(0)) - 1))
+    baseline = _jobs(tmp_path / "vit" / "jpeg_baseline")["baseline"]
+    assert baseline["flags"]["data.gpu_normalize"] is False and baseline["flags"]["amp"] is False
+    assert _jobs(tmp_path / "vit" / "jpeg_packed")["all"]["data"]["name"] == "packed"
+    beside = _jobs(tmp_path / "vit" / "jpeg_synthetic")["all"]
+    assert beside["data"]["name"] == "synthetic" and beside["flags"]["data.device_resident"] is True
 
     # the page written again from the same sweeps, elsewhere: a note, and the environment it ran in
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -101,6 +120,25 @@ def test_gpu_check_dry_run_writes_results(tmp_path):
     text = (tmp_path / "again" / "RESULTS.md").read_text()
     assert "- device: NVIDIA H100 80GB HBM3 (cuda, 1 device)" in text and f"## Notes on this run\n\n- {note}" in text
     assert json.loads((tmp_path / "again" / "results.json").read_text())["notes"] == [note]
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_gpu_check_dry_run_measures_the_headline_and_the_ceiling(tmp_path):
+    """--headline runs the README's first command (synthetic data gathered where the model trains,
+    amp, compile) and --ceiling the trainer against a hand-written loop on the same work; the summary
+    reads both against their targets (a CPU rehearsal: the numbers mean nothing, the plumbing does)."""
+    r = _script("--dry-run", "--skip-tests", "--tables", "none", "--headline", "--ceiling", "--out", str(tmp_path))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    summary = r.stdout[r.stdout.index("] summary") :]
+    assert "headline (`python train.py +recipe=resnet50 amp=true compile=true`, ok)" in summary, summary
+    assert "ceiling (resnet18, 32 px, batch 8, bf16, channels_last, compile, on cpu): trainer/plain" in summary
+    headline = json.loads((tmp_path / "headline" / "metrics.json").read_text())
+    assert headline["flags"]["amp"] is True and headline["flags"]["compile"] is True
+    assert headline["flags"]["data.device_resident"] is True and headline["recipe"] == "resnet50"
+    ceiling = json.loads((tmp_path / "ceiling.json").read_text())
+    assert [run["side"] for run in ceiling["runs"]] == ["plain", "trainer"] and ceiling["ratios"][0] > 0
+    assert all(run["images_per_s"] > 0 and len(run["epoch_s"]) == 2 for run in ceiling["runs"])
 
 
 def test_gpu_check_without_a_gpu_says_so():
