@@ -766,3 +766,30 @@ def test_progressive_resize_is_refused_for_a_model_that_cannot_take_its_start_si
         train("model=vit", "model.patch_size=8", "model.num_layers=1", "model.num_heads=2", "model.hidden_dim=16",
               "model.mlp_dim=32", "data.image_size=32", "progressive_resize=true", "progressive.start_size=16",
               "trainer.max_epochs=2")  # fmt: skip
+
+
+def test_an_emulated_cpu_capability_gets_an_inductor_cache_of_its_own(monkeypatch, tmp_path):
+    """Inductor's cache does not key its CPU kernels on ATEN_CPU_CAPABILITY (a kernel made under one
+    and loaded under the other computed wrong values and corrupted the heap): with the capability set
+    and no TORCHINDUCTOR_CACHE_DIR of the user's, the shared cache and the compiler's warm-up use a
+    dir of that capability's own; a user's dir is kept as it is."""
+    import os
+    from types import SimpleNamespace
+
+    from trainer.switches.model_transforms import _inductor_cache_dir, compile_scope
+
+    cfg = SimpleNamespace(compile=True, compile_cache="shared", progressive_resize=False)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    with compile_scope(cfg, str(tmp_path)) as record:
+        assert record["dir"].endswith("_avx2") and os.environ["TORCHINDUCTOR_CACHE_DIR"] == record["dir"]
+    with _inductor_cache_dir(None):  # the warm-up's: the shared default
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("_avx2")
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    with compile_scope(cfg, str(tmp_path)) as record:
+        assert record["dir"] == str(tmp_path / "mine")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    with compile_scope(cfg, str(tmp_path)) as record:
+        assert record["dir"] is None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ  # Inductor's own default
