@@ -770,26 +770,31 @@ def test_progressive_resize_is_refused_for_a_model_that_cannot_take_its_start_si
 
 def test_an_emulated_cpu_capability_gets_an_inductor_cache_of_its_own(monkeypatch, tmp_path):
     """Inductor's cache does not key its CPU kernels on ATEN_CPU_CAPABILITY (a kernel made under one
-    and loaded under the other computed wrong values and corrupted the heap): with the capability set
-    and no TORCHINDUCTOR_CACHE_DIR of the user's, the shared cache and the compiler's warm-up use a
-    dir of that capability's own; a user's dir is kept as it is."""
+    and loaded under the other computed wrong values and corrupted the heap): with the capability set,
+    importing the trainer names a cache dir of that capability's own, before Lightning's import writes
+    Inductor's default into the environment (also over that default); a user's dir is kept."""
+    import getpass
     import os
-    from types import SimpleNamespace
+    import subprocess
+    import sys
+    import tempfile
 
-    from trainer.switches.model_transforms import _inductor_cache_dir, compile_scope
+    import trainer
 
-    cfg = SimpleNamespace(compile=True, compile_cache="shared", progressive_resize=False)
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    with compile_scope(cfg, str(tmp_path)) as record:
-        assert record["dir"].endswith("_avx2") and os.environ["TORCHINDUCTOR_CACHE_DIR"] == record["dir"]
-    with _inductor_cache_dir(None):  # the warm-up's: the shared default
-        assert os.environ["TORCHINDUCTOR_CACHE_DIR"].endswith("_avx2")
-    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
-    with compile_scope(cfg, str(tmp_path)) as record:
-        assert record["dir"] == str(tmp_path / "mine")
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
-    with compile_scope(cfg, str(tmp_path)) as record:
-        assert record["dir"] is None and "TORCHINDUCTOR_CACHE_DIR" not in os.environ  # Inductor's own default
+    default = os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    for before, capability, after in (
+        (None, "avx2", f"{default}_avx2"),
+        (default, "avx2", f"{default}_avx2"),  # Inductor's own default, as an import wrote it
+        (str(tmp_path / "mine"), "avx2", str(tmp_path / "mine")),
+        (None, None, None),
+    ):
+        for key, value in (("TORCHINDUCTOR_CACHE_DIR", before), ("ATEN_CPU_CAPABILITY", capability)):
+            monkeypatch.delenv(key, raising=False) if value is None else monkeypatch.setenv(key, value)
+        trainer._inductor_cache_per_cpu_capability()
+        assert os.environ.get("TORCHINDUCTOR_CACHE_DIR") == after, (before, capability)
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    code = "import os, trainer, pytorch_lightning; print(os.environ['TORCHINDUCTOR_CACHE_DIR'])"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "ATEN_CPU_CAPABILITY": "avx2"}, capture_output=True, text=True
+    )
+    assert out.stdout.strip() == f"{default}_avx2", out.stderr[-2000:]

@@ -29,3 +29,30 @@ callers, or break a cycle.
 """
 
 __version__ = "0.1.0"
+
+
+def _inductor_cache_per_cpu_capability() -> None:
+    """A process whose CPU kernels are limited by ``ATEN_CPU_CAPABILITY`` (an AVX2 machine emulated on
+    a newer one) gets an Inductor cache dir of that capability's own, unless the user named one.
+
+    Inductor's on-disk cache does not key its CPU kernels on that setting: a kernel generated under
+    one capability and loaded under another computed wrong values and corrupted the heap (a compiled
+    uint8 normalization 1.8 off, then glibc's malloc assertion; NaN losses in the compile tests of the
+    suite run under AVX2 emulation after a native run; torch 2.14 on an AVX512 CPU). Set here, at the
+    package's import, before Lightning's import makes Inductor write its own default into the
+    environment (the path is torch's default with the capability appended)."""
+    import getpass
+    import os
+    import re
+    import tempfile
+
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if not capability:
+        return
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    default = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR", default) == default:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}_{capability}"
+
+
+_inductor_cache_per_cpu_capability()

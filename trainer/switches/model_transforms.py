@@ -271,35 +271,14 @@ COMPILE_CACHE = "compile_cache"  # in the run dir: Inductor's and Triton's on-di
 _shared_cache_dir: List[Optional[str]] = []  # inside compile_scope: the cache dir outside it (None: Inductor's default)
 
 
-def capability_cache_dir() -> Optional[str]:
-    """Inductor's default cache dir for a process whose kernels are limited by ``ATEN_CPU_CAPABILITY``
-    (an AVX2 machine emulated on a newer one), else None (Inductor's own default).
-
-    Inductor's on-disk cache does not key its CPU kernels on that setting: a kernel generated under
-    one capability and loaded under another computed wrong values and corrupted the heap (a compiled
-    uint8 normalization 1.8 off, then glibc's malloc assertion; NaN losses in every compile test of
-    the suite run under AVX2 emulation after a native run), torch 2.14 on an AVX512 CPU. So each
-    capability gets a default dir of its own."""
-    import getpass
-    import os
-    import tempfile
-
-    capability = os.environ.get("ATEN_CPU_CAPABILITY")
-    if not capability:
-        return None
-    return os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}_{capability}")
-
-
 @contextmanager
 def _inductor_cache_dir(directory: Optional[str]) -> Iterator[None]:
-    """Inductor's on-disk cache dir (None: its default, per CPU capability, ``capability_cache_dir``)
-    for the block; Inductor reads ``TORCHINDUCTOR_CACHE_DIR`` at each use (Triton's dir lies under
-    it), and its in-memory caches of what it loaded are cleared on both switches, as torch's own
-    ``temporary_cache_dir`` does."""
+    """Inductor's on-disk cache dir (None: its default) for the block; Inductor reads
+    ``TORCHINDUCTOR_CACHE_DIR`` at each use (Triton's dir lies under it), and its in-memory caches of
+    what it loaded are cleared on both switches, as torch's own ``temporary_cache_dir`` does."""
     import os
 
     saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    directory = directory or capability_cache_dir()
     if directory is None:
         os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
     else:
@@ -344,8 +323,8 @@ def compile_scope(cfg, out_dir: str) -> Iterator[Dict[str, Any]]:
     from torch._dynamo import config as dynamo_config
 
     if cfg.compile_cache == "shared":
-        # as it is: the user's, or Inductor's default (one per CPU capability: capability_cache_dir)
-        directory = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or capability_cache_dir()
+        # as it is: the user's, or Inductor's default (one per CPU capability: trainer/__init__.py)
+        directory = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         record = {"dir": directory, "state": "shared"}
     else:
         directory = os.path.abspath(os.path.join(out_dir, COMPILE_CACHE))
