@@ -211,28 +211,25 @@ if [ "$RUN_HEADLINE" = 1 ]; then
   "$PYTHON" train.py "${HEADLINE[@]}" "hydra.run.dir=$OUT/headline" || { echo "note: the headline run failed"; status=1; }
   extra+=(--headline "$OUT/headline/metrics.json")
 fi
-if [ "$RUN_CEILING" = 1 ]; then
-  ceiling="$OUT/ceiling.json"
-  stage "ceiling: the trainer against a hand-written loop (scripts/bench_ceiling.py ${CEILING[*]})"
-  if "$PYTHON" scripts/bench_ceiling.py "${CEILING[@]}" --out "$ceiling"; then
-    extra+=(--ceiling "$ceiling")
-    if [ "$DRY_RUN" = 0 ]; then cp "$ceiling" scripts/results/bench_ceiling.json; fi
+benchmark() {  # benchmark NAME WHAT SCRIPT KEPT_AS ARGS...: a scripts/ benchmark into $OUT/NAME.json, kept in scripts/results/
+  local name=$1 what=$2 script=$3 kept=$4
+  shift 4
+  stage "$name: $what ($script $*)"
+  if "$PYTHON" "$script" "$@" --out "$OUT/$name.json"; then
+    extra+=("--$name" "$OUT/$name.json")
+    if [ "$DRY_RUN" = 0 ]; then cp "$OUT/$name.json" "scripts/results/$kept"; fi
   else
-    echo "note: the ceiling benchmark failed (see above)"; status=1
+    echo "note: the $name benchmark failed (see above)"; status=1
   fi
+}
+if [ "$RUN_CEILING" = 1 ]; then
+  benchmark ceiling "the trainer against a hand-written loop" scripts/bench_ceiling.py bench_ceiling.json "${CEILING[@]}"
 fi
 if [ "$RUN_OVERHEAD" = 1 ]; then
   # the host-bound regime the framework's per-step Python shows in; a dry run checks the plumbing on a CPU
-  over="$OUT/overhead.json"
   oargs=(--device cuda --batch-size 256 --batches 400 --repeats 3)
   if [ "$DRY_RUN" = 1 ]; then oargs=(--device cpu --batch-size 8 --batches 3 --repeats 1 --short-epochs 1 --long-epochs 2); fi
-  stage "overhead: the trainer against a plain loop (scripts/bench_overhead.py ${oargs[*]})"
-  if "$PYTHON" scripts/bench_overhead.py "${oargs[@]}" --out "$over"; then
-    extra+=(--overhead "$over")
-    if [ "$DRY_RUN" = 0 ]; then cp "$over" scripts/results/bench_overhead_gpu.json; fi
-  else
-    echo "note: the overhead benchmark failed (see above)"; status=1
-  fi
+  benchmark overhead "the trainer against a plain loop" scripts/bench_overhead.py bench_overhead_gpu.json "${oargs[@]}"
 fi
 stage "summary"
 "$PYTHON" scripts/gpu_results.py --summary "${results[@]}" --tests "$TESTS_XML" "${extra[@]}" || status=1

@@ -435,20 +435,18 @@ def test_trainer_torchrun_help_prints_its_usage_and_torchruns_options():
     assert "--nproc-per-node" in r.stdout and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" in r.stdout
 
 
-def test_after_a_rank_fails_the_others_get_a_short_grace_before_sigkill(tmp_path, monkeypatch):
-    """torchrun's process context closes the other ranks of a failed job with its default grace (30 s
-    between SIGTERM and SIGKILL); a rank blocked in C++ on the failed one cannot react to SIGTERM, so
-    the job's answer waited those 30 s. trainer.torchrun makes it FAILURE_GRACE_S for a failure (a
-    stop signal's grace is the next test's)."""
-    import os
-    import signal
+# a rank that ignores SIGTERM (blocked in C++ on a failed peer, or saving for minutes)
+SIGTERM_IGNORED = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
 
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+def _graces_of_the_agents_closes(monkeypatch) -> list:
+    """trainer.torchrun's graces installed in this process (the agent), and the grace each close of
+    the ranks' process context gets, recorded in the returned list; both undone after the test."""
     from torch.distributed.elastic.multiprocessing.api import PContext, SubprocessContext
 
     from trainer.launch import torchrun
 
-    monkeypatch.setattr(PContext, "close", PContext.close)  # undone after the test
+    monkeypatch.setattr(PContext, "close", PContext.close)
     torchrun._grace_by_cause()
     graces = []
     real_close = SubprocessContext._close
@@ -458,14 +456,35 @@ def test_after_a_rank_fails_the_others_get_a_short_grace_before_sigkill(tmp_path
         real_close(self, death_sig=death_sig, timeout=timeout)
 
     monkeypatch.setattr(SubprocessContext, "_close", spy)
-    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
-    pc = start_processes(
+    return graces
+
+
+def _ranks_of_an_agent(tmp_path, args: list):
+    """Python processes started as torchrun's agent starts its ranks (one per ``args`` entry)."""
+    import os
+
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+    return start_processes(
         "ranks",
         sys.executable,
-        args={0: ("-c", stubborn), 1: ("-c", "import sys; sys.exit(2)")},
-        envs={0: dict(os.environ), 1: dict(os.environ)},
+        args=dict(enumerate(args)),
+        envs={rank: dict(os.environ) for rank in range(len(args))},
         logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)),
     )
+
+
+def test_after_a_rank_fails_the_others_get_a_short_grace_before_sigkill(tmp_path, monkeypatch):
+    """torchrun's process context closes the other ranks of a failed job with its default grace (30 s
+    between SIGTERM and SIGKILL); a rank blocked in C++ on the failed one cannot react to SIGTERM, so
+    the job's answer waited those 30 s. trainer.torchrun makes it FAILURE_GRACE_S for a failure (a
+    stop signal's grace is the next test's)."""
+    import signal
+
+    from trainer.launch import torchrun
+
+    graces = _graces_of_the_agents_closes(monkeypatch)
+    pc = _ranks_of_an_agent(tmp_path, [("-c", SIGTERM_IGNORED), ("-c", "import sys; sys.exit(2)")])
     result = pc.wait(timeout=60)
     assert result is not None and result.is_failed() and result.failures[1].exitcode == 2
     assert graces[0] == torchrun.FAILURE_GRACE_S < 30
@@ -484,30 +503,11 @@ def test_a_signalled_agent_gives_its_ranks_the_stop_grace_and_a_second_ctrl_c_en
     import threading
     import time
 
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
-    from torch.distributed.elastic.multiprocessing.api import PContext, SubprocessContext
-
     from trainer.launch import torchrun
 
-    monkeypatch.setattr(PContext, "close", PContext.close)  # undone after the test
     monkeypatch.setenv(torchrun.STOP_GRACE_ENV, "60")
-    torchrun._grace_by_cause()
-    graces, reached_the_agent = [], []
-    real_close = SubprocessContext._close
-
-    def spy(self, death_sig, timeout=30):
-        graces.append(timeout)
-        real_close(self, death_sig=death_sig, timeout=timeout)
-
-    monkeypatch.setattr(SubprocessContext, "_close", spy)
-    saving = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"
-    pc = start_processes(
-        "ranks",
-        sys.executable,
-        args={0: ("-c", saving)},
-        envs={0: dict(os.environ)},
-        logs_specs=DefaultLogsSpecs(log_dir=str(tmp_path)),
-    )
+    graces, reached_the_agent = _graces_of_the_agents_closes(monkeypatch), []
+    pc = _ranks_of_an_agent(tmp_path, [("-c", SIGTERM_IGNORED)])  # as if its save took minutes
     time.sleep(1)  # the rank has set its handler
     # the agent's own handlers (torch's raise SignalException, which would end its wait for the ranks)
     agents = {

@@ -962,6 +962,16 @@ def test_a_step_limit_stops_each_rank_at_the_samples_lightnings_own_dealing_give
                 assert list(ours) == list(lightnings)[:8] and len(ours) == 8, (world, repeats, rank, epoch)
 
 
+# host-built synthetic batches (the sampler and step-limit paths of a loader of real data): 70 + 30 samples in batches of 4
+STEP_LIMIT_DATA = (
+    "data.device_resident=false",
+    "data.num_samples=70",
+    "data.val_samples=30",
+    "data.batch_size=4",
+    "data.image_size=8",
+)
+
+
 @pytest.mark.parametrize("limit", [2, 100, 0.5, 0.25, 1.0])
 @pytest.mark.parametrize("world", [1, 2])
 def test_a_step_limit_leaves_lightning_the_same_count_of_batches_to_train_and_validate(compose, limit, world):
@@ -974,13 +984,7 @@ def test_a_step_limit_leaves_lightning_the_same_count_of_batches_to_train_and_va
     from pytorch_lightning.trainer.states import RunningStage
     from torch.utils.data import DistributedSampler
 
-    cfg = compose(
-        "data.device_resident=false",
-        "data.num_samples=70",
-        "data.val_samples=30",
-        "data.batch_size=4",
-        "data.image_size=8",
-    )
+    cfg = compose(*STEP_LIMIT_DATA)
     dm = ImageDataModule(cfg.data, cfg.seed)
     dm.trainer = SimpleNamespace(limit_train_batches=limit, limit_val_batches=limit, world_size=world, global_rank=0)
     assert cfg.data.drop_last  # training drops a last partial batch, validation keeps it
@@ -1023,13 +1027,7 @@ def test_a_distributed_strategy_of_one_process_gets_its_capped_sampler_dealt_as_
 
     from torch.utils.data import DistributedSampler
 
-    cfg = compose(
-        "data.device_resident=false",
-        "data.num_samples=70",
-        "data.val_samples=30",
-        "data.batch_size=4",
-        "data.image_size=8",
-    )
+    cfg = compose(*STEP_LIMIT_DATA)
     for kwargs, dealt in ((None, False), ({"num_replicas": 1, "rank": 0}, True)):  # single device; ddp devices=1
         dm = ImageDataModule(cfg.data, cfg.seed)
         dm.trainer = SimpleNamespace(

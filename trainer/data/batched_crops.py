@@ -69,10 +69,12 @@ def center_boxes(sizes: Sequence[Tuple[int, int]], resize: int, crop: int) -> to
     return torch.tensor(rows, dtype=torch.float64).view(-1, 4)
 
 
-def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A small host tensor on ``device`` without making the host wait (pinned, non-blocking on CUDA)."""
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device`` without making the host wait: on CUDA copied from pinned
+    memory (pinned here unless it is already), without blocking; a copy from pageable memory would
+    make the host wait for everything queued on the stream."""
     if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
+        return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
     return t.to(device)
 
 
@@ -103,14 +105,14 @@ def resized_crops(images: List[torch.Tensor], boxes: torch.Tensor, flips: torch.
         # sampling ratio, samples every pixel of the image for each output pixel; the native forward is
         # deterministic already
         parts.append(
-            torch.ops.torchvision.roi_align(stacked, _to_device(rois.float(), device), 1.0, size, size, -1, True)
+            torch.ops.torchvision.roi_align(stacked, to_device(rois.float(), device), 1.0, size, size, -1, True)
         )
     out = parts[0] if len(parts) == 1 else torch.cat(parts)
     if order != sorted(order):  # back to the batch's order
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order)] = torch.arange(len(order))
-        out = out[_to_device(inverse, device)]
+        out = out[to_device(inverse, device)]
     if bool(flips.any()):  # a host tensor: no device read
-        mirror = _to_device(flips.view(-1, 1, 1, 1), device)
+        mirror = to_device(flips.view(-1, 1, 1, 1), device)
         out = torch.where(mirror, out.flip(3), out)
     return out.round_().clamp_(0, 255).to(torch.uint8)

@@ -228,7 +228,7 @@ class DeviceDecoder:
         return center_boxes(sizes, self.augment.eval_resize(self.image_size), self.size)
 
     def __call__(self, batch: EncodedBatch, device: torch.device):
-        from trainer.data.batched_crops import resized_crops
+        from trainer.data.batched_crops import resized_crops, to_device
 
         self._held.release()  # older batches' decoded images, once their crop has run
         images = self.decode(batch, device)
@@ -251,7 +251,4 @@ class DeviceDecoder:
         if self.extra_steps is not None:
             x = torch.stack([self.extra_steps(image) for image in x])
         y = batch.labels[keep] if len(keep) < len(images) else batch.labels
-        if device.type == "cuda" and not y.is_pinned():
-            # a copy from pageable memory would make the host wait for everything queued on the stream
-            y = y.pin_memory()
-        return x, y.to(device, non_blocking=True)
+        return x, to_device(y, device)

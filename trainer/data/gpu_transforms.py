@@ -3,9 +3,9 @@ synthetic data, ``data.decoder=nvjpeg``).
 
 With ``data.gpu_normalize=true`` the loader ships uint8 pixels (4x fewer bytes than float32 across
 the host-device bus, and no float math in the workers) and the batch is converted and normalized on
-the device: by the datamodule's ``on_after_batch_transfer``, or, for the built-in classifier, by its
-network's input hook (``switches.model_transforms.ModelInput``), inside the compiled graph with
-``compile=true``, where it fuses with the first layer's casts.
+the device: by the datamodule's ``on_after_batch_transfer``, or, for the built-in classifier, at the
+start of its network's forward (``switches.model_transforms.ModelInput``), inside the compiled graph
+with ``compile=true``, where it fuses with the first layer's casts.
 
 One pass over the batch: ``x * (1 / std) + (-mean / std)`` as a single ``addcmul`` reads the uint8
 pixels and writes the float32 result once, in the memory format asked for (channels_last: no second

@@ -79,10 +79,15 @@ def usable_cores() -> int:
     return from_affinity_and_quota()
 
 
+def cores_per_process(cores: int, processes_per_node: int = 1) -> int:
+    """Each of a node's processes' share of its ``cores``."""
+    return cores // max(1, processes_per_node)
+
+
 def workers_per_process(cores: int, processes_per_node: int = 1) -> int:
     """The loader workers each of a node's processes can have: its share of the cores less one for the
     process itself, at most 16 (``data.auto_workers`` picks this; the doctor suggests it)."""
-    return max(0, min(16, cores // max(1, processes_per_node) - 1))
+    return max(0, min(16, cores_per_process(cores, processes_per_node) - 1))
 
 
 def bf16_slowdown(module, image_size: int) -> float:

@@ -254,15 +254,16 @@ def set_intra_op_threads(workers: int, processes_per_node: int = 1) -> int:
     runs one thread of its own, so with workers the step's threads and theirs oversubscribed the
     cores: on a 2-core CPU one worker slowed the step more than it fed it. Set at every job's start,
     so a local sweep's next job gets its own count back."""
-    from trainer.measure.hardware import usable_cores
+    from trainer.measure.hardware import cores_per_process, usable_cores
 
-    threads = max(1, usable_cores() // max(1, processes_per_node) - workers)
+    cores = cores_per_process(usable_cores(), processes_per_node)
+    threads = max(1, cores - workers)
     torch.set_num_threads(threads)
     if workers:
         log.info(
             "intra-op threads: %d (%d cores for this process, %d of them to its loader workers)",
             threads,
-            usable_cores() // max(1, processes_per_node),
+            cores,
             workers,
         )
     return threads
