@@ -266,6 +266,19 @@ def small_images(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def one_per_class(tmp_path_factory):
+    """23 classes of one training image each (and one validation image): a label names its file."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("one-per-class")
+    for c in range(23):
+        for split in ("train", "val"):
+            (root / split / f"c{c:02d}").mkdir(parents=True)
+            Image.new("RGB", (20, 20), (10 * c, 255 - 10 * c, 60)).save(root / split / f"c{c:02d}" / "0.png")
+    return root
+
+
+@pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     """A real MLflow tracking server on 127.0.0.1 (SQLite, local artifacts) for the session; stopped by PID."""
     pytest.importorskip("mlflow", reason="the tracker tests need mlflow-skinny (pip install -e '.[test]')")

@@ -1,6 +1,7 @@
 """data.loader=dali on a CPU: the files each epoch reads (the torch loader's order, each sample once,
-disjoint ranks, a resume), the transforms against ours on planted images, learning like the torch
-loader, and the paragraphs for what it cannot do. Its GPU decoder is tests/gpu/test_dali_gpu.py."""
+the ranks' shares, a step limit), the transforms against ours on planted images, learning like the
+torch loader, and the paragraphs for what it cannot do. Its resume on one and two ranks is
+tests/test_loader_resume.py; its GPU decoder tests/gpu/test_dali_gpu.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import read_metrics, run_cli
+from conftest import run_cli
 from PIL import Image
 
 from trainer.data import ImageDataModule
@@ -17,17 +18,6 @@ from trainer.data.augment import Augmentation
 from trainer.errors import ConfigError, TrainingStopped
 
 dali = pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is a test dependency: pip install -e '.[test]'")
-
-
-@pytest.fixture(scope="module")
-def one_per_class(tmp_path_factory):
-    """23 classes of one training image each (and one validation image): a label names its file."""
-    root = tmp_path_factory.mktemp("one-per-class")
-    for c in range(23):
-        for split in ("train", "val"):
-            (root / split / f"c{c:02d}").mkdir(parents=True)
-            Image.new("RGB", (20, 20), (10 * c, 255 - 10 * c, 60)).save(root / split / f"c{c:02d}" / "0.png")
-    return root
 
 
 def _datamodule(compose, root, *overrides, loader="dali"):
@@ -66,7 +56,7 @@ def test_each_epoch_reads_every_sample_once_in_the_torch_loaders_order(compose, 
     torch_dm = _datamodule(compose, one_per_class, loader="torch")
     assert epochs[0] == [int(y) for _, labels in torch_dm.train_dataloader() for y in labels]
     # a mid-epoch resume after 2 batches of epoch 1 reads the rest of that epoch, then whole epochs
-    dm.resume_position = (1, 2)
+    dm.load_state_dict({"position": [1, 2]})
     resumed = dm.train_dataloader()
     assert _labels(resumed, 1) == epochs[1][10:] and _labels(resumed, 1) == epochs[1]
     assert sorted(_labels(dm.val_dataloader(), 0)) == list(range(23))
@@ -128,36 +118,6 @@ def test_ranks_get_the_samples_lightning_deals_the_torch_loaders_ranks(compose, 
             assert val[-1] == list(DistributedSampler(range(23), num_replicas=2, rank=r, shuffle=False)), (epoch, r)
         for shares in (seen, val):
             assert len(shares[0]) == len(shares[1]) == 12 and set(shares[0]) | set(shares[1]) == set(range(23))
-
-
-@pytest.mark.slow
-@pytest.mark.whole_machine  # two ranks: one core each
-def test_two_ddp_ranks_read_disjoint_halves_of_every_epoch(one_per_class, tmp_path):
-    record = tmp_path / "seen"
-    run_dir = tmp_path / "run"
-    r = run_cli(
-        f"hydra.run.dir={run_dir}",
-        "data=imagefolder",
-        f"data.root={one_per_class}",
-        "data.loader=dali",
-        "data.image_size=16",
-        "data.batch_size=4",
-        "data.drop_last=false",
-        "strategy=ddp",
-        "devices=2",
-        "trainer.max_epochs=2",
-        "model._target_=rank_spies.LabelRecorder",
-        f"+model.record_dir={record}",
-        "checkpoint.enabled=false",
-        "monitor.enabled=false",
-    )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    for epoch in (0, 1):
-        seen = [[int(v) for v in (record / f"rank{k}_epoch{epoch}.txt").read_text().split()] for k in (0, 1)]
-        # 23 samples dealt to 2 ranks: 12 each, the first sample of the epoch padded onto rank 1
-        assert len(seen[0]) == len(seen[1]) == 12, seen
-        assert set(seen[0]) | set(seen[1]) == set(range(23)) and len(set(seen[0]) & set(seen[1])) <= 1, seen
-    assert read_metrics(run_dir)["flags"]["data.loader"] == "dali"
 
 
 def _gradient(path, width=64, height=48):
@@ -341,3 +301,47 @@ def test_an_epochs_pipeline_goes_with_its_last_batch(tmp_path, monkeypatch):
     batches = iter(loader)
     got = [next(batches) for _ in range(len(loader))]  # as Lightning asks: no StopIteration
     assert [b[0].shape[0] for b in got] == [4, 4, 2] and made and made[0]() is None
+
+
+def test_a_recipes_randaugment_reaches_dalis_pipeline_at_its_magnitude_and_ops(compose, tmp_path, monkeypatch):
+    """data.loader=dali with resnet50_a3's policy keys: DALI's RandAugment gets magnitude 18 and 2 ops."""
+    from nvidia.dali.auto_aug import rand_augment
+
+    real, seen = rand_augment.rand_augment, []
+
+    def spy(images, **kwargs):
+        seen.append((kwargs["n"], kwargs["m"]))
+        return real(images, **kwargs)
+
+    monkeypatch.setattr(rand_augment, "rand_augment", spy)
+    cfg = compose("+recipe=resnet50_a3")
+    path = _gradient(tmp_path / "g.jpg")
+    list(_loader([path] * 4, True, Augmentation.of(cfg.data)))
+    assert seen == [(cfg.data.randaugment_ops, cfg.data.randaugment_magnitude)] and seen[0][1] == 18
+
+
+@pytest.mark.parametrize("keys", [("data.num_workers=3",), ("data.auto_workers=true",)])
+def test_dalis_threads_are_the_loader_workers_the_keys_ask_for(compose, one_per_class, monkeypatch, keys):
+    """data.num_workers, or data.auto_workers' count (here of a node of 8 usable cores), is DALI's thread count."""
+    from trainer.data import dali as dali_mod
+    from trainer.measure import hardware
+
+    monkeypatch.setattr(hardware, "usable_cores", lambda: 8)
+    built, real = [], dali_mod.build_pipeline
+    monkeypatch.setattr(dali_mod, "build_pipeline", lambda *a: built.append(real(*a)) or built[-1])
+    dm = _datamodule(compose, one_per_class, *keys)
+    assert dm.num_workers == (3 if keys == ("data.num_workers=3",) else hardware.workers_per_process(8, 1)) > 1
+    _labels(dm.train_dataloader())
+    assert [p.num_threads for p in built] == [dm.num_workers]
+    assert dm.describe_loader() == {"loader": "dali", "decoder": "dali-cpu", "num_workers": dm.num_workers}
+
+
+def test_repeated_augment_draws_as_the_torch_loaders_under_dali(compose, one_per_class):
+    """data.repeated_augment=3 under DALI: each sample of the epoch's permutation three times in a row,
+    cut back to the epoch's length, the very labels the torch loader reads."""
+    dali_dm = _datamodule(compose, one_per_class, "data.repeated_augment=3")
+    torch_dm = _datamodule(compose, one_per_class, "data.repeated_augment=3", loader="torch")
+    drawn = _labels(dali_dm.train_dataloader(), 0)
+    assert drawn == [int(y) for _, labels in torch_dm.train_dataloader() for y in labels]
+    assert len(drawn) == 23 and all(drawn[i] == drawn[i - i % 3] for i in range(23)), drawn
+    assert len(set(drawn)) == 8  # ceil(23 / 3) samples, each drawn 3 times (the last one twice)

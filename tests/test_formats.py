@@ -165,7 +165,7 @@ def test_a_step_limit_reads_only_the_first_batches_of_the_epochs_blocks(packed, 
     train, val = dm.train_dataloader(), dm.val_dataloader()
     assert len(train) == 3 and len(val) == 2
     assert list(train.sampler) == whole[0][:30] and list(val.sampler) == whole[1][:20]
-    dm.resume_position = (0, 1)  # one batch of epoch 0 trained before the checkpoint
+    dm.load_state_dict({"position": [0, 1]})  # one batch of epoch 0 trained before the checkpoint
     assert list(dm.train_dataloader().sampler) == whole[0][10:30]
 
 
@@ -191,7 +191,7 @@ def test_ddp_two_ranks_two_workers_resumed_mid_epoch_ends_with_the_uninterrupted
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     # 200 samples, 2 ranks, batches of 10: 10 steps per epoch; step 12 is inside epoch 1
     mid = straight / "checkpoints" / "step0000012.ckpt"
-    assert torch.load(mid, weights_only=False)["callbacks"]["ResumableState"]["position"] == [1, 2]
+    assert torch.load(mid, weights_only=False)["ImageDataModule"]["position"] == [1, 2]
     r = run_cli(f"hydra.run.dir={resumed}", *args, f"ckpt_path={mid}")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     a = torch.load(straight / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"]

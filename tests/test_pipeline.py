@@ -203,7 +203,7 @@ def test_device_decode_hands_over_one_buffer_and_crops_the_batch_at_once(compose
         batch = next(iter(dm.train_dataloader()))  # through a real worker process
         assert len(batch) == n
         crossing[n] = _tensors_of(batch)
-        decoder = dm.device_decoders[train]
+        decoder = dm.loaders.decoders[train]
         torch.manual_seed(1)  # some image of each batch is flipped (a batch with none skips the flip's operations)
         with _ComputeOps() as counted:
             x, y = decoder(batch, torch.device("cpu"))
@@ -319,7 +319,7 @@ def test_device_prefetcher_copies_ahead_and_trains_the_same(train, monkeypatch, 
     crops the restore undoes (a run that was not reproducible, depending on timing)."""
     import pytorch_lightning as pl
 
-    from trainer.data import datamodule as dm_mod
+    from trainer.data.loaders.torch_workers import TorchLoaders
     from trainer.data.prefetch import DevicePrefetchLoader
 
     args = (
@@ -335,10 +335,10 @@ def test_device_prefetcher_copies_ahead_and_trains_the_same(train, monkeypatch, 
     def prefetch_device(self):
         return torch.device("cpu")
 
-    real_loader = dm_mod.ImageDataModule._loader
+    real_loader = TorchLoaders.train
 
-    def logged_loader(self, dataset, train):
-        loader = real_loader(self, dataset, train)
+    def logged_loader(self, dataset):
+        loader = real_loader(self, dataset)
         assert isinstance(loader, DevicePrefetchLoader)
         logs.append(_TransferLog(loader.transfer))
         loader.transfer = logs[-1]
@@ -355,8 +355,8 @@ def test_device_prefetcher_copies_ahead_and_trains_the_same(train, monkeypatch, 
         time.sleep(0.3)  # inside isolate_rng(): time for a thread started too early to draw
         return real_sanity_check(self)
 
-    monkeypatch.setattr(dm_mod.ImageDataModule, "_prefetch_device", prefetch_device)
-    monkeypatch.setattr(dm_mod.ImageDataModule, "_loader", logged_loader)
+    monkeypatch.setattr(TorchLoaders, "prefetch_device", prefetch_device)
+    monkeypatch.setattr(TorchLoaders, "train", logged_loader)
     monkeypatch.setattr(pl.Trainer, "_run_sanity_check", slow_sanity_check)
     add_callbacks(StepWatch())
     prefetched, _ = train(*args, "data.device_prefetch=true")
@@ -510,9 +510,9 @@ def test_device_prefetch_loader_survives_lightnings_distributed_sampler():
 
 
 def test_train_with_device_decode_and_prefetch(train, monkeypatch, device_decode_here):
-    from trainer.data import datamodule as dm_mod
+    from trainer.data.loaders.torch_workers import TorchLoaders
 
-    monkeypatch.setattr(dm_mod.ImageDataModule, "_prefetch_device", lambda self: torch.device("cpu"))
+    monkeypatch.setattr(TorchLoaders, "prefetch_device", lambda self: torch.device("cpu"))
     m, _ = train(
         "data=builtin",
         "data.images_per_class=8",
@@ -1006,6 +1006,8 @@ def test_a_step_limit_leaves_lightning_the_same_count_of_batches_to_train_and_va
         assert _parse_num_batches(stage, handed, limit) == _parse_num_batches(stage, rank_batches(n), limit)
         if isinstance(limit, int) and limit < rank_batches(n):
             assert handed == limit  # cut where Lightning stops
+        elif isinstance(loader.sampler, DistributedSampler):
+            assert len(loader.sampler) == -(-n // world)  # this rank's whole share
         else:
             assert len(loader.sampler) == n  # the whole set
 

@@ -1,5 +1,5 @@
 """data.device_prefetch on this machine: the prefetching loader runs stream-less on the CPU (the
-datamodule uses it only on CUDA, so these tests point ``_prefetch_device`` at the CPU). What only a
+datamodule uses it only on CUDA, so these tests point ``TorchLoaders.prefetch_device`` at the CPU). What only a
 GPU can show (streams, record_stream, reserved memory) is in tests/gpu/test_cuda.py."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ PREFETCH_THREAD = "trainer-device-prefetch"
 @pytest.fixture
 def prefetch_here(monkeypatch):
     """data.device_prefetch=true builds the prefetching loader on the CPU."""
-    from trainer.data import datamodule as dm_mod
+    from trainer.data.loaders.torch_workers import TorchLoaders
 
-    monkeypatch.setattr(dm_mod.ImageDataModule, "_prefetch_device", lambda self: torch.device("cpu"))
+    monkeypatch.setattr(TorchLoaders, "prefetch_device", lambda self: torch.device("cpu"))
 
 
 def _prefetch_threads() -> list:
@@ -164,10 +164,10 @@ def test_a_run_resumed_mid_epoch_sees_the_crops_of_the_uninterrupted_run(
     longer matched the next batch's draws, and the resumed run trained on other crops. With
     data.decoder=nvjpeg the crops are drawn on the host in the transfer (the prefetch thread's),
     after the loader workers."""
-    from trainer.data import datamodule as dm_mod
+    from trainer.data.loaders.torch_workers import TorchLoaders
 
     if prefetch:
-        monkeypatch.setattr(dm_mod.ImageDataModule, "_prefetch_device", lambda self: torch.device("cpu"))
+        monkeypatch.setattr(TorchLoaders, "prefetch_device", lambda self: torch.device("cpu"))
     if decode == "nvjpeg":  # the data.decoder=nvjpeg path with torchvision's CPU decoder
         from trainer.data import decoders
 

@@ -1,30 +1,26 @@
-"""The LightningDataModule behind every ``data=`` choice, with the loader knobs from config.
+"""The LightningDataModule behind every ``data=`` choice: it builds the data sets of each format and
+hands Lightning the loaders of the loader object the data keys choose (``trainer.data.loaders``: torch
+workers, nvJPEG, device-resident synthetic images, DALI), whose position inside an epoch it keeps in
+the checkpoint through its own ``state_dict``/``load_state_dict`` hooks.
 
-It also owns how a batch reaches the device: ``data.device_prefetch`` (a side-stream copy one batch
-ahead, ``prefetch``) and ``data.decoder=nvjpeg`` (decode and transform on the device,
-``device_decode``) both go through ``to_device``.
-
-why longer: Lightning asks one LightningDataModule for every loader; each ``data=`` format's build,
-each loader (torch, DALI, device-resident) and the hand-over to the device are short methods of
-that one object, sharing its state (the datasets, the sampler, the epoch). Its seeds: ``seeding``.
+why longer: Lightning asks one LightningDataModule for every loader and hook; each ``data=`` format's
+build is a short method of that one object, sharing its state (the data sets, the classes). Its
+seeds: ``seeding``.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import zlib
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, IterableDataset
 
 from trainer.data.augment import Augmentation
+from trainer.data.loaders import Loaders, LoaderSetup, loaders_for
 
 # imported here, not lazily: Lightning records the arguments of DataLoader subclasses that exist
 # when it asks for a loader, so that it can re-create them with a distributed sampler
-from trainer.data.prefetch import DevicePrefetchLoader, move_to_device
-from trainer.data.seeding import SeededSamples, own_rngs, sample_seed, seed_rngs
+from trainer.data.prefetch import DevicePrefetchLoader  # noqa: F401
 from trainer.errors import ConfigError
 from trainer.rank import world_size
 
@@ -50,18 +46,14 @@ class ImageDataModule(pl.LightningDataModule):
         self.decoder = data_cfg.get("decoder", "pil")
         self.augmentation = Augmentation.of(data_cfg)  # per-image augmentation (augment.py)
         self.repeats = int(data_cfg.get("repeated_augment", 1))  # draws of each sample per epoch (sampler.py)
-        self.device_decoders = None  # data.decoder=nvjpeg: {train: DeviceDecoder, val: DeviceDecoder}
         self.dali = data_cfg.get("loader", "torch") == "dali"  # data.loader=dali (dali.py)
-        self.dali_samples = None  # data.loader=dali: {train: [(path, label)], val: [...]}
         self.channels_last = channels_last  # the model's memory format: DALI hands it NHWC batches
         self.num_workers = self._workers()
         self.train_set = None
         self.val_set = None
         self.classes = None
-        # (epoch, batches already trained in it): set by ResumableState for a mid-epoch resume
-        self.resume_position: tuple | None = None
-        # the epoch a resumed fit starts in (ResumableState reads it from the checkpoint's loop state)
-        self.start_epoch = 0
+        self.loaders: Loaders | None = None  # the loader object, chosen once the data sets are built
+        self._loader_state = None  # a checkpoint's loader state, restored before the loader object exists
         # the EpochTimer's StepClock: with data.device_prefetch the step loop's wait for a batch is
         # split into data wait and transfer by the prefetcher (set by trainer.run)
         self.step_clock = None
@@ -97,13 +89,33 @@ class ImageDataModule(pl.LightningDataModule):
         return cached_copy(root, self.cfg.cache, self.cfg.get("storage_options"))
 
     def build(self) -> int:
-        """Create the datasets (generating the built-in set if needed); return the number of classes.
+        """Create the datasets (generating the built-in set if needed) and the loader object; return
+        the number of classes.
 
         Called by ``trainer.run`` before the model exists, so a bad data path fails before
         anything is built, and the model's output layer can follow the data's class count.
         """
-        c = self.cfg
         self._check_keys()
+        classes = self._build_sets()
+        setup = LoaderSetup(
+            cfg=self.cfg,
+            seed=self.seed,
+            workers=self.num_workers,
+            repeats=self.repeats,
+            augmentation=self.augmentation,
+            accelerator=self.accelerator,
+            decoder=self.decoder,
+            channels_last=self.channels_last,
+            step_clock=self.step_clock,
+        )
+        self.loaders = loaders_for(setup, self.train_set, self.val_set)
+        if self._loader_state is not None:
+            self.loaders.load_state_dict(self._loader_state)
+            self._loader_state = None
+        return classes
+
+    def _build_sets(self) -> int:
+        c = self.cfg
         if c.name == "synthetic":
             from trainer.data.synthetic import SyntheticImages
 
@@ -156,13 +168,21 @@ class ImageDataModule(pl.LightningDataModule):
             return self._build_cifar10()
         return self._build_image_folders()
 
-    @property
-    def decoder_in_use(self) -> str:
-        """What decodes the training images (metrics.json ``decoder``): the torch loader's decoder, or DALI's
-        (on the CPU, or ``mixed``: nvJPEG on the GPU)."""
-        if self.dali:
-            return "dali-mixed" if self.accelerator == "cuda" else "dali-cpu"
-        return self.decoder
+    def describe_loader(self) -> dict:
+        """The loader in metrics.json (``loader``, ``decoder``, ``num_workers``): the loader object's own words."""
+        if self.loaders is None:
+            return {"loader": None, "decoder": self.decoder, "num_workers": self.num_workers}
+        return self.loaders.describe()
+
+    def state_dict(self) -> dict:
+        """Lightning's hook, saved in every checkpoint: the loader object's position (an exact resume)."""
+        return self.loaders.state_dict() if self.loaders is not None else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if self.loaders is None:  # restored before build(): kept until the loader object exists
+            self._loader_state = state_dict
+        else:
+            self.loaders.load_state_dict(state_dict)
 
     def _check_keys(self) -> None:
         """The data keys where they cannot act, before anything is built: said, or refused."""
@@ -282,17 +302,6 @@ class ImageDataModule(pl.LightningDataModule):
         )
         if len(self.train_set) == 0:
             raise ConfigError(f"'{key}' ({root}) has no training images.")
-        if self.dali:
-            from trainer.data.dali import samples_of
-
-            val = samples_of(self.val_set) if self.val_set is not None else []
-            self.dali_samples = {True: samples_of(self.train_set), False: val}
-        if self.decoder == "nvjpeg":
-            from trainer.data.device_decode import DeviceDecoder
-
-            self.device_decoders = {
-                train: DeviceDecoder(c.image_size, train, self.augmentation, c.on_bad_sample) for train in (True, False)
-            }
         self._check_batch_fits(root)
         if c.name == "imagenette":  # class folders are WordNet ids: named by torchvision's table
             from trainer.data.standard import imagenette_wnids
@@ -375,223 +384,10 @@ class ImageDataModule(pl.LightningDataModule):
             )
         return len(self.classes)
 
-    def _block_sampler(self, dataset, train: bool):
-        """The sampler for BlockImages: each rank and loader worker reads its own blocks (see shards)."""
-        from trainer.data.shards import BlockImages, BlockSampler
-
-        if not isinstance(dataset, BlockImages):
-            return None
-        sampler = BlockSampler(
-            dataset.sizes, self.seed, train, self.cfg.batch_size, self.num_workers, self.cfg.shuffle_window
-        )
-        if train:
-            self._apply_resume(sampler)
-        sampler.stop = self._step_limit_samples(sum(dataset.sizes), train)
-        return sampler
-
-    def sampler_plan(self) -> tuple:
-        """What BlockSampler's order depends on besides (seed, epoch): processes, loader workers, batch size."""
-        if self.cfg.name not in BLOCK_FORMATS:
-            return ()
-        return (world_size(), max(1, self.num_workers), self.cfg.batch_size)
-
-    @property
-    def resumes_mid_epoch_distributed(self) -> bool:
-        """The train sampler is rank-aware and can skip the trained batches on every rank (BlockSampler, and
-        data.loader=dali's shares, which skip within each rank's own)."""
-        return self.cfg.name in BLOCK_FORMATS or self.dali
-
-    def _loader(self, dataset, train: bool) -> DataLoader:
-        c = self.cfg
-        if self.dali_samples is not None:
-            return self._dali_loader(train)
-        workers = self.num_workers
-        sampler = self._block_sampler(dataset, train)
-        if sampler is None and train:
-            sampler = self._train_sampler(len(dataset))
-            stop = self._step_limit_samples(len(sampler), train=True)
-            if sampler.repeats > 1 or stop is not None:
-                from trainer.data.sampler import RepeatedSamples, deal_to_ranks
-
-                if sampler.repeats > 1:
-                    dataset = RepeatedSamples(dataset, sampler.repeats)
-                if self.trainer is not None:
-                    # dealt here, not by Lightning: repeats go to different ranks (Lightning would scatter
-                    # them), and a step limit stops each rank's share where its epoch stops. A distributed
-                    # strategy of one process is dealt too: Lightning would wrap the sampler then as well
-                    world = self.trainer.world_size
-                    distributed = world > 1 or getattr(self.trainer, "distributed_sampler_kwargs", None) is not None
-                    sampler = deal_to_ranks(sampler, self.trainer.global_rank, world, stop, distributed)
-        if c.get("device_resident") and c.name == "synthetic":
-            return self._device_resident_loader(dataset, sampler, train)
-        if not train and sampler is None and not isinstance(dataset, IterableDataset):
-            stop = self._step_limit_samples(len(dataset), train=False)
-            if (
-                stop is not None
-            ):  # every rank's first samples: Lightning's unshuffled DistributedSampler deals them as before
-                from trainer.data.sampler import FirstSamples
-
-                dataset = FirstSamples(dataset, stop * self.trainer.world_size)
-        from trainer.data.folder import skip_none_collate
-
-        collate = None if c.name == "synthetic" else skip_none_collate
-        if self.device_decoders:
-            from trainer.data.device_decode import encoded_collate
-
-            collate = functools.partial(encoded_collate, train=train)
-        if train and workers == 0 and c.name != "synthetic" and not isinstance(dataset, IterableDataset):
-            # (synthetic images draw nothing)
-            dataset = SeededSamples(dataset, self.seed, functools.partial(self._epoch_now, sampler))
-        kwargs = dict(
-            batch_size=c.batch_size,
-            sampler=sampler,
-            collate_fn=collate,
-            drop_last=train and c.drop_last,
-            num_workers=workers,
-            pin_memory=c.pin_memory,
-            persistent_workers=c.persistent_workers and workers > 0,
-            prefetch_factor=c.prefetch_factor if workers > 0 else None,
-        )
-        device = self._prefetch_device()
-        if device is None:
-            return DataLoader(dataset, **kwargs)
-        # an asynchronous copy needs page-locked host memory
-        kwargs["pin_memory"] = kwargs["pin_memory"] or device.type == "cuda"
-        return DevicePrefetchLoader(dataset, device=device, transfer=self.to_device, clock=self.step_clock, **kwargs)
-
-    def _step_limit_samples(self, samples: int, train: bool) -> int | None:
-        """``trainer.limit_train_batches`` / ``limit_val_batches`` as the samples each rank's loader is to
-        draw of an epoch of ``samples`` (over every rank), where a number of batches cuts the epoch
-        short; None where the whole epoch runs. A loader that draws only those is what keeps persistent
-        workers from building batches past the limit that the next epoch must drain (sampler.py's
-        docstring). A fraction (a float) is left to Lightning: it takes that fraction of the loader's
-        length, which a shorter loader would change."""
-        if self.trainer is None or not isinstance(self.cfg.batch_size, int):
-            return None
-        limit = self.trainer.limit_train_batches if train else self.trainer.limit_val_batches
-        if not isinstance(limit, int) or isinstance(limit, bool):
-            return None
-        size = self.cfg.batch_size
-        per_rank = -(-samples // self.trainer.world_size)  # padded to even shares, as Lightning deals them
-        batches = per_rank // size if train and self.cfg.drop_last else -(-per_rank // size)
-        return limit * size if 0 < limit < batches else None
-
-    def _dali_loader(self, train: bool):
-        """data.loader=dali: this rank's DALI loader, over the files the torch loader would read (dali.py)."""
-        from torch.utils.data import DistributedSampler
-
-        from trainer.data.dali import DaliLoader
-        from trainer.data.sampler import deal_to_ranks
-
-        samples = self.dali_samples[train]
-        n = len(samples)
-        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer is not None else (1, 0)
-        # a step limit: the pipeline reads only the files of the batches the epoch uses (as _loader's samplers)
-        stop = self._step_limit_samples(n, train)
-        if train:
-            sampler = self._train_sampler(n)  # the epoch's permutation, repeats and a resume's skip
-            dealt = deal_to_ranks(sampler, rank, world, stop=stop)
-
-            def order_of(epoch: int) -> list:
-                skip = sampler.skip.pop(epoch, 0)  # a mid-epoch resume: what this rank trained, from its own share
-                dealt.set_epoch(epoch)
-                return [i % n for i in dealt][skip:]
-        else:  # as Lightning deals the torch loader's validation: not shuffled, padded to even shares
-            dealt = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=False)
-
-            def order_of(epoch: int) -> list:
-                return list(dealt)[:stop]
-
-        if self.trainer is not None:
-            device = self.trainer.strategy.root_device
-        else:  # used on its own: the accelerator's current device
-            device = (
-                torch.device("cuda", torch.cuda.current_device()) if self.accelerator == "cuda" else torch.device("cpu")
-            )
-        return DaliLoader(
-            samples,
-            order_of,
-            lambda: self._epoch_now(None),
-            len(dealt) if stop is None else min(stop, len(dealt)),  # this rank's samples in an epoch
-            # the crops of (seed, epoch, rank): an epoch's are the same after a resume
-            seed_of=lambda epoch: sample_seed(self.seed, epoch, rank) & 0x7FFFFFFF,
-            train=train,
-            batch_size=self.cfg.batch_size,
-            image_size=self.cfg.image_size,
-            augmentation=self.augmentation,
-            threads=self.num_workers,
-            device_id=(device.index or 0) if device.type == "cuda" else None,
-            keep_uint8=bool(self.cfg.gpu_normalize),
-            channels_last=self.channels_last,
-            drop_last=train and self.cfg.drop_last,
-        )
-
-    def _epoch_now(self, sampler) -> int:
-        """The epoch being trained: the fit's (a distributed sampler wrapping ours leaves our epoch
-        as it was), else the sampler's, when the loader is used on its own."""
-        if self.trainer is not None:
-            return self.trainer.current_epoch
-        return getattr(sampler, "epoch", 0)
-
-    def _train_sampler(self, length: int):
-        from trainer.data.sampler import EpochShuffleSampler
-
-        sampler = EpochShuffleSampler(length, self.seed, self.repeats)
-        self._apply_resume(sampler)
-        return sampler
-
-    def _apply_resume(self, sampler) -> None:
-        """A resume: the sampler starts in the resumed epoch, skipping the batches already trained in it.
-
-        The sampler starts at that epoch, not 0: on a restart Lightning creates the loader's iterator
-        before it calls ``set_epoch``, and with loader workers the iterator draws indices at once.
-        """
-        sampler.epoch = self.start_epoch
-        if self.resume_position:
-            epoch, batches = self.resume_position
-            sampler.skip[epoch] = batches * self.cfg.batch_size
-            sampler.epoch = epoch
-            self.resume_position = None
-
-    def _device_resident_loader(self, dataset, sampler, train: bool) -> DataLoader:
-        """data.device_resident: batches gathered on the device; no workers, pinning or copies."""
-        from trainer.data.synthetic import DeviceResidentImages, batch_as_is
-
-        device = self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
-        return DataLoader(
-            DeviceResidentImages(dataset, device),
-            batch_size=self.cfg.batch_size,
-            sampler=sampler,
-            collate_fn=batch_as_is,
-            drop_last=train and self.cfg.drop_last,
-            num_workers=0,
-        )
-
-    def _prefetch_device(self):
-        """The device that data.device_prefetch copies to, or None when it is off (or not on CUDA)."""
-        if not self.cfg.get("device_prefetch") or self.accelerator != "cuda" or self.trainer is None:
-            return None
-        return self.trainer.strategy.root_device
-
     def to_device(self, batch, device: torch.device):
-        """Host batch -> device batch: decoded there with data.decoder=nvjpeg, else copied (non_blocking).
-
-        The device decode's training crops and flips draw their parameters from the host's RNGs here,
-        after the loader workers and, with data.device_prefetch, in its thread ahead of the step: they
-        are drawn from a seed of the epoch and the batch's files (as ``SeededSamples`` does for the
-        transforms in the main process), so a resumed run decodes the crops the run it continues did.
-        """
-        from trainer.data.device_decode import EncodedBatch
-
-        if isinstance(batch, EncodedBatch):
-            decode = self.device_decoders[batch.train]
-            if not batch.train:
-                return decode(batch, device)
-            files = zlib.crc32("\0".join(batch.paths).encode())
-            with own_rngs():
-                seed_rngs(sample_seed(self.seed, self._epoch_now(None), files))
-                return decode(batch, device)
-        return move_to_device(batch, device)
+        """Host batch -> device batch, as the loader object hands it over (decoded there with
+        data.decoder=nvjpeg, else copied, non_blocking)."""
+        return self.loaders.to_device(batch, device)
 
     def on_after_batch_transfer(self, batch, dataloader_idx):
         """data.gpu_normalize, data.decoder=nvjpeg, device-resident synthetic data: uint8 batches arrive
@@ -660,15 +456,7 @@ class ImageDataModule(pl.LightningDataModule):
                 "None of the training images could be decoded (each was skipped, see the warnings above); check data.root."
             )
         samples = [good[i % len(good)] for i in range(size)]
-        if self.device_decoders is not None:
-            from trainer.data.device_decode import encoded_collate
-
-            x, y = self.to_device(encoded_collate(samples), device)
-        else:
-            x, y = (
-                torch.stack([s[0] for s in samples]).to(device),
-                torch.tensor([int(s[1]) for s in samples], device=device),
-            )
+        x, y = self.loaders.example(samples, device)
         return model_input(x), y
 
     def expected_batch_size(self, batch_idx: int) -> int:
@@ -678,12 +466,16 @@ class ImageDataModule(pl.LightningDataModule):
             return c.batch_size
         return min(c.batch_size, len(self.train_set) - batch_idx * c.batch_size)
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self):
         if self.train_set is None:
             self.build()
-        return self._loader(self.train_set, train=True)
+        self.loaders.trainer = self.trainer
+        return self.loaders.train(self.train_set)
 
     def val_dataloader(self):
         if self.train_set is None:
             self.build()
-        return self._loader(self.val_set, train=False) if self.val_set is not None and len(self.val_set) else []
+        if self.val_set is None or not len(self.val_set):
+            return []
+        self.loaders.trainer = self.trainer
+        return self.loaders.val(self.val_set)

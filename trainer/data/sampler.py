@@ -3,7 +3,8 @@
 Why not ``shuffle=True``: the DataLoader's RandomSampler draws from the global RNG, so a resumed run
 would see a different order than the run it continues. Here epoch ``e`` is always the same
 permutation, Lightning calls ``set_epoch`` every epoch, and after a mid-epoch resume the sampler
-skips the batches the interrupted run already trained on (``ResumableState`` tells it how many).
+skips the batches the interrupted run already trained on (the loader object's ``state_dict`` tells it
+how many: ``trainer.data.loaders``).
 
 ``repeats`` > 1 (``data.repeated_augment``, DeiT's repeated augmentation): each sample of the epoch's
 permutation is taken ``repeats`` times in a row and the epoch is cut back to ``length`` draws, so an
@@ -112,14 +113,18 @@ class FirstSamples(Dataset):
 
 
 class FirstDrawsOfShare(DistributedSamplerWrapper):
-    """Lightning's ``DistributedSamplerWrapper``, stopped after this rank's first ``stop`` draws."""
+    """Lightning's ``DistributedSamplerWrapper``, stopped after this rank's first ``stop`` draws, and
+    skipping, once, the first draws of this rank's share that a resumed run already trained
+    (``skip``: epoch -> draws)."""
 
     def __init__(self, sampler, stop: Optional[int], **kwargs) -> None:
         super().__init__(sampler, **kwargs)
         self.stop = stop
+        self.skip = {}
 
     def __iter__(self):
-        return itertools.islice(super().__iter__(), self.stop)
+        start = self.skip.pop(self.epoch, 0)
+        return itertools.islice(super().__iter__(), start, self.stop)
 
     def __len__(self) -> int:
         return super().__len__() if self.stop is None else min(self.stop, super().__len__())

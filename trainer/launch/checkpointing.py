@@ -1,7 +1,8 @@
 """Resume that continues where it stopped, and a stop that saves first: the checkpointing callbacks.
 
 - ``ResumableState``: saves and restores the RNG states (torch, CUDA, numpy, python) with the
-  checkpoint, so augmentation and dropout continue as if never interrupted.
+  checkpoint, so augmentation and dropout continue as if never interrupted (the position inside
+  the epoch is the datamodule's: ``trainer.data.loaders``).
 - ``PreemptionCallback``: SIGTERM/SIGUSR1 (what SLURM and cloud schedulers send) and Ctrl-C save
   last.ckpt at a training-step boundary (with several ranks, the one step they agree on:
   ``trainer.launch.stop_agreement``) and stop cleanly; ``trainer.cli`` then exits with
@@ -27,47 +28,18 @@ from trainer.launch.stopping import PREEMPTED_EXIT_CODE  # noqa: F401  (the run'
 log = logging.getLogger(__name__)
 
 
-def _single_device(trainer) -> bool:
-    """True where a mid-epoch position can be resumed exactly: one device, or a rank-aware sampler (data=parquet/webdataset)."""
-    from pytorch_lightning.strategies import SingleDeviceStrategy
-
-    if getattr(getattr(trainer, "datamodule", None), "resumes_mid_epoch_distributed", False):
-        return True
-    return isinstance(trainer.strategy, SingleDeviceStrategy)
-
-
 class ResumableState(pl.Callback):
-    """What Lightning does not save: RNG states and the position inside the epoch.
+    """What Lightning does not save: the RNG states.
 
-    Lightning saves weights, optimizer, scheduler, AMP scaler and loop counters. This adds the RNG
-    states (torch, CUDA, numpy, python) and how many batches of the current epoch were trained, so
-    that a mid-epoch resume skips exactly those (``EpochShuffleSampler``) instead of replaying the
-    epoch from its start.
+    Lightning saves weights, optimizer, scheduler, AMP scaler and loop counters; the datamodule saves
+    where inside the epoch its loader stands (``trainer.data.loaders``). This adds the RNG states
+    (torch, CUDA, numpy, python), so that augmentation and dropout continue as if never interrupted.
     """
-
-    def __init__(self) -> None:
-        self._trainer = None
-
-    def setup(self, trainer, pl_module, stage) -> None:
-        self._trainer = trainer
 
     def state_dict(self) -> Dict[str, Any]:
         import numpy as np
 
-        position = [0, 0]
-        if self._trainer is not None:
-            loop = self._trainer.fit_loop
-            batches = loop.epoch_loop.batch_progress.current.processed
-            # saved inside an epoch, not at its end; exact skipping needs our sampler as it is (a
-            # distributed strategy wraps it in a sampler that pads, shards and reshuffles the whole
-            # epoch, also with one process, so it cannot start mid-way)
-            if batches < self._trainer.num_training_batches and _single_device(self._trainer):
-                position = [loop.epoch_progress.current.processed, batches]
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer else None
         state = {
-            "position": position,
-            # what the epoch's order depends on besides (seed, epoch), for data=parquet/webdataset
-            "plan": list(datamodule.sampler_plan()) if hasattr(datamodule, "sampler_plan") else None,
             "torch": torch.get_rng_state(),
             "python": _plain(random.getstate()),
             "numpy": _plain(np.random.get_state()),
@@ -76,40 +48,9 @@ class ResumableState(pl.Callback):
             state["cuda"] = torch.cuda.get_rng_state_all()
         return state
 
-    def on_load_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
-        """The epoch the resumed fit starts in, for the train sampler (before Lightning restores its loops)."""
-        try:
-            epoch = int(checkpoint["loops"]["fit_loop"]["epoch_progress"]["current"]["processed"])
-        except (KeyError, TypeError, ValueError):
-            return
-        datamodule = getattr(trainer, "datamodule", None)
-        if datamodule is not None and hasattr(datamodule, "start_epoch"):
-            datamodule.start_epoch = epoch
-
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         import numpy as np
 
-        epoch, batches = state.get("position", (0, 0))
-        datamodule = getattr(self._trainer, "datamodule", None) if self._trainer else None
-        if (
-            batches
-            and datamodule is not None
-            and hasattr(datamodule, "resume_position")
-            and _single_device(self._trainer)
-        ):
-            datamodule.resume_position = (int(epoch), int(batches))
-            saved, now = (
-                state.get("plan"),
-                (list(datamodule.sampler_plan()) if hasattr(datamodule, "sampler_plan") else None),
-            )
-            if saved and now and saved != now:
-                log.warning(
-                    "resuming mid-epoch %d with (processes, loader workers, batch size) = %s, not %s as when the checkpoint was saved: "
-                    "the rest of this epoch follows the new plan, so some of its samples may be seen twice or not at all (later epochs are exact)",
-                    int(epoch),
-                    tuple(now),
-                    tuple(saved),
-                )
         torch.set_rng_state(state["torch"])
         random.setstate(_tuples(state["python"]))
         np.random.set_state(_tuples(state["numpy"]))

@@ -114,9 +114,8 @@ def record_of(parts: Parts, status: str, error: Optional[str], running: bool = F
             **parts.notes,
             "overrides": parts.overrides,
             "data": {k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers")},
-            "num_workers": parts.datamodule.num_workers if parts.datamodule else None,
+            **(parts.datamodule.describe_loader() if parts.datamodule else {"num_workers": None, "decoder": None}),
             "allocator": allocator_loaded(),
-            "decoder": parts.datamodule.decoder_in_use if parts.datamodule else None,
             "wall_time_s": round(time.time() - parts.started, 2),
         },
     )

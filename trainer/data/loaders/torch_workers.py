@@ -1,0 +1,108 @@
+"""The torch loader: a DataLoader whose workers read, decode and transform each sample on the host,
+collate a batch, and hand it over (pinned with ``data.pin_memory``; copied one batch ahead on a side
+stream with ``data.device_prefetch``: ``trainer.data.prefetch``).
+
+It serves every format but DALI's and device-resident synthetic images: image folders, the built-in
+set, CIFAR-10, packed arrays, Parquet and WebDataset (whose ``BlockSampler`` deals blocks to ranks and
+workers itself) and a user's own Dataset.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Dict
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from trainer.data.loaders.base import Loaders
+from trainer.data.seeding import SeededSamples
+
+
+class TorchLoaders(Loaders):
+    name = "torch"
+
+    def collate(self, train: bool):
+        """How a batch is put together from samples (None: the DataLoader's default)."""
+        if self.setup.cfg.name == "synthetic":
+            return None
+        from trainer.data.folder import skip_none_collate
+
+        return skip_none_collate
+
+    def plan(self) -> Dict[str, int]:
+        plan = super().plan()
+        if self.setup.cfg.name in ("parquet", "webdataset"):  # BlockSampler deals whole batches to workers
+            plan["loader_workers"] = max(1, self.setup.workers)
+        return plan
+
+    def train(self, dataset) -> DataLoader:
+        sampler = self._block_sampler(dataset, train=True)
+        if sampler is None:
+            sampler = self.training_order(len(dataset))
+            if self.setup.repeats > 1:
+                from trainer.data.sampler import RepeatedSamples
+
+                dataset = RepeatedSamples(dataset, self.setup.repeats)
+        if self.setup.workers == 0 and self.setup.cfg.name != "synthetic" and not isinstance(dataset, IterableDataset):
+            # transforms drawn in this process from a seed of (epoch, sample): the same after a resume
+            # (with workers, seeding.py seeds each worker's draws); synthetic images draw nothing
+            dataset = SeededSamples(dataset, self.setup.seed, functools.partial(self.epoch_now, sampler))
+        return self._data_loader(dataset, sampler, train=True)
+
+    def val(self, dataset) -> DataLoader:
+        sampler = self._block_sampler(dataset, train=False)
+        if sampler is None and not isinstance(dataset, IterableDataset):
+            stop = self.step_limit_samples(len(dataset), train=False)
+            if stop is not None:
+                # every rank's first samples: Lightning's unshuffled DistributedSampler deals them as before
+                from trainer.data.sampler import FirstSamples
+
+                dataset = FirstSamples(dataset, stop * self.world)
+        return self._data_loader(dataset, sampler, train=False)
+
+    def _data_loader(self, dataset, sampler, train: bool) -> DataLoader:
+        c, workers = self.setup.cfg, self.setup.workers
+        kwargs = dict(
+            batch_size=c.batch_size,
+            sampler=sampler,
+            collate_fn=self.collate(train),
+            drop_last=train and c.drop_last,
+            num_workers=workers,
+            pin_memory=c.pin_memory,
+            persistent_workers=c.persistent_workers and workers > 0,
+            prefetch_factor=c.prefetch_factor if workers > 0 else None,
+        )
+        device = self.prefetch_device()
+        if device is None:
+            return DataLoader(dataset, **kwargs)
+        from trainer.data.prefetch import DevicePrefetchLoader
+
+        kwargs["pin_memory"] = kwargs["pin_memory"] or device.type == "cuda"  # an asynchronous copy needs it
+        return DevicePrefetchLoader(
+            dataset, device=device, transfer=self.to_device, clock=self.setup.step_clock, **kwargs
+        )
+
+    def prefetch_device(self):
+        """The device data.device_prefetch copies to, or None when it is off (or not on CUDA)."""
+        if not self.setup.cfg.get("device_prefetch") or self.setup.accelerator != "cuda" or self.trainer is None:
+            return None
+        return self.trainer.strategy.root_device
+
+    def _block_sampler(self, dataset, train: bool):
+        """data=parquet / webdataset: each rank and loader worker reads its own blocks (``shards``)."""
+        from trainer.data.shards import BlockImages, BlockSampler
+
+        if not isinstance(dataset, BlockImages):
+            return None
+        c = self.setup.cfg
+        sampler = BlockSampler(
+            dataset.sizes, self.setup.seed, train, c.batch_size, self.setup.workers, c.shuffle_window
+        )
+        if train:
+            epoch = self.start_epoch()
+            sampler.epoch = epoch
+            skip = self.take_resume(epoch)
+            if skip:
+                sampler.skip[epoch] = skip
+        sampler.stop = self.step_limit_samples(sum(dataset.sizes), train)
+        return sampler
