@@ -508,3 +508,50 @@ def test_under_ddp_the_torch_loader_deals_repeats_itself_so_lightning_leaves_its
     dm.build()
     sampler = dm.train_dataloader().sampler
     assert isinstance(sampler, DistributedSampler) and sampler.shuffle is False and sampler.rank == 1, sampler
+
+
+@pytest.mark.parametrize("name", ["resnet50_a3", "vit_deit"])
+def test_a_recipes_randaugment_runs_at_the_recipes_magnitude_and_ops(compose, name):
+    """A3's magnitude 18 and DeiT's 27 reach the RandAugment that transforms the training images (the
+    default, 9, would be a silently weaker recipe)."""
+    from torchvision.transforms import v2
+
+    from trainer.data.augment import Augmentation, transforms_for
+
+    cfg = compose(f"+recipe={name}")
+    magnitude, ops = cfg.data.randaugment_magnitude, cfg.data.randaugment_ops
+    assert cfg.data.augment_policy == "randaugment" and magnitude != Augmentation().magnitude
+    for uint8 in (False, True):
+        steps = transforms_for(cfg.data.image_size, True, Augmentation.of(cfg.data), keep_uint8=uint8).transforms
+        (policy,) = [s for s in steps if isinstance(s, v2.RandAugment)]
+        assert (policy.magnitude, policy.num_ops) == (magnitude, ops), name
+
+
+def test_stochastic_depth_scales_the_branches_it_keeps_by_one_over_the_keep_rate():
+    """A dropped branch is 0 and a kept one is divided by 1 - rate, so the block's output keeps its
+    expectation in training (without the rescale, evaluation would see branches larger than training did)."""
+    import timm
+    from torchvision.models import resnet18
+
+    from trainer.models.regularize import apply_drop_path
+
+    torch.manual_seed(0)
+    net = resnet18(num_classes=4).train()
+    end = net.layer4[1].bn2
+    raw = []
+    end.register_forward_hook(lambda m, i, o: raw.append(o.detach().clone()))  # before the drop's hook
+    apply_drop_path(net, 0.6)
+    after = []
+    end.register_forward_hook(lambda m, i, o: after.append(o.detach().clone()))
+    with torch.no_grad():
+        net(torch.rand(64, 3, 16, 16))
+    before, dropped = raw[0].flatten(1), after[0].flatten(1)
+    kept = ~(dropped == 0).all(1)
+    assert 0 < int(kept.sum()) < 64
+    assert torch.allclose(dropped[kept], before[kept] / (1 - 0.6), rtol=1e-5, atol=1e-6)
+    t = timm.create_model("vit_tiny_patch16_224", img_size=32, num_classes=3, depth=3)
+    apply_drop_path(t, 0.4)
+    drop = t.blocks[-1].drop_path1.train()
+    out = drop(torch.ones(256, 4))
+    values = torch.unique(out).tolist()
+    assert len(values) == 2 and values[0] == 0.0 and values[1] == pytest.approx(1 / (1 - 0.4)), values
