@@ -146,6 +146,22 @@ class FetchLog(SlowDataset):
         return super().__getitem__(i)
 
 
+class TimedFetchLog(SlowDataset):
+    """Appends ``time index`` to ``path`` for each sample a loader worker builds: when each was built."""
+
+    def __init__(self, path: str, n: int = 64, image_size: int = 16, num_classes: int = 10):
+        super().__init__(n, image_size, num_classes, sleep_ms=0.0)
+        self.path = path
+
+    def __getitem__(self, i):
+        import time
+
+        if torch.utils.data.get_worker_info() is not None:
+            with open(self.path, "a") as f:
+                f.write(f"{time.time()} {i}\n")
+        return super().__getitem__(i)
+
+
 class SlowInitDataset(SlowDataset):
     """A data set that takes ``init_s`` to open (a slow listing, a cache being filled): a run still setting up."""
 
@@ -312,7 +328,7 @@ class StepLoopWatch(pl.Callback):
 
         import torch.distributed as dist
 
-        from trainer.launch.checkpointing import PreemptionCallback
+        from trainer.callbacks.checkpointing import PreemptionCallback
 
         dist.broadcast = self._original
         agreement = next(c for c in trainer.callbacks if isinstance(c, PreemptionCallback)).agreement

@@ -41,17 +41,18 @@ class _Labels(pl.Callback):
         self.seen[at] = batch[1].tolist()
 
 
-@pytest.mark.parametrize("loader", LOADERS)
+@pytest.mark.parametrize("loader, workers", [("torch", 0), ("torch", 2), ("dali", 1)])
 def test_one_rank_resumed_mid_epoch_trains_the_exact_next_samples(
-    train, add_callbacks, tmp_path, one_per_class, loader
+    train, add_callbacks, tmp_path, one_per_class, loader, workers
 ):
     """23 images in batches of 4: 6 steps an epoch. The checkpoint of step 9 is saved after batch 2 of
     epoch 1; the fit dies at batch 4; the resumed fit trains batches 3-5 of epoch 1, the very samples
-    the uninterrupted run trained there."""
+    the uninterrupted run trained there (with loader workers too, whose iterator draws its indices as
+    soon as it is made)."""
     if loader == "dali":
         pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is a test dependency: pip install -e '.[test]'")
     args = [*_folder_args(one_per_class, loader), "trainer.max_epochs=2", "checkpoint.enabled=true"]
-    args.append("checkpoint.every_n_steps=3")
+    args += ["checkpoint.every_n_steps=3", f"data.num_workers={workers}"]
     straight = _Labels()
     add_callbacks(straight)
     assert train(*args)[0]["status"] == "ok"
@@ -68,6 +69,42 @@ def test_one_rank_resumed_mid_epoch_trains_the_exact_next_samples(
     assert m["status"] == "ok" and m["loader"] == loader
     assert sorted(resumed.seen) == [(1, 3), (1, 4), (1, 5)]
     assert all(resumed.seen[at] == straight.seen[at] for at in resumed.seen), (resumed.seen, straight.seen)
+
+
+def test_a_checkpoint_of_an_epochs_last_step_resumes_with_the_next_epochs_order(
+    train, add_callbacks, tmp_path, one_per_class
+):
+    """The checkpoint of step 6 is the last step of epoch 0 (6 steps an epoch): Lightning resumes at
+    epoch 1, and the loader, whose workers draw their indices when its iterator is made (before
+    Lightning's set_epoch), must already be at epoch 1 then."""
+    args = [*_folder_args(one_per_class, "torch"), "trainer.max_epochs=2", "checkpoint.enabled=true"]
+    args += ["checkpoint.every_n_steps=6", "checkpoint.keep_last_k=-1", "data.num_workers=2"]
+    straight = _Labels()
+    add_callbacks(straight)
+    assert train(*args)[0]["status"] == "ok"
+    step6 = tmp_path / "run1" / "checkpoints" / "step0000006.ckpt"
+    assert torch.load(step6, weights_only=False)["ImageDataModule"]["position"] == [1, 0]
+    resumed = _Labels()
+    add_callbacks(resumed)
+    assert train(*args, f"ckpt_path={step6}")[0]["status"] == "ok"
+    assert sorted(resumed.seen) == [(1, i) for i in range(6)]
+    assert all(resumed.seen[at] == straight.seen[at] for at in resumed.seen), (resumed.seen, straight.seen)
+
+
+def test_a_position_restored_after_the_loader_was_made_still_moves_it(compose, one_per_class):
+    """FSDP restores the checkpoint after setting up, and the optimizers' set-up may already have asked
+    for the training loader (Lightning keeps that one): the position goes into its order, which then
+    starts at the resumed epoch, past the batches already trained."""
+    from trainer.data.sampler import EpochShuffleSampler
+
+    cfg = compose(*_folder_args(one_per_class, "torch"))
+    dm = ImageDataModule(cfg.data, cfg.seed)
+    dm.build()
+    loader = dm.train_dataloader()  # before the checkpoint is restored
+    dm.load_state_dict({"position": [1, 2], "plan": {"processes": 1, "batch_size": 4}})
+    expected = EpochShuffleSampler(23, cfg.seed)
+    expected.set_epoch(1)
+    assert [int(y) for _, labels in loader for y in labels] == list(expected)[8:]
 
 
 @pytest.mark.parametrize("world", [1, 2])

@@ -1108,3 +1108,61 @@ def test_decoded_images_are_let_go_only_once_their_crop_has_run():
     held.release()  # batch 1's crop still queued: its images are marked as read by its stream
     assert held.held == [batches[2]] and all(im.streams == ["stream 1"] for im in batches[1][1])
     assert not any(event.waited for event, _, _ in batches)
+
+
+class _EpochStarts(pl.Callback):
+    """The time each training epoch starts; validation held for ``hold_s`` (a slow validation)."""
+
+    def __init__(self, hold_s: float = 0.5):
+        self.starts, self.hold_s = {}, hold_s
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self.starts[trainer.current_epoch] = time.time()
+
+    def on_validation_end(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            time.sleep(self.hold_s)
+
+
+@pytest.mark.parametrize("persistent, prefetch", [(True, False), (False, False), (True, True)])
+def test_the_next_epochs_workers_build_its_first_batches_while_this_one_validates(
+    train, add_callbacks, tmp_path, monkeypatch, persistent, prefetch
+):
+    """With loader workers, the training loader's next iterator is made when its epoch's last batch is
+    taken (also by data.device_prefetch's step-loop side): epoch 1's first batches are built, its
+    first samples in its order, before epoch 1 starts, during the validation; after the last epoch
+    nothing more is built."""
+    from trainer.data.loaders.torch_workers import TorchLoaders
+    from trainer.data.sampler import EpochShuffleSampler
+
+    if prefetch:
+        monkeypatch.setattr(TorchLoaders, "prefetch_device", lambda self: torch.device("cpu"))
+
+    log = tmp_path / "fetches.log"
+    starts = _EpochStarts()
+    add_callbacks(starts)
+    m, _ = train(
+        "data=custom",
+        "data.dataset._target_=spies.TimedFetchLog",
+        f"+data.dataset.path={log}",
+        "+data.dataset.n=32",
+        "+data.val_dataset._target_=spies.SlowDataset",
+        "+data.val_dataset.n=8",
+        "data.batch_size=4",
+        "data.num_workers=2",
+        f"data.persistent_workers={str(persistent).lower()}",
+        "data.prefetch_factor=2",
+        "trainer.max_epochs=2",
+        f"data.device_prefetch={str(prefetch).lower()}",
+    )
+    assert m["status"] == "ok"
+    fetched = sorted((float(t), int(i)) for t, i in (line.split() for line in log.read_text().splitlines()))
+    assert len(fetched) == 64  # two epochs of 32, nothing built for an epoch that does not come
+    sampler = EpochShuffleSampler(32, 42)
+    sampler.set_epoch(1)
+    order = list(sampler)
+    epoch1 = fetched[32:]  # epoch 0's iterator ran out before epoch 1's was made
+    ahead = [i for t, i in epoch1 if t < starts.starts[1]]
+    # at least one batch of epoch 1 built before it started, and only its first batches (the workers'
+    # queue: 2 workers x prefetch_factor 2 x batches of 4)
+    assert len(ahead) >= 4 and set(ahead) <= set(order[:16]), (ahead, order[:16])

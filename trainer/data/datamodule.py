@@ -16,10 +16,11 @@ import pytorch_lightning as pl
 import torch
 
 from trainer.data.augment import Augmentation
-from trainer.data.loaders import Loaders, LoaderSetup, loaders_for
 
 # imported here, not lazily: Lightning records the arguments of DataLoader subclasses that exist
 # when it asks for a loader, so that it can re-create them with a distributed sampler
+from trainer.data.epoch_ahead import EpochAheadLoader  # noqa: F401
+from trainer.data.loaders import Loaders, LoaderSetup, loaders_for
 from trainer.data.prefetch import DevicePrefetchLoader  # noqa: F401
 from trainer.errors import ConfigError
 from trainer.rank import world_size
@@ -421,19 +422,24 @@ class ImageDataModule(pl.LightningDataModule):
         return self.train_sizes[min(epoch, len(self.train_sizes) - 1)]
 
     def teardown(self, stage: str) -> None:
+        from trainer.data.epoch_ahead import drop_all
         from trainer.data.prefetch import close_all
 
         close_all()  # data.device_prefetch: no producer thread outlives the fit (a sweep's next job runs in this process)
+        drop_all()  # nor an epoch's workers started ahead for an epoch that did not come
 
     def on_exception(self, exception: BaseException) -> None:
         """A fit that fails or is stopped (a crash, on_nan=stop, a stop signal): Lightning calls
         ``teardown`` only after a fit that ends well, and its own clean-up after a failure may not
         get as far as the loader's iterator (it raises again after a CUDA error), so the
         data.device_prefetch threads, the device batches they hold and their loader's workers are
-        stopped here, before the next job of a local sweep starts in this process."""
+        stopped here, before the next job of a local sweep starts in this process (and the workers
+        of an epoch started ahead)."""
+        from trainer.data.epoch_ahead import drop_all
         from trainer.data.prefetch import close_all
 
         close_all()
+        drop_all()
 
     def transfer_batch_to_device(self, batch, device, dataloader_idx):
         # Lightning's hook; a prefetched batch is already there, and moving it again does nothing

@@ -63,6 +63,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 import torch
 from torch.utils.data import DataLoader
 
+from trainer.data.epoch_ahead import EpochAheadLoader
 from trainer.errors import ConfigError
 
 
@@ -234,8 +235,10 @@ class _Producer:
                 loader._iterator = None  # persistent workers: the next iteration starts new ones
 
 
-class DevicePrefetchLoader(DataLoader):
-    """A DataLoader whose iterator yields batches already on ``device``, prepared by a producer thread."""
+class DevicePrefetchLoader(EpochAheadLoader):
+    """A DataLoader whose iterator yields batches already on ``device``, prepared by a producer thread.
+    As a training loader (``follows``), its next epoch's workers start when this epoch ends (``epoch_ahead``);
+    its producer thread starts at the next epoch's first batch, as always."""
 
     def __init__(
         self,
@@ -260,9 +263,10 @@ class DevicePrefetchLoader(DataLoader):
         if self._producer is not None:
             self._producer.close()
             self._producer = None
-        # the host iterator is made here, in the caller's thread, as a plain DataLoader makes it (it
-        # draws its base seed from the global RNG); the thread starts at the first batch asked for
-        return _hand_out(self, super().__iter__())
+        # the host iterator is made here (or was, when the last epoch ended), in the caller's thread, as a
+        # plain DataLoader makes it (it draws its base seed from the global RNG); the thread starts at
+        # the first batch asked for
+        return _hand_out(self, self.host_iterator())
 
 
 def _hand_out(loader: DevicePrefetchLoader, host_batches: Iterator[Any]) -> Iterator[Any]:
@@ -277,6 +281,7 @@ def _hand_out(loader: DevicePrefetchLoader, host_batches: Iterator[Any]) -> Iter
     producer = _Producer(host_batches, loader.device, loader.transfer, loader.depth, loader)
     loader._producer = producer
     device, clock = loader.device, loader.clock
+    last, handed = loader.batches_per_epoch(), 0
     try:
         while True:
             # the compute stream's clock when the host starts waiting (StepClock: transfer on the device's clock)
@@ -304,6 +309,28 @@ def _hand_out(loader: DevicePrefetchLoader, host_batches: Iterator[Any]) -> Iter
                 for t in tensors:
                     if t.device.type == "cuda":
                         t.record_stream(compute)
+            handed += 1
+            if handed == last and _ran_out(producer):
+                # the last batch: the producer has let go of the host iterator, so the next epoch's
+                # workers can start now, here in the step loop's thread (epoch_ahead)
+                loader.epoch_ended()
+                yield batch
+                return
             yield batch
     finally:
         producer.close()
+
+
+def _ran_out(producer: _Producer) -> bool:
+    """After the epoch's last batch: whether the producer found its host iterator empty (it tries
+    the next batch at once and gets nothing: no task is outstanding). A batch past the loader's
+    length (a sampler longer than it said) or an error means no: the iteration goes on as it was."""
+    producer.thread.join(timeout=10)  # a non-persistent iterator's end shuts its workers down first
+    if producer.thread.is_alive():
+        return False
+    with producer.queue.mutex:  # looked at, and taken only if it is the end
+        items = producer.queue.queue
+        if items and items[0] is _END:
+            items.popleft()
+            return True
+    return False

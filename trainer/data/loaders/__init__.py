@@ -25,7 +25,7 @@ def loaders_for(setup: LoaderSetup, train_set, val_set) -> Loaders:
         from trainer.data.loaders.device_resident import DeviceResidentLoaders
 
         return DeviceResidentLoaders(setup)
-    if setup.decoder == "nvjpeg":
+    if setup.decoder == "nvjpeg" and c.name in ("imagefolder", "builtin", "imagenette"):  # it decodes image files
         from trainer.data.loaders.nvjpeg import NvjpegLoaders
 
         return NvjpegLoaders(setup)

@@ -56,8 +56,10 @@ class Loaders:
     def __init__(self, setup: LoaderSetup) -> None:
         self.setup = setup
         self.trainer = None  # the fit's Trainer, once Lightning asks for a loader (None: used on its own)
-        # from a checkpoint, until the training loader is made: (epoch, batches this rank trained in it)
-        self._resume: Optional[tuple] = None
+        self._resume: Optional[tuple] = None  # a checkpoint's (epoch, batches this rank trained in it)
+        self._saved_plan = None  # and the plan it was saved with
+        self._plan_said = False
+        self._order = None  # the training sampler last handed out (a resume restored later goes into it)
 
     # -- what the datamodule calls ------------------------------------------------------------------
     def train(self, dataset) -> Iterable:
@@ -86,30 +88,30 @@ class Loaders:
         return {"processes": self.world, "batch_size": self.setup.cfg.batch_size}
 
     def state_dict(self) -> Dict[str, Any]:
-        """Where the fit stands: (epoch, batches this rank trained in it; 0 at an epoch's end), and the plan."""
+        """Where the fit stands: (the epoch a resume trains first, the batches this rank already trained
+        in it), and the plan. Saved at an epoch's last step or after it, that is the next epoch, whole
+        (Lightning resumes there)."""
         epoch, batches = 0, 0
         trainer = self.trainer
         if trainer is not None and hasattr(trainer, "fit_loop"):
             loop = trainer.fit_loop
             epoch = loop.epoch_progress.current.processed
             batches = loop.epoch_loop.batch_progress.current.processed
-            if batches >= trainer.num_training_batches:  # saved at the epoch's end: the next one starts whole
-                batches = 0
+            if batches >= trainer.num_training_batches:  # the epoch's batches are all trained
+                epoch, batches = loop.epoch_progress.current.started, 0  # started: incremented as each epoch starts
         return {"loader": self.name, "position": [int(epoch), int(batches)], "plan": self.plan()}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """A checkpoint's position. Restored before Lightning asks for the loaders, or (FSDP restores
+        after setting up, and the optimizers' set-up may already have asked) into the training order
+        already handed out, before its first iteration."""
         epoch, batches = state.get("position", (0, 0))
         self._resume = (int(epoch), int(batches))
-        saved, now = state.get("plan"), self.plan()
-        if batches and saved and saved != now:
-            log.warning(
-                "resuming mid-epoch %d with %s, not %s as when the checkpoint was saved: the rest of this epoch "
-                "follows the new plan, so some of its samples may be seen twice or not at all (later epochs are exact)",
-                int(epoch),
-                _plan_text(now),
-                _plan_text(saved),
-            )
+        self._saved_plan = state.get("plan")
+        if self._order is not None:
+            self._resume_into(self._order)
 
+    # -- shared by the loaders ----------------------------------------------------------------------
     # -- shared by the loaders ----------------------------------------------------------------------
     @property
     def world(self) -> int:
@@ -134,26 +136,46 @@ class Loaders:
         return getattr(sampler, "epoch", 0)
 
     def start_epoch(self) -> int:
-        """The epoch a loader made now starts in: the fit loop's (restored from a checkpoint before
-        Lightning asks for the loaders). On a restart Lightning makes the loader's iterator before it
-        calls ``set_epoch``, and loader workers draw indices at once, so the sampler starts there.
-
-        After a resume, the checkpoint's epoch: Lightning may ask for the training loader before it
-        restores its loops (``estimated_stepping_batches``, from a scheduler's set-up), and keeps the
-        loader it got then."""
-        if self._resume is not None:
-            return self._resume[0]
+        """The epoch a loader made now starts in. On a restart Lightning makes the loader's iterator
+        before it calls ``set_epoch``, and loader workers draw indices at once, so the sampler starts
+        there: the fit loop's epoch, or a resume's while the fit loop has not passed it (Lightning may
+        ask for the training loader before it restores its loops: ``estimated_stepping_batches``, from
+        a scheduler's set-up)."""
         loop = getattr(self.trainer, "fit_loop", None)
         if loop is not None:
-            return int(loop.epoch_progress.current.processed)
-        return int(getattr(self.trainer, "current_epoch", 0) or 0) if self.trainer is not None else 0
+            live = int(loop.epoch_progress.current.processed)
+        else:
+            live = int(getattr(self.trainer, "current_epoch", 0) or 0) if self.trainer is not None else 0
+        if self._resume is not None and live <= self._resume[0]:
+            return self._resume[0]
+        return live
 
-    def take_resume(self, epoch: int) -> int:
-        """Samples of ``epoch`` this rank trained before the checkpoint a resume continues (once; 0 if none)."""
-        resume, self._resume = self._resume, None
-        if resume is None or resume[0] != epoch:
+    def resume_skip(self, epoch: int) -> int:
+        """Samples of ``epoch`` this rank trained before the checkpoint a resume continues (0 if none).
+        Kept for every loader made for that epoch (Lightning may make it again: a reload); the sampler
+        skips them once, at the epoch's iteration."""
+        if self._resume is None or self._resume[0] != epoch or not self._resume[1]:
             return 0
-        return resume[1] * self.setup.cfg.batch_size
+        saved, now = self._saved_plan, self.plan()
+        if saved and saved != now and not self._plan_said:
+            self._plan_said = True
+            log.warning(
+                "resuming mid-epoch %d with %s, not %s as when the checkpoint was saved: the rest of this epoch "
+                "follows the new plan, so some of its samples may be seen twice or not at all (later epochs are exact)",
+                epoch,
+                _plan_text(now),
+                _plan_text(saved),
+            )
+        return self._resume[1] * self.setup.cfg.batch_size
+
+    def _resume_into(self, order) -> None:
+        """Start ``order`` (a training sampler) at the resumed epoch, skipping what was trained in it."""
+        epoch = self.start_epoch()
+        order.set_epoch(epoch)
+        order.epoch = epoch
+        skip = self.resume_skip(epoch)
+        if skip:
+            order.skip[epoch] = skip
 
     def step_limit_samples(self, samples: int, train: bool) -> Optional[int]:
         """``trainer.limit_train_batches`` / ``limit_val_batches`` as the samples each rank's loader is to
@@ -180,16 +202,10 @@ class Loaders:
 
         sampler = EpochShuffleSampler(length, self.setup.seed, self.setup.repeats)
         stop = self.step_limit_samples(length, train=True)
-        dealt = deal_to_ranks(sampler, self.rank, self.world, stop, self.distributed)
-        epoch = self.start_epoch()
-        sampler.epoch = dealt.epoch = epoch
-        skip = self.take_resume(epoch)
-        if skip:
-            dealt.skip[epoch] = skip
-        return dealt
+        self._order = deal_to_ranks(sampler, self.rank, self.world, stop, self.distributed)
+        self._resume_into(self._order)
+        return self._order
 
 
-def _plan_text(plan) -> str:
-    if isinstance(plan, dict):
-        return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in plan.items())
-    return str(tuple(plan))  # a checkpoint of an older version: (processes, loader workers, batch size)
+def _plan_text(plan: Dict[str, int]) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in plan.items())

@@ -10,10 +10,11 @@ workers itself) and a user's own Dataset.
 from __future__ import annotations
 
 import functools
-from typing import Dict
+from typing import Dict, Optional
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from trainer.data.epoch_ahead import EpochAheadLoader
 from trainer.data.loaders.base import Loaders
 from trainer.data.seeding import SeededSamples
 
@@ -72,15 +73,32 @@ class TorchLoaders(Loaders):
             persistent_workers=c.persistent_workers and workers > 0,
             prefetch_factor=c.prefetch_factor if workers > 0 else None,
         )
+        if train:  # its next epoch's workers start when this epoch ends (epoch_ahead)
+            kwargs["follows"] = self.next_epoch
         device = self.prefetch_device()
         if device is None:
-            return DataLoader(dataset, **kwargs)
+            return EpochAheadLoader(dataset, **kwargs) if train else DataLoader(dataset, **kwargs)
         from trainer.data.prefetch import DevicePrefetchLoader
 
         kwargs["pin_memory"] = kwargs["pin_memory"] or device.type == "cuda"  # an asynchronous copy needs it
         return DevicePrefetchLoader(
             dataset, device=device, transfer=self.to_device, clock=self.setup.step_clock, **kwargs
         )
+
+    def next_epoch(self) -> Optional[int]:
+        """The epoch that follows the one being trained, or None where the fit ends with it (its epoch or
+        step limit, or a stop already decided)."""
+        trainer = self.trainer
+        if trainer is None or not hasattr(trainer, "fit_loop") or trainer.should_stop:
+            return None
+        if getattr(trainer, "reload_dataloaders_every_n_epochs", 0):  # a new loader may come: none made ahead
+            return None
+        upcoming = trainer.current_epoch + 1
+        if trainer.max_epochs is not None and 0 <= trainer.max_epochs <= upcoming:
+            return None
+        if trainer.max_steps not in (None, -1) and trainer.global_step + 1 >= trainer.max_steps:
+            return None
+        return upcoming
 
     def prefetch_device(self):
         """The device data.device_prefetch copies to, or None when it is off (or not on CUDA)."""
@@ -99,10 +117,7 @@ class TorchLoaders(Loaders):
             dataset.sizes, self.setup.seed, train, c.batch_size, self.setup.workers, c.shuffle_window
         )
         if train:
-            epoch = self.start_epoch()
-            sampler.epoch = epoch
-            skip = self.take_resume(epoch)
-            if skip:
-                sampler.skip[epoch] = skip
+            self._order = sampler
+            self._resume_into(sampler)
         sampler.stop = self.step_limit_samples(sum(dataset.sizes), train)
         return sampler
