@@ -21,6 +21,9 @@ The JPEGs (``--images``, default 512, about 500 x 375 px at quality 90, ImageNet
 cut from the photos the built-in set uses, into a temp folder (or ``--folder``, kept).
 
     python scripts/bench_loader_per_core.py --out scripts/results/loader_per_core/<cpu kind>.json
+
+``--save`` keeps the decoders' and DALI's per-core rates as this machine's (``trainer.measure.loader_rates``),
+where the doctor reads them to say which loader would feed an input-bound GPU run.
 """
 
 from __future__ import annotations
@@ -175,6 +178,11 @@ def main(argv=None) -> int:
         help='overrides of one product row (repeatable; default: its defaults, and "data.decoder=turbo data.gpu_normalize=true")',
     )
     p.add_argument("--out", type=Path)
+    p.add_argument(
+        "--save",
+        action="store_true",
+        help="keep the decoders' and DALI's rates as this machine's, where the doctor reads them (trainer.measure.loader_rates)",
+    )
     args = p.parse_args(argv)
 
     import torch
@@ -227,7 +235,24 @@ def main(argv=None) -> int:
             + "\n"
         )
         print(f"wrote {args.out}")
+    if args.save:
+        from trainer.measure import loader_rates
+
+        per_core = {row_loader(rows[n]): medians[n] for n in rows if row_loader(rows[n])}
+        if "dali (cpu)" in medians:
+            per_core["dali"] = medians["dali (cpu)"]
+        print(f"kept {per_core} in {loader_rates.save(per_core, args.size)}")
     return 0
+
+
+def row_loader(overrides: str):
+    """The decoder a product row measures alone (``pil``, ``turbo``, ...), or None for a row that changes
+    more than the decoder (its rate is not the decoder's)."""
+    keys = dict(o.split("=", 1) for o in shlex.split(overrides))
+    keys.pop("data.gpu_normalize", None) if keys.get("data.gpu_normalize") == "true" else None
+    if set(keys) - {"data.decoder"}:
+        return None
+    return keys.get("data.decoder", "pil")
 
 
 if __name__ == "__main__":

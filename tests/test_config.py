@@ -221,3 +221,24 @@ def test_the_package_has_no_import_cycles():
 
     cycles = [c for c in map(cycle_from, graph) if c]
     assert not cycles, cycles[0]
+
+
+def test_the_config_of_a_run_cannot_be_written_once_it_is_settled(train, add_callbacks):
+    """After the run settles its own values (batch size, scaled lr) the config is what was saved and
+    recorded: a callback that tries to change it during the fit is refused."""
+    import pytorch_lightning as pl
+    from omegaconf.errors import ReadonlyConfigError
+
+    tried = []
+
+    class Writer(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            cfg = trainer.datamodule.cfg  # the data section of the run's config
+            try:
+                cfg.batch_size = 3
+            except ReadonlyConfigError:
+                tried.append("refused")
+
+    add_callbacks(Writer())
+    m, _ = train()
+    assert m["status"] == "ok" and tried == ["refused"] and m["batch_size"] == 8

@@ -10,7 +10,7 @@ import re
 import pytest
 from conftest import read_metrics, run_cli
 
-from trainer.output import console
+from trainer import console
 
 # every line a single smoke run may print on a non-terminal, in order
 SINGLE_RUN_LINES = [

@@ -374,7 +374,7 @@ def test_a_stop_signal_to_the_launching_process_stops_every_rank_at_one_step_and
     import os
     import signal
 
-    from trainer.launch.checkpointing import PREEMPTED_EXIT_CODE
+    from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 
     run_dir, output = tmp_path / "run", tmp_path / "output.txt"
     with open(output, "w") as console:  # a file, not a pipe: ranks left behind would hold a pipe open

@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import ROOT, clean_env, read_metrics, run_cli
 
-from trainer.launch.checkpointing import PREEMPTED_EXIT_CODE
+from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 
 # 32 steps per epoch per rank (256 samples, 2 ranks, batch 4): a stop lands well inside epoch 0
 RUN = [

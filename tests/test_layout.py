@@ -37,8 +37,8 @@ LIGHT = (
     "trainer.rank",
     "trainer.config",
     "trainer.measure.metrics",
-    "trainer.output.console",
-    "trainer.output.run_dirs",
+    "trainer.console",
+    "trainer.launch.run_dirs",
     "trainer.command_line",
     "trainer.report",
     "trainer.sweep",
@@ -152,18 +152,41 @@ def test_the_layers_hold():
     assert "0 broken" in r.stdout
 
 
-def test_an_import_against_the_layers_breaks_them(tmp_path):
-    """The contracts can fail: measuring that imports train.py's entry point is refused."""
-    shutil.copytree(ROOT / "trainer", tmp_path / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    assert _lint_imports(tmp_path).returncode == 0  # the copy itself is clean
-    metrics = tmp_path / "trainer" / "measure" / "metrics.py"
-    metrics.write_text(
-        metrics.read_text() + "\n\ndef _planted():\n    from trainer.cli import main\n\n    return main\n"
-    )
-    r = _lint_imports(tmp_path)
-    assert r.returncode != 0
-    assert "trainer.measure.metrics -> trainer.cli" in r.stdout, r.stdout[-3000:]
+# (file to plant in, what it imports or None for a new module there, what the broken contract names)
+PLANTED = {
+    "measuring imports the entry point": ("measure/metrics.py", "from trainer.cli import main", "trainer.measure.metrics -> trainer.cli"),
+    "the report imports the models": ("report/rows.py", "from trainer.models import build", "trainer.report is not allowed to import trainer.models"),
+    "a tracker imports the models": ("tracking/record.py", "from trainer.models import build", "trainer.tracking is not allowed to import trainer.models"),
+    "the data imports one run": ("data/folder.py", "from trainer.run import job", "trainer.data is not allowed to import trainer.run"),
+    "a new part in no layer": ("newpart.py", None, "trainer.newpart"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def clean_copy(tmp_path_factory):
+    """The package and its contracts, copied, and clean as they are."""
+    root = tmp_path_factory.mktemp("layers")
+    shutil.copytree(ROOT / "trainer", root / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", root)
+    assert _lint_imports(root).returncode == 0
+    return root
+
+
+@pytest.mark.parametrize("case", sorted(PLANTED))
+def test_an_import_against_the_contracts_breaks_them(clean_copy, tmp_path, case):
+    """Each rule can fail: an import planted against it (or a module no layer holds) breaks make lint,
+    and the broken contract names what was planted."""
+    root = tmp_path / "copy"
+    shutil.copytree(clean_copy, root)
+    where, planted, named = PLANTED[case]
+    path = root / "trainer" / where
+    if planted is None:
+        path.write_text('"""A part placed in no layer."""\n')
+    else:
+        path.write_text(path.read_text() + f"\n\ndef _planted():\n    {planted}\n\n    return None\n")
+    r = _lint_imports(root)
+    assert r.returncode != 0, r.stdout[-3000:]
+    assert named in r.stdout, r.stdout[-3000:]
 
 
 def test_what_answers_before_a_job_imports_no_torch():

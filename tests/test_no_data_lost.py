@@ -179,7 +179,7 @@ def test_the_cache_never_writes_into_a_folder_of_the_users(tmp_path):
 def test_in_process_runs_never_write_into_a_killed_runs_dir(compose, tmp_path):
     from conftest import TINY
 
-    from trainer.output.run_dirs import OutputTaken
+    from trainer.launch.run_dirs import OutputTaken
     from trainer.run import run
 
     killed = tmp_path / "killed"

@@ -185,7 +185,7 @@ def test_a_profiled_run_writes_its_summary_page_and_the_chart_of_its_numbers(pro
     import matplotlib.pyplot as plt
     from PIL import Image
 
-    from trainer.output.profile_page import CATEGORIES, chart_figure, chart_png
+    from trainer.callbacks.profile_page import CATEGORIES, chart_figure, chart_png
 
     m, out = profiled
     page = out / "profiler" / "summary.html"
@@ -234,7 +234,7 @@ def test_the_profile_summary_page_renders_offline_in_a_real_browser(profiled, tm
 
 def test_the_breakdown_partition_counts_each_instant_once_by_priority():
     """Kernel time wins over the CPU time it overlaps; what nothing covers is "other"."""
-    from trainer.output.profile_page import partition
+    from trainer.callbacks.profile_page import partition
 
     steps = [(0.0, 100.0), (100.0, 200.0)]
     classes = {
@@ -255,7 +255,7 @@ def test_the_breakdown_chart_and_table_show_the_planted_intervals(tmp_path):
     ones left out), its legend, the page's table and the inlined PNG all show those numbers."""
     import matplotlib.pyplot as plt
 
-    from trainer.output.profile_page import CATEGORIES, CHART, chart_figure, partition, save, write_page
+    from trainer.callbacks.profile_page import CATEGORIES, CHART, chart_figure, partition, save, write_page
 
     ms = 1000.0  # the profiler's unit is the microsecond
     steps = [(0.0, 50 * ms), (50 * ms, 100 * ms), (100 * ms, 150 * ms), (150 * ms, 200 * ms)]

@@ -9,8 +9,7 @@ import sys
 
 import pytest
 
-from trainer import report
-from trainer.output import console
+from trainer import console, report
 
 
 def _job(root, name, flags, times, val_acc=0.5, status="ok", error=None, overrides=(), val_samples=None, accs=None):

@@ -91,7 +91,7 @@ def test_kill_9_at_five_random_points_keeps_every_epoch_once_and_matches_an_unin
 
 @pytest.mark.slow
 def test_preempted_twice_then_resumed_keeps_the_full_history(tmp_path):
-    from trainer.launch.checkpointing import PREEMPTED_EXIT_CODE
+    from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 
     run_dir = tmp_path / "run"
     args = [f"hydra.run.dir={run_dir}", *LONG, "trainer.max_epochs=4", "checkpoint.every_n_steps=7"]
@@ -224,8 +224,8 @@ def test_the_rng_states_resume_where_they_were_saved(tmp_path, saved_as, loader)
     import numpy as np
     from lightning_fabric.utilities.load import _lazy_load, _materialize_tensors
 
+    from trainer.callbacks.checkpointing import ResumableState
     from trainer.launch.checkpoint_files import AtomicCheckpointIO, safe_load
-    from trainer.launch.checkpointing import ResumableState
 
     np.random.seed(1234)
     random.seed(1234)

@@ -53,7 +53,7 @@ def _running_epoch_written(job_dir) -> bool:
 
 @pytest.mark.slow
 def test_sigterm_stops_a_sweep_after_the_job_in_flight_saves_and_the_same_command_finishes_it(tmp_path):
-    from trainer.launch.checkpointing import PREEMPTED_EXIT_CODE
+    from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 
     sweep_dir = tmp_path / "sweep"
     args = ["-m", f"hydra.sweep.dir={sweep_dir}", *SLOW, "model.width=4,5,6"]
@@ -128,7 +128,7 @@ def test_sigusr1_stops_a_single_run_after_the_step_in_flight_with_last_ckpt_save
     the signal to its own process in the 3rd training step."""
     import torch
 
-    from trainer.launch.checkpointing import PREEMPTED_EXIT_CODE
+    from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 
     run_dir = tmp_path / "run"
     r = run_cli(

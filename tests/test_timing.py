@@ -184,8 +184,25 @@ def test_flops_are_counted_for_the_recipe_models(compose):
 
     for recipe, at_least in (("resnet50", 1e8), ("vit", 1e7)):
         cfg = compose(f"+recipe={recipe}", "scale=smoke")
-        flops = training_flops_per_sample(lambda cfg=cfg: build_module(cfg), cfg.data.image_size)
+        flops = training_flops_per_sample(build_module(cfg), cfg.data.image_size)
         assert flops is not None and flops > at_least, (recipe, flops)
+
+
+def test_a_run_builds_its_model_once(train, monkeypatch):
+    """The FLOPs are counted on a meta copy of the run's own model (its modules copied, its weights
+    not), not on a second model built from the config."""
+    from trainer.models import tiny
+
+    built, real = [], tiny.TinyCNN.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(type(self))
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(tiny.TinyCNN, "__init__", counted)
+    m, _ = train()
+    assert m["status"] == "ok" and m["flops_per_sample"] > 0
+    assert len(built) == 1, built
 
 
 def test_val_samples_counts_what_the_last_validation_saw(train):

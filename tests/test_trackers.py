@@ -92,7 +92,7 @@ def test_a_stopped_sweep_finished_later_reaches_mlflow_wandb_and_csv_as_one_swee
     pytest.importorskip("wandb")
     from wandb_records import history, read_run
 
-    from trainer.launch.checkpointing import PREEMPTED_EXIT_CODE
+    from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 
     sweep = tmp_path / "sweep"
     command = [
@@ -319,23 +319,23 @@ def test_an_unreachable_tracking_server_is_one_paragraph_before_training(tmp_pat
 
 
 def test_a_missing_tracker_package_is_one_paragraph_naming_the_extra(compose, tmp_path, monkeypatch):
+    from trainer import tracking
     from trainer.errors import ConfigError
-    from trainer.output import trackers
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb fails as if it were not installed
     monkeypatch.setattr("pytorch_lightning.loggers.wandb._WANDB_AVAILABLE", False)
     cfg = compose(*TINY, "logger=[tensorboard,wandb]")
     with pytest.raises(ConfigError, match=r"logger=wandb needs the wandb package.*trainer-switchboard\[wandb\]"):
-        trackers.build(cfg, str(tmp_path), [], resuming=False)
+        tracking.build(cfg, str(tmp_path), [], resuming=False)
 
 
 def test_a_typo_under_a_logger_is_one_paragraph_naming_it(compose, tmp_path):
+    from trainer import tracking
     from trainer.errors import ConfigError
-    from trainer.output import trackers
 
     cfg = compose(*TINY, "logger=csv", "+logger.csv.flush_every=3")
     with pytest.raises(ConfigError, match=r"logger\.csv could not be built.*flush_every"):
-        trackers.build(cfg, str(tmp_path), [], resuming=False)
+        tracking.build(cfg, str(tmp_path), [], resuming=False)
 
 
 def test_a_failed_build_closes_the_runs_it_opened_and_a_resume_keeps_other_trackers_ids(compose, tmp_path, monkeypatch):
@@ -343,18 +343,18 @@ def test_a_failed_build_closes_the_runs_it_opened_and_a_resume_keeps_other_track
     reuse it); a resume with fewer trackers keeps the others' run ids in trackers.json for a later resume."""
     import wandb
 
+    from trainer import tracking
     from trainer.errors import ConfigError
-    from trainer.output import trackers
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     cfg = compose(*TINY, "logger=[wandb,csv]", "+logger.csv.flush_every=3")
     assert list(cfg.logger) == ["wandb", "csv"]
     with pytest.raises(ConfigError, match=r"logger\.csv could not be built"):
-        trackers.build(cfg, str(tmp_path), [], resuming=False)
+        tracking.build(cfg, str(tmp_path), [], resuming=False)
     assert wandb.run is None
 
     (tmp_path / "trackers.json").write_text(json.dumps({"mlflow": {"run_id": "abc", "tracking_uri": "http://x"}}))
-    loggers = trackers.build(compose(*TINY, "logger=wandb"), str(tmp_path), [], resuming=True)
+    loggers = tracking.build(compose(*TINY, "logger=wandb"), str(tmp_path), [], resuming=True)
     try:
         state = _state(tmp_path)
         assert state["mlflow"]["run_id"] == "abc" and state["wandb"]["id"], state
@@ -411,7 +411,7 @@ def test_values_a_user_sets_on_a_logger_win_over_the_trainers(compose, tmp_path,
     them null: here a sweep job's dir (the sweep's group recorded beside it), with the user's own."""
     import wandb
 
-    from trainer.output import trackers
+    from trainer import tracking
     from trainer.paths import SWEEP_PLAN
 
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -425,7 +425,7 @@ def test_values_a_user_sets_on_a_logger_win_over_the_trainers(compose, tmp_path,
         "logger=[csv,wandb]", f"+logger.csv.save_dir={elsewhere}", "logger.wandb.name=my-run",
         "logger.wandb.group=my-group", f"+logger.wandb.save_dir={elsewhere}",
     ]  # fmt: skip
-    loggers = trackers.build(compose(*TINY, *users), str(job), ["amp=true"], resuming=False)
+    loggers = tracking.build(compose(*TINY, *users), str(job), ["amp=true"], resuming=False)
     try:
         csv_logger, wandb_logger = loggers
         assert os.path.abspath(csv_logger.log_dir).startswith(str(elsewhere)), csv_logger.log_dir
@@ -435,7 +435,7 @@ def test_values_a_user_sets_on_a_logger_win_over_the_trainers(compose, tmp_path,
     finally:
         wandb.finish()
     # and where the config leaves them null, the trainer's: the job's dir, its swept values, the sweep's group
-    loggers = trackers.build(compose(*TINY, "logger=[csv,wandb]"), str(job), ["amp=true"], resuming=False)
+    loggers = tracking.build(compose(*TINY, "logger=[csv,wandb]"), str(job), ["amp=true"], resuming=False)
     try:
         csv_logger, wandb_logger = loggers
         assert os.path.abspath(csv_logger.log_dir) == str(job)
@@ -450,8 +450,8 @@ def test_wandb_that_cannot_start_a_run_is_one_paragraph_before_training(compose,
     one paragraph, saying how to log in or run offline."""
     import wandb
 
+    from trainer import tracking
     from trainer.errors import ConfigError
-    from trainer.output import trackers
 
     for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
@@ -461,7 +461,7 @@ def test_wandb_that_cannot_start_a_run_is_one_paragraph_before_training(compose,
     wandb.teardown()  # W&B keeps the settings it first read in a process (an earlier test's offline mode)
     try:
         with pytest.raises(ConfigError) as raised:
-            trackers.build(compose(*TINY, "logger=wandb"), str(tmp_path / "run"), [], resuming=False)
+            tracking.build(compose(*TINY, "logger=wandb"), str(tmp_path / "run"), [], resuming=False)
     finally:
         wandb.teardown()  # nor does a later test get this one's
     message = str(raised.value)
@@ -471,13 +471,13 @@ def test_wandb_that_cannot_start_a_run_is_one_paragraph_before_training(compose,
 
 
 def test_mlflow_without_a_tracking_server_is_one_paragraph_saying_how_to_set_one(compose, tmp_path, monkeypatch):
+    from trainer import tracking
     from trainer.errors import ConfigError
-    from trainer.output import trackers
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     cfg = compose(*TINY, "logger=mlflow")
     with pytest.raises(ConfigError, match=r"logger=mlflow needs a tracking server: set MLFLOW_TRACKING_URI"):
-        trackers.build(cfg, str(tmp_path), [], resuming=False)
+        tracking.build(cfg, str(tmp_path), [], resuming=False)
 
 
 # ---- what leaves the machine
@@ -539,24 +539,24 @@ def test_what_counts_as_a_credential_and_that_no_key_of_the_product_does(compose
     product's own keys is (a masked ``data.batch_size`` would make params useless)."""
     from omegaconf import OmegaConf
 
-    from trainer.output import trackers
+    from trainer import tracking
 
     names = ("secret", "key", "token", "password", "aws_secret_access_key", "aws_access_key_id", "api_key")
     for name in (*names, "apiKey", "account_key", "sas_token", "client_secret", "connection_string", "credentials"):
-        assert trackers.looks_secret(f"data.storage_options.{name}"), name
+        assert tracking.looks_secret(f"data.storage_options.{name}"), name
     for name in ("key_dim", "monkey", "tokenizer", "max_tokens", "author", "data.root"):
-        assert not trackers.looks_secret(name), name
-    masked = trackers.redact(
+        assert not tracking.looks_secret(name), name
+    masked = tracking.redact(
         {"a": {"credentials": {"user": "u", "n": 3, "off": None}, "root": "s3://ak:sk@bucket/x?sig=abc&y=1"}}
     )
     assert masked == {
         "a": {"credentials": {"user": "***", "n": "***", "off": None}, "root": "s3://***@bucket/x?sig=***&y=1"}
     }
-    assert trackers.redact_text("+data.storage_options.token='a b'") == "+data.storage_options.token=***"
+    assert tracking.redact_text("+data.storage_options.token='a b'") == "+data.storage_options.token=***"
     for overrides in ([], ["logger=many"], ["logger=wandb"], ["+recipe=resnet50"], ["+recipe=vit"]):
-        flat = trackers.params_of(compose(*overrides), {})
-        flat.update(trackers._flatten(OmegaConf.to_container(compose(*overrides).logger, resolve=False)))
-        assert flat and not [k for k in flat if trackers.looks_secret(k)], overrides
+        flat = tracking.params_of(compose(*overrides), {})
+        flat.update(tracking._flatten(OmegaConf.to_container(compose(*overrides).logger, resolve=False)))
+        assert flat and not [k for k in flat if tracking.looks_secret(k)], overrides
 
 
 def test_wandb_plots_the_epoch_figures_against_the_epoch(train, monkeypatch):

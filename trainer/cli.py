@@ -64,8 +64,8 @@ def _record_failure(out_dir: str, cfg, overrides: List[str], error: str, rank_er
 
 def _log_status(num, overrides: List[str], out_dir: str) -> None:
     """A launched job's status line, from the metrics.json its rank 0 wrote."""
+    from trainer import console
     from trainer.measure import metrics
-    from trainer.output import console
 
     try:
         result = metrics.read(os.path.join(out_dir, "metrics.json"))
@@ -76,7 +76,7 @@ def _log_status(num, overrides: List[str], out_dir: str) -> None:
 
 def _status(line: str, ok: bool) -> None:
     """A sweep job's status line (a warning when the job did not finish)."""
-    from trainer.output import console
+    from trainer import console
 
     log.log(logging.INFO if ok else logging.WARNING, line, extra={console.STATUS_LINE: True})
 
@@ -111,17 +111,16 @@ class JobContext:
 
     @property
     def label(self) -> str:
-        from trainer.output import console
+        from trainer import console
 
         return console.job_label(self.num, self.overrides)
 
 
 def task(cfg) -> None:
     """One Hydra job: finish the config (scale, model), then run it here or launch its ranks; record the outcome."""
-    from trainer import sweep
+    from trainer import console, sweep
     from trainer.config.compose import finish
     from trainer.launch import stopping
-    from trainer.output import console
 
     job = JobContext.from_hydra()
     console.set_sweep(job.multirun)
@@ -151,7 +150,7 @@ def task(cfg) -> None:
             # process: a Slurm job (submitit) returns its result, and its sweep goes on waiting
             raise sweep.SweepStopped(stopping.requested())
     except UserFacingError as e:
-        from trainer.output.run_dirs import OutputTaken
+        from trainer.launch.run_dirs import OutputTaken
 
         if not isinstance(
             e, OutputTaken
@@ -173,8 +172,8 @@ def _prepare_job_dir(cfg, job: JobContext, resume: bool) -> None:
     from omegaconf import open_dict
 
     from trainer.launch.processes import inside_launcher
+    from trainer.launch.run_dirs import refuse_finished_run_dir
     from trainer.launch.slurm import resume_if_requeued
-    from trainer.output.run_dirs import refuse_finished_run_dir
 
     resume_if_requeued(cfg, job.out_dir)
     if resume:  # finishing a stopped sweep: this job stopped after saving
@@ -222,8 +221,8 @@ def _launch_job(cfg, job: JobContext) -> None:
 
 def _run_job(cfg, job: JobContext) -> None:
     """Train in this process; say how it went (a preempted single run exits with the requeue code)."""
+    from trainer import console
     from trainer.launch.slurm import leave_for_requeue
-    from trainer.output import console
     from trainer.run import run
 
     result = run(cfg, job.out_dir, job.overrides, config_path=job.config_path)
@@ -246,8 +245,8 @@ def _run_job(cfg, job: JobContext) -> None:
 
 def main() -> None:
     from trainer import sweep
+    from trainer.console import quiet_known_warnings
     from trainer.launch import stopping
-    from trainer.output.console import quiet_known_warnings
 
     quiet_known_warnings()
     sweep.remember_argv(sys.argv[1:])

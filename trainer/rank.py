@@ -1,7 +1,8 @@
 """Which process of a multi-process run this is, before Lightning is there to say.
 
 torchrun sets ``RANK``; ``srun`` with several tasks sets ``SLURM_PROCID`` (Lightning's
-SLURMEnvironment reads the same). Logging, the saved config and the console need it at start-up.
+SLURMEnvironment reads the same). Logging, the saved config and the console need it at start-up;
+the run dirs and the trackers need which run of a requeued Slurm job this is (``restart_count``).
 """
 
 import os
@@ -37,3 +38,11 @@ def global_rank() -> int:
             except ValueError:
                 continue
     return 0
+
+
+def restart_count() -> int:
+    """How many times Slurm has requeued this job (0 for a first run, or outside Slurm)."""
+    try:
+        return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0

@@ -15,7 +15,7 @@ Hydra's basic launcher runs a sweep's jobs one after another in this process. Th
 - **Finishing it.** The same command with ``hydra.sweep.dir=<that dir>``: a sweep dir that holds a
   stopped sweep of the same overrides (or one whose process died, on this host) is taken up
   again. A job that finished is kept as it is, not trained again; a stopped job resumes from its
-  last.ckpt; the rest run. Anything else in a used sweep dir is still refused (``trainer.output.run_dirs``).
+  last.ckpt; the rest run. Anything else in a used sweep dir is still refused (``trainer.launch.run_dirs``).
 
 why longer: Hydra gives a sweep one callback object; the plan file, the resume of a stopped sweep
 and the stop between jobs are that object's state and read it together.
@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from trainer.launch.processes import process_alive
+from trainer.measure.sysstats import process_alive
 from trainer.paths import SWEEP_PLAN
 from trainer.rank import is_launched_rank
 
@@ -166,8 +166,8 @@ def expect_slow_jobs(config, jobs: Optional[List[List[str]]]) -> None:
     _state["slow"] = {}
     if not jobs:
         return
+    from trainer.console import swept_keys
     from trainer.measure import hardware
-    from trainer.output.console import swept_keys
 
     cpu_bf16 = {}
     swept = swept_keys((_read(_state["sweep_dir"]) or {}).get("overrides") or []) if _state["sweep_dir"] else []
@@ -192,7 +192,7 @@ def expect_slow_jobs(config, jobs: Optional[List[List[str]]]) -> None:
         factor = None
     for num in cpu_bf16:
         _state["slow"][num] = factor
-    from trainer.output.console import job_label
+    from trainer.console import job_label
 
     names = ", ".join(job_label(num, jobs[num]) for num in cpu_bf16)
     probe = (
@@ -212,7 +212,7 @@ def announce(num: int, overrides: List[str]) -> None:
     """Before a job named by ``expect_slow_jobs``: its expected time, from a finished fp32 twin's."""
     if num not in _state.get("slow", {}):
         return
-    from trainer.output.console import job_label
+    from trainer.console import job_label
 
     factor = _state["slow"][num]
     twin = _finished_twin(num, overrides)
@@ -306,7 +306,7 @@ def keep_finished(out_dir: str) -> Dict[str, Any]:
 
 def not_run(sweep_dir: str) -> List[str]:
     """Labels of the planned jobs with no result in the sweep dir (``#2 amp=true ...``)."""
-    from trainer.output.console import job_label
+    from trainer.console import job_label
 
     plan = _read(sweep_dir) or {}
     labels = []
@@ -363,7 +363,7 @@ class SweepCallback(_HydraCallback):
             _refuse_taken(lambda run_dirs: run_dirs.refuse_finished_run_dir(run_dir, config.get("ckpt_path")))
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        from trainer.output import console
+        from trainer import console
 
         task_overrides = list(_select(config, "hydra.overrides.task") or [])
         console.set_sweep(True, console.swept_keys(task_overrides))  # each status line shows what the sweep varies
@@ -396,9 +396,9 @@ class SweepCallback(_HydraCallback):
         done(sweep_dir)
         write_report([sweep_dir], sweep_dir, **report_settings(config))
         if not is_launched_rank():
-            from trainer.output import trackers
+            from trainer import tracking
 
-            trackers.sweep_end(sweep_dir)  # the same report, attached to the sweep's parent run / group
+            tracking.sweep_end(sweep_dir)  # the same report, attached to the sweep's parent run / group
 
 
 def report_settings(config) -> Dict[str, Any]:
@@ -416,11 +416,11 @@ def report_settings(config) -> Dict[str, Any]:
 def _open_trackers(config, sweep_dir: str) -> None:
     """The sweep's parent run (MLflow) and group (W&B), before any job; a server that does not answer
     ends the sweep here, in one paragraph."""
+    from trainer import tracking
     from trainer.errors import ConfigError
-    from trainer.output import trackers
 
     try:
-        trackers.sweep_start(config, sweep_dir)
+        tracking.sweep_start(config, sweep_dir)
     except ConfigError as e:
         print(f"\nerror: {e}\n", file=sys.stderr)
         sys.exit(e.exit_code)
@@ -434,7 +434,7 @@ def _select(config, key: str):
 
 def _refuse_taken(check) -> None:
     """Run an output-dir check; a refusal is the user's one paragraph and exit code 2, not Hydra's error report."""
-    from trainer.output import run_dirs
+    from trainer.launch import run_dirs
 
     if is_launched_rank():
         return  # a launched rank runs in its parent's dir, which was checked

@@ -1,8 +1,10 @@
-"""Lightning callbacks the trainer adds to runs: epoch timing, profiling, system monitor, NaN guard, step
-loss, bad-sample count, stop at an accuracy.
+"""Lightning callbacks the trainer adds to runs: checkpoints and the stop that saves first
+(``checkpointing``), epoch timing, profiling, system monitor, NaN guard, step loss, bad-sample count,
+stop at an accuracy.
 
-May use every package below ``run`` (``output``, ``switches``, ``models``, ``data``, ``launch``,
-``measure``, ``config``, the base modules); never ``run``, ``report`` or the commands.
+``profile_page`` is the profiler's offline page. May use every part below ``run`` (``switches``,
+``models``, ``data``, ``doctor``, ``tracking``, ``launch``, ``console``, ``measure``, ``config``, the base
+modules); never ``run``, ``report`` or the commands.
 """
 
 from trainer.callbacks.bad_samples import BadSampleCounter

@@ -35,7 +35,8 @@ History across resumes: ``previous`` holds the epochs the run dir's metrics.json
 beats a partial one, a newer record beats an older one of the same kind). After a mid-epoch resume
 Lightning does not call ``on_train_epoch_start``; that epoch is timed from its first batch in this
 process and marked ``partial`` (and ``resumed``), so it never claims time it did not see and stays
-out of the medians. ``on_epoch`` is called on rank 0 after every epoch (the metrics.json journal).
+out of the medians. The run writes its metrics.json journal after each epoch from these records
+(``trainer.run.record.MetricsJournal``, the callback after this one).
 
 why longer: one callback that sees every epoch's hooks; the timing, the resume history and the
 per-epoch figures it hands the trackers are read from the same clocks.
@@ -51,10 +52,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import pytorch_lightning as pl
 import torch
 
+from trainer import tracking
 from trainer.callbacks.step_clock import StepClock
 from trainer.measure.flops import mfu
 from trainer.measure.time_to_target import with_elapsed
-from trainer.output import trackers
 
 log = logging.getLogger(__name__)
 
@@ -143,11 +144,8 @@ def _steady_tflops(steady: List[Dict[str, Any]], flops_per_sample, samples_per_s
 
 
 class EpochTimer(pl.Callback):
-    def __init__(
-        self, previous: List[Dict[str, Any]] | None = None, on_epoch: Optional[Callable[[], None]] = None
-    ) -> None:
+    def __init__(self, previous: List[Dict[str, Any]] | None = None) -> None:
         self.previous: List[Dict[str, Any]] = previous or []
-        self.on_epoch = on_epoch
         self.clock = StepClock()  # pass as Trainer(profiler=...)
         self.epochs: List[Dict[str, Any]] = []  # this process's epochs
         self.first_step_s: float | None = None
@@ -383,8 +381,8 @@ class EpochTimer(pl.Callback):
             utilization = mfu(tflops, self.peak_flops, trainer.world_size)
             if utilization is not None:
                 scalars["perf/mfu"] = utilization
-        trackers.log_epoch_metrics(trainer, scalars, epoch=trainer.current_epoch)
-        trackers.flush(trainer)  # with the journal below: a kill loses at most the epoch in flight
+        tracking.log_epoch_metrics(trainer, scalars, epoch=trainer.current_epoch)
+        tracking.flush(trainer)  # with the journal below: a kill loses at most the epoch in flight
         if trainer.is_global_zero:
             log.info(
                 "epoch %d: %.3f s train, %.1f samples/s, data wait %.0f%%, transfer %.0f%%, val %.2f s%s%s",
@@ -397,8 +395,6 @@ class EpochTimer(pl.Callback):
                 " (warm-up)" if epoch["warmup"] else "",
                 " (partial: resumed mid-epoch)" if self._mid_epoch_start else "",
             )
-            if self.on_epoch is not None:
-                self.on_epoch()
 
     # ---- summary
     def history(self) -> List[Dict[str, Any]]:

@@ -5,7 +5,7 @@ torch-tb-profiler on GPU traces, and it also wraps every hook in record_function
 steps the profiler once per training batch, writes traces with a clean per-rank worker name into
 ``<run dir>/profiler/`` (so ``tensorboard --logdir <run dir>`` shows them in the PyTorch Profiler
 tab, and the ``.pt.trace.json`` files open in Perfetto), prints the top operators at the end, and
-keeps the numbers of ``profiler/summary.html`` (``trainer.output.profile_page``), a page that needs no network.
+keeps the numbers of ``profiler/summary.html`` (``trainer.callbacks.profile_page``), a page that needs no network.
 With ``profiler.memory_snapshot=true`` on CUDA it also records the caching allocator's history and
 dumps ``memory_snapshot_rank<N>.pickle`` for PyTorch's memory_viz.
 """
@@ -94,7 +94,7 @@ class ProfilerCallback(pl.Callback):
             except Exception as e:  # a convenience for the doctor; the trace files are the product
                 log.warning("could not read the copy share from the profile: %s", e)
         if trainer.is_global_zero:
-            from trainer.output import profile_page
+            from trainer.callbacks import profile_page
 
             try:  # the offline page's numbers (the page itself is written when the doctor has spoken)
                 profile_page.save(profile_page.summarize(prof, trainer.strategy.root_device.type), self.out_dir)

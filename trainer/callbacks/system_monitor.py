@@ -29,9 +29,9 @@ from typing import Collection, Dict, List, Optional
 
 import pytorch_lightning as pl
 
+from trainer import tracking
 from trainer.measure import sysstats
 from trainer.measure.memory import rss_mb
-from trainer.output import trackers
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class SystemMonitor(pl.Callback):
         self._last_own_cpu = own_cpu
         if trainer is not None:
             logged = {(k if "/" in k else f"system/{k}"): v for k, v in reading.items() if k not in _BOOKKEEPING}
-            trackers.log_metrics(trainer, logged, step=trainer.global_step)
+            tracking.log_metrics(trainer, logged, step=trainer.global_step)
         return reading
 
     def averages(self, epochs: Optional[Collection[int]] = None) -> Dict[str, float]:

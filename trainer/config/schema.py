@@ -145,7 +145,7 @@ class TrainSchema:
     )
     data: DataConfig = field(default_factory=DataConfig)
     model: Dict[str, Any] = field(default_factory=dict)
-    # experiment trackers: name -> a Lightning logger config (configs/logger/; trainer/output/trackers/)
+    # experiment trackers: name -> a Lightning logger config (configs/logger/; trainer/tracking/)
     logger: Dict[str, Any] = field(default_factory=dict)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

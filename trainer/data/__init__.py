@@ -1,8 +1,10 @@
-"""What a run trains on: every ``data=`` format, the Lightning datamodule, decoders, augmentation,
-samplers, the data's seeds, DALI, and ``pack`` (the converter behind ``python -m trainer.pack``).
+"""What a run trains on: every ``data=`` format, the Lightning datamodule and its loader objects
+(``loaders``), decoders, augmentation, samplers, the data's seeds, DALI, and ``pack`` (the converter
+behind ``python -m trainer.pack``).
 
-May use: ``launch``, ``measure`` (what the machine is: ``data.auto_workers``), ``config`` and the base
-modules; never ``models``, ``switches``, ``output``, ``report``, ``callbacks``, ``run`` or the commands.
+May use: ``console``, ``measure`` (what the machine is: ``data.auto_workers``), ``config`` and the base
+modules; never ``launch``, ``callbacks``, ``run`` (a contract in pyproject.toml), ``models``, ``switches``,
+``doctor``, ``tracking``, ``report`` or the commands: the data is used on its own too.
 
 ``ImageDataModule`` is imported from here when first asked for, not with the package: ``python -m
 trainer.pack``, ``data.storage`` and ``dali.installed`` are used before torch is, and the datamodule

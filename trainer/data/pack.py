@@ -49,7 +49,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Optional
 
-from trainer.launch.processes import process_alive
+from trainer.measure.sysstats import process_alive
 
 FORMAT = 1
 TEMP_PREFIX = ".pack-"

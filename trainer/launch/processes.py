@@ -29,28 +29,12 @@ import sys
 import time
 from typing import List
 
+from trainer.console import QUIET_ENV
 from trainer.rank import is_launched_rank
-
-# Set for the processes a sweep job launches (its ranks, or a child for runtime.allocator): the
-# sweep's own process prints the job's status line, so they stay as quiet as a sweep job (console.set_sweep).
-QUIET_ENV = "TRAINER_QUIET_CONSOLE"
 
 log = logging.getLogger(__name__)
 
 DISTRIBUTED = ("ddp", "fsdp", "fsdp2")
-
-
-def process_alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs on this host (one we may not signal counts as running).
-
-    Used before taking over what a process left behind: a sweep's plan, a pack's temp dir."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def inside_launcher() -> bool:

@@ -5,8 +5,8 @@ requeue``, nor submitit's requeue of a preempted or timed-out job, nor ``sbatch 
 ``ckpt_path=last``. Slurm says that a run is a rerun (``SLURM_RESTART_COUNT`` >= 1), and the run
 dir is the same (the sweep job's, or the batch script's ``outputs/slurm-<job id>``), so the rerun
 resumes from that dir's newest checkpoint, or starts over in it when the first run was stopped
-before it saved one; either way it continues the first run's tracker runs (trainer/output/trackers/).
-Nothing else may reuse a dir that holds a run (see trainer/output/run_dirs.py).
+before it saved one; either way it continues the first run's tracker runs (trainer/tracking/).
+Nothing else may reuse a dir that holds a run (see trainer/launch/run_dirs.py).
 
 ``grace_s``: how long Slurm lets a stopped job save, for the ranks' stop window (``checkpoint.stop_grace_s``).
 """
@@ -20,15 +20,9 @@ from typing import Optional
 
 from omegaconf import open_dict
 
+from trainer.rank import restart_count
+
 log = logging.getLogger(__name__)
-
-
-def restart_count() -> int:
-    """How many times Slurm has requeued this job (0 for a first run, or outside Slurm)."""
-    try:
-        return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-    except ValueError:
-        return 0
 
 
 def resume_if_requeued(cfg, out_dir: str) -> bool:
@@ -103,7 +97,7 @@ def leave_for_requeue(result) -> None:
     attempt's result, which ends the sweep's wait before the requeued job has run; so the process
     leaves without one (as submitit's own SIGTERM handling intends), and the requeued job's result
     is the one the sweep gets. A cancelled job returns: its failed row is its result."""
-    from trainer.launch.checkpointing import PREEMPTED_EXIT_CODE
+    from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 
     if not (
         result.get("preempted")

@@ -1,37 +1,53 @@
 """How far from the limit: the model's FLOPs per training sample, and the device's peak.
 
 FLOPs are counted once per run with Lightning's ``measure_flops`` (torch's ``FlopCounterMode``) on a
-copy of the model built on the meta device: no memory, no compute, about the cost of building the
-model. It counts matmuls and convolutions of one forward and backward (of two samples, halved:
-BatchNorm refuses a batch of one), per sample (elementwise ops, norms and the optimizer step are
-not counted, as in the usual MFU convention). The peak is the
-datasheet's dense figure for the precision that runs (fp32, TF32 with tf32=true, bf16, fp16): our
-own table for the H100 and H200 (SXM, PCIe, NVL), Lightning's ``get_available_flops`` for other
-CUDA GPUs; on a CPU or a GPU neither knows, MFU is null and ``peak_flops_source`` says "unknown".
+copy of the run's model whose parameters and buffers are on the meta device (``meta_copy``): no
+memory, no compute, and the model is not built again (its modules are copied, its weights are not).
+It counts matmuls and convolutions of one forward and backward (of two samples, halved: BatchNorm
+refuses a batch of one), per sample (elementwise ops, norms and the optimizer step are not counted,
+as in the usual MFU convention). The peak is the datasheet's dense figure for the precision that
+runs (fp32, TF32 with tf32=true, bf16, fp16): our own table for the H100 and H200 (SXM, PCIe, NVL),
+Lightning's ``get_available_flops`` for other CUDA GPUs; on a CPU or a GPU neither knows, MFU is
+null and ``peak_flops_source`` says "unknown".
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 log = logging.getLogger(__name__)
 
 
-def training_flops_per_sample(build_model: Callable[[], Any], size: int) -> Optional[float]:
-    """Forward + backward FLOPs of one ``size`` x ``size`` sample of the model ``build_model()`` builds (the
-    run's own builder: measuring builds no model of its), or None where they cannot be counted."""
+def meta_copy(module):
+    """A copy of ``module`` whose parameters and buffers are empty tensors on the meta device: its
+    structure, hooks and forward as they are, none of its memory."""
+    import copy
+
+    import torch
+
+    memo = {}
+    for p in module.parameters():
+        memo[id(p)] = torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    return copy.deepcopy(module, memo)
+
+
+def training_flops_per_sample(module, size: int) -> Optional[float]:
+    """Forward + backward FLOPs of one ``size`` x ``size`` sample through ``module`` (the run's own
+    model, counted on a ``meta_copy``: measuring builds no model of its own), or None where they
+    cannot be counted."""
     import torch
     from lightning_fabric.utilities.throughput import measure_flops
 
     batch = 2  # not 1: BatchNorm in training mode refuses one value per channel (ResNet's last 1x1 maps)
     try:
-        with torch.device("meta"):
-            module = build_model()
-            x = torch.empty(batch, 3, size, size)
-        return float(measure_flops(module, lambda: module(x), lambda y: y.float().sum())) / batch
-    except Exception as e:  # a model that cannot be built or run on meta (loads files, no forward, ...)
+        meta = meta_copy(module).train()
+        x = torch.empty(batch, 3, size, size, device="meta")
+        return float(measure_flops(meta, lambda: meta(x), lambda y: y.float().sum())) / batch
+    except Exception as e:  # a model that cannot be copied or run on meta (loads files, no forward, ...)
         log.info(
             "FLOPs not counted (%s: %s): tflops and mfu stay null",
             type(e).__name__,

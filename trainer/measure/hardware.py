@@ -45,7 +45,7 @@ def _cpu_flags() -> set:
     return set()
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -69,7 +69,7 @@ def cpu_kind() -> str:
 
 def machine_record() -> dict:
     """The machine a benchmark ran on, as its results' machine.json holds it."""
-    return {"cpu": _cpu_name(), "cpu_kind": cpu_kind(), "cores": os.cpu_count()}
+    return {"cpu": cpu_name(), "cpu_kind": cpu_kind(), "cores": os.cpu_count()}
 
 
 def usable_cores() -> int:
@@ -146,7 +146,7 @@ def detect(accelerator: str = "auto") -> Hardware:
     flags = _cpu_flags()
     return Hardware(
         accelerator="cpu",
-        name=_cpu_name(),
+        name=cpu_name(),
         count=1,
         cpu_cores=cores,
         bf16_native=bool(flags & {"avx512_bf16", "amx_bf16"}),

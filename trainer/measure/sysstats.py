@@ -15,6 +15,20 @@ from typing import Any, Dict, Iterable, List, Optional, Set
 
 import psutil
 
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs on this host (one we may not signal counts as running).
+
+    Used before taking over what a process left behind: a sweep's plan, a pack's temp dir."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 # Block devices stacked on other block devices (their reads are counted again in the disk below),
 # or living in memory. Partitions do not appear in /sys/block at all.
 _NOT_A_DISK = ("loop", "ram", "zram", "dm-", "md")

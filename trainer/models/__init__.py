@@ -2,8 +2,9 @@
 classifier (``classifier``), its losses and regularization, its optimizers and schedules (``optimizers``),
 and a tiny CNN for tests and the demo (``tiny``; ``trainer.models.tiny.TinyCNN`` is a documented ``_target_``).
 
-May use: ``data`` (the batch mixing and the data's seeds), ``measure``, ``launch``, ``config`` and the
-base modules; never ``switches``, ``output``, ``report``, ``callbacks``, ``run`` or the commands.
+May use: ``data`` (the batch mixing and the data's seeds), ``measure``, ``config`` and the base
+modules; never ``launch``, ``callbacks``, ``run`` (a contract in pyproject.toml), ``switches``,
+``report`` or the commands.
 """
 
 from trainer.models.build import build_module

@@ -21,9 +21,9 @@ table, ``figure`` draws ``ab_report.png``, ``write`` writes the files and is the
 Importers inside ``trainer`` import a name from the module that defines it; the names below are the
 package's public face (the command, and what the tests and scripts call as ``report.X``).
 
-May use: ``output`` (the console's table), ``measure``, ``config`` and the base modules (``errors``,
-``paths``, ``rank``); never the training code (``callbacks``, ``switches``, ``models``, ``data``: a
-contract in pyproject.toml), ``run`` (its sibling layer), ``cli``, ``sweep`` or ``tune``. Importing
+May use: ``console`` (the console's table), ``measure``, ``config`` and the base modules (``errors``,
+``paths``, ``rank``); never the training code or torch (``callbacks``, ``switches``, ``models``,
+``data``: a contract in pyproject.toml), ``run`` (its sibling layer), ``cli``, ``sweep`` or ``tune``. Importing
 it does not import torch (matplotlib only when a chart is drawn).
 """
 

@@ -10,8 +10,8 @@ import textwrap
 from pathlib import Path
 from typing import List, Optional
 
+from trainer.console import row_notes
 from trainer.measure import time_to_target as ttt
-from trainer.output.console import row_notes
 from trainer.report.jobs import Job, fold_repeats, varied_keys
 from trainer.report.render import _fmt, shown_keys
 

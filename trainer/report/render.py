@@ -2,7 +2,7 @@
 each column is judged, and the lines said under the console's table.
 
 Apart from the rows so that what the numbers are and how they are written can change separately;
-the console's table itself is ``trainer.output.console.ab_table``, which the markdown shares its
+the console's table itself is ``trainer.console.ab_table``, which the markdown shares its
 "(1 run)" mark with.
 """
 
@@ -12,8 +12,8 @@ import csv
 import io
 from typing import Any, Dict, List, Optional
 
+from trainer.console import one_run, row_notes
 from trainer.measure.time_to_target import BASELINE_MISSED, NOT_VALIDATED
-from trainer.output.console import one_run, row_notes
 from trainer.report.jobs import Job, Row, fold_repeats, varied_keys
 from trainer.report.noise import BOOTSTRAP_RESAMPLES, CONFIDENCE
 from trainer.report.rows import (

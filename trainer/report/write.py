@@ -61,7 +61,7 @@ def write_report(
     except Exception as e:  # the chart is a convenience; the table is the product
         log.warning("could not draw ab_report.png: %s", e)
     if echo:
-        from trainer.output.console import TABLE_WIDTH, ab_table
+        from trainer.console import TABLE_WIDTH, ab_table
 
         verdicts = verdict_lines(jobs)
         base_job = base.name if base else None

@@ -4,8 +4,8 @@
 ``build`` how each part is made, ``record`` what the job leaves behind. ``trainer.cli`` runs a job
 through ``run`` once per (sweep) job; tests call it in-process with a config composed by ``hydra.compose``.
 
-May use every package below it (``callbacks``, ``output``, ``switches``, ``models``, ``data``,
-``launch``, ``measure``, ``config``, the base modules); never ``report`` (its sibling layer: a job
+May use every part below it (``callbacks``, ``switches``, ``models``, ``data``, ``doctor``,
+``tracking``, ``launch``, ``console``, ``measure``, ``config``, the base modules); never ``report`` (its sibling layer: a job
 never reads a sweep's report), ``cli``, ``sweep`` or ``tune``.
 """
 

@@ -13,12 +13,13 @@ from typing import Any, Dict
 from omegaconf import OmegaConf, open_dict
 
 from trainer import config as config_mod
+from trainer import tracking
 from trainer.errors import ConfigError
 from trainer.measure.flops import peak_flops as peak_flops_of
 from trainer.measure.flops import training_flops_per_sample
 from trainer.measure.memory import PeakMemory
-from trainer.output import trackers
 from trainer.run.parts import Callbacks, Parts, previous_result, save_config
+from trainer.run.record import MetricsJournal
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +37,9 @@ def _plan(parts: Parts) -> None:
     """Check the config, see the hardware, decide precision and strategy, set process-wide state."""
     import pytorch_lightning as pl
 
+    from trainer.console import quiet_known_warnings
     from trainer.launch.checkpoint_files import resolve_ckpt_path
     from trainer.measure import hardware
-    from trainer.output.console import quiet_known_warnings
     from trainer.switches import switchboard
 
     cfg = parts.cfg
@@ -68,7 +69,7 @@ def _plan(parts: Parts) -> None:
 def _trackers(parts: Parts) -> None:
     """The experiment trackers, opened before the data is built: a missing package or a server that
     does not answer stops the job here, in one paragraph."""
-    parts.loggers = trackers.build(parts.cfg, parts.out_dir, parts.overrides, resuming=parts.ckpt_path is not None)
+    parts.loggers = tracking.build(parts.cfg, parts.out_dir, parts.overrides, resuming=parts.ckpt_path is not None)
 
 
 def _data_and_model(parts: Parts) -> None:
@@ -137,7 +138,8 @@ def _check_given_num_classes(parts: Parts, num_classes: int) -> None:
 def _settle(parts: Parts) -> None:
     """The values the run decides itself: the batch size (data.batch_size=auto) and the scaled lr.
 
-    Then the job's config is complete, and it is saved once as ``.hydra/config.yaml``.
+    Then the job's config is complete: it is saved once as ``.hydra/config.yaml`` and made read-only,
+    so that nothing built after it (the Trainer, the callbacks, the fit) can change what was recorded.
     """
     import pytorch_lightning as pl
 
@@ -156,6 +158,7 @@ def _settle(parts: Parts) -> None:
     _settle_value(parts, "optim.lr", lr)
     log.info(parts.notes["lr_note"])
     save_config(parts)
+    OmegaConf.set_readonly(parts.cfg, True)
 
 
 def _settle_value(parts: Parts, key: str, value: Any) -> None:
@@ -170,11 +173,10 @@ def _trainer(parts: Parts) -> None:
     import pytorch_lightning as pl
 
     from trainer.launch.checkpoint_files import AtomicCheckpointIO
-    from trainer.models import build_module
     from trainer.switches import switchboard
 
     cfg, plan = parts.cfg, parts.plan
-    parts.timer.flops_per_sample = training_flops_per_sample(lambda: build_module(cfg), cfg.data.image_size)
+    parts.timer.flops_per_sample = training_flops_per_sample(parts.module, cfg.data.image_size)
     parts.timer.track_compiles = bool(cfg.compile)
     parts.peak_flops, parts.notes["peak_flops_source"] = peak_flops_of(plan.accelerator, plan.precision, bool(cfg.tf32))
     parts.timer.peak_flops = parts.peak_flops  # each epoch's MFU in the trackers
@@ -195,7 +197,7 @@ def _trainer(parts: Parts) -> None:
         enable_checkpointing=cfg.checkpoint.enabled,
         **_validation_schedule(cfg),
     )
-    trackers.log_params(parts.loggers, trackers.params_of(cfg, parts.requested))
+    tracking.log_params(parts.loggers, tracking.params_of(cfg, parts.requested))
 
 
 def _validation_schedule(cfg) -> Dict[str, Any]:
@@ -216,8 +218,8 @@ def build_callbacks(parts: Parts) -> Callbacks:
     import pytorch_lightning as pl
 
     from trainer.callbacks import BadSampleCounter, NaNGuard, ProfilerCallback, StepLoss, StopAtAccuracy, SystemMonitor
+    from trainer.callbacks.checkpointing import PreemptionCallback, ResumableState, checkpoint_callbacks
     from trainer.callbacks.ema import EMA
-    from trainer.launch.checkpointing import PreemptionCallback, ResumableState, checkpoint_callbacks
     from trainer.models.classifier import ImageClassifier
     from trainer.switches import model_transforms
 
@@ -235,6 +237,7 @@ def build_callbacks(parts: Parts) -> Callbacks:
     )
     found.all = [
         parts.timer,
+        MetricsJournal(parts),  # after the timer: the epoch it recorded goes into metrics.json
         found.peak,
         ResumableState(),
         found.preemption,

@@ -12,15 +12,15 @@ import logging
 from contextlib import contextmanager
 from typing import Any, Dict, List, Optional
 
+from trainer import tracking
 from trainer.errors import UserFacingError
 from trainer.launch import stopping
+from trainer.launch.run_dirs import refuse_finished_run_dir
 from trainer.measure import metrics as metrics_mod
-from trainer.output import trackers
-from trainer.output.run_dirs import refuse_finished_run_dir
 from trainer.rank import is_launched_rank
 from trainer.run.build import build
 from trainer.run.parts import Parts, flags_of
-from trainer.run.record import _preempted, record, record_of
+from trainer.run.record import _preempted, record
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
     parts = Parts(
         cfg=cfg, out_dir=out_dir, overrides=list(overrides or []), config_path=config_path, requested=flags_of(cfg)
     )
-    # after every epoch (rank 0): the run so far, so a kill loses at most the epoch in flight
-    parts.timer = EpochTimer(
-        on_epoch=lambda: metrics_mod.write(parts.metrics_path, record_of(parts, "running", None, running=True))
-    )
+    parts.timer = EpochTimer()
     if not is_launched_rank():  # launched ranks: the launching process checked already
         # before the try: a refused dir gets nothing written into it, not even a failure record
         # (in-process callers have no Hydra callback to check it for them)
@@ -61,7 +58,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
     finally:
         stopping.stop_during_setup(False)  # the result below is written whatever arrives now
         final = record(parts, status, error)
-        trackers.finish(parts.loggers, parts.out_dir, final)  # after metrics.json: a tracker never costs it
+        tracking.finish(parts.loggers, parts.out_dir, final)  # after metrics.json: a tracker never costs it
     return final
 
 

@@ -8,13 +8,24 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from trainer import config as config_mod
 from trainer.measure import metrics as metrics_mod
 from trainer.rank import global_rank
+
+if TYPE_CHECKING:  # the parts' types, without importing torch and Lightning with this module
+    import pytorch_lightning as pl
+    from pytorch_lightning.strategies import Strategy
+
+    from trainer.callbacks import BadSampleCounter, EpochTimer, NaNGuard, SystemMonitor
+    from trainer.callbacks.checkpointing import PreemptionCallback
+    from trainer.data import ImageDataModule
+    from trainer.measure.hardware import Hardware
+    from trainer.measure.memory import PeakMemory
+    from trainer.switches.switchboard import Plan
 
 
 def flags_of(cfg) -> Dict[str, Any]:
@@ -31,27 +42,33 @@ class Parts:
     on the job's config in one place (``_settle``), which is then saved once as ``.hydra/config.yaml``.
     """
 
-    cfg: Any
+    cfg: DictConfig
     out_dir: str
     overrides: List[str]
     config_path: Optional[str]
-    timer: Any = None
+    timer: Optional[EpochTimer] = None
     started: float = field(default_factory=time.time)
-    requested: Dict[str, Any] = field(default_factory=dict)  # the flags as asked for (batch_size=auto stays "auto")
-    hw: Any = None
-    plan: Any = None
+    # the flags as asked for (batch_size=auto stays "auto"): config values, of any type a key has
+    requested: Dict[str, Any] = field(default_factory=dict)
+    hw: Optional[Hardware] = None
+    plan: Optional[Plan] = None
     ckpt_path: Optional[str] = None
-    previous: Optional[Dict[str, Any]] = None  # the run dir's metrics.json when resuming
-    datamodule: Any = None
-    module: Any = None
-    settled: Dict[str, Any] = field(default_factory=dict)
-    strategy: Any = None  # Lightning's strategy object (built once the model exists)
+    # the run dir's metrics.json when resuming: its JSON, as written
+    previous: Optional[Dict[str, Any]] = None
+    datamodule: Optional[ImageDataModule] = None
+    module: Optional[pl.LightningModule] = None  # the built-in classifier, or a user's own (model._target_)
+    settled: Dict[str, Any] = field(default_factory=dict)  # config values the run decided: any key's type
+    strategy: Union[Strategy, str, None] = (
+        None  # Lightning's strategy object (built once the model exists), or its name
+    )
     peak_flops: Optional[float] = None
-    callbacks: "Callbacks | None" = None
-    trainer: Any = None
-    notes: Dict[str, Any] = field(default_factory=dict)  # extra metrics.json fields (lr_note, resumed_from, ...)
+    callbacks: Optional[Callbacks] = None
+    trainer: Optional[pl.Trainer] = None
+    notes: Dict[str, Any] = field(
+        default_factory=dict
+    )  # extra metrics.json fields (lr_note, resumed_from, ...): JSON values
     config_saved: bool = False
-    loggers: List[Any] = field(default_factory=list)  # the job's experiment trackers (trainer/output/trackers/)
+    loggers: List[pl.loggers.Logger] = field(default_factory=list)  # the job's experiment trackers (trainer/tracking/)
 
     @property
     def metrics_path(self) -> str:
@@ -62,12 +79,12 @@ class Parts:
 class Callbacks:
     """The job's own callbacks that its result reads back; ``all`` is every callback given to Lightning."""
 
-    peak: Any
-    preemption: Any
-    bad_samples: Any
-    nan_guard: Any
-    monitor: Any
-    all: List[Any]
+    peak: PeakMemory
+    preemption: PreemptionCallback
+    bad_samples: Optional[BadSampleCounter]
+    nan_guard: Optional[NaNGuard]
+    monitor: Optional[SystemMonitor]
+    all: List[pl.Callback]
 
     def find(self, kind) -> Any:
         return next((c for c in self.all if isinstance(c, kind)), None)

@@ -10,6 +10,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional
 
+import pytorch_lightning as pl
 from omegaconf import OmegaConf
 
 from trainer.launch.processes import allocator_loaded
@@ -51,7 +52,7 @@ def record(parts: Parts, status: str, error: Optional[str]) -> Dict[str, Any]:
 
 def _profile_page(parts: Parts, final: Dict[str, Any]) -> None:
     """profile=true: the offline summary page, now that the doctor has spoken (rank 0)."""
-    from trainer.output import profile_page
+    from trainer.callbacks import profile_page
 
     if not parts.cfg.profile:
         return
@@ -121,6 +122,19 @@ def record_of(parts: Parts, status: str, error: Optional[str], running: bool = F
     )
 
 
+class MetricsJournal(pl.Callback):
+    """After every training epoch, on rank 0: metrics.json rewritten (atomically, ``status: running``)
+    with the run so far, so that a kill loses at most the epoch in flight. The run's own callback,
+    placed after the epoch timer, whose records it writes."""
+
+    def __init__(self, parts: Parts) -> None:
+        self.parts = parts
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.is_global_zero and self.parts.timer is not None and self.parts.timer.epochs:
+            metrics_mod.write(self.parts.metrics_path, record_of(self.parts, "running", None, running=True))
+
+
 def _compile_warmup(found: "Callbacks | None") -> Optional[float]:
     """compile=true: the seconds the compiler's per-process warm-up took (in the first epoch's ``setup_s``)."""
     from trainer.switches.model_transforms import CompileAfterSetup
@@ -141,8 +155,11 @@ def _stopped_at_acc(found: "Callbacks | None") -> Optional[int]:
 def _diagnose(parts: Parts, result: Dict[str, Any]) -> Dict[str, Any]:
     import torch
 
+    from trainer import doctor
     from trainer.callbacks import ProfilerCallback
-    from trainer.output import doctor
+    from trainer.data import dali
+    from trainer.data.storage import is_remote
+    from trainer.measure import loader_rates
 
     trainer, timer, module, monitor = parts.trainer, parts.timer, parts.module, parts.callbacks.monitor
     if monitor is not None and not monitor.samples:
@@ -154,18 +171,25 @@ def _diagnose(parts: Parts, result: Dict[str, Any]) -> Dict[str, Any]:
     # the same epochs data wait is measured on (this process's steady ones); the monitor's tree
     # holds this node's other ranks too (torchrun), so their CPU is not "other processes"
     steady = {e["epoch"] for e in timer.epochs if not e.get("warmup") and not e.get("partial")}
+    data = OmegaConf.to_container(parts.cfg.data, resolve=True)
     system = monitor.averages(steady or None) if monitor else {}
     return doctor.diagnose(
         metrics=result,
         system=system,
         hardware=parts.hw.as_dict(),
         flags=result["flags"],
-        data=OmegaConf.to_container(parts.cfg.data, resolve=True),
+        data=data,
         is_convnet=module is not None and any(isinstance(m, torch.nn.Conv2d) for m in module.modules()),
         h2d_share=profiler.h2d_share if profiler else None,
         device_memory_mb=device_memory,
         processes_per_node=getattr(parts.datamodule, "processes_per_node", 1),
         world_size=trainer.world_size,
+        loader_rates=loader_rates.load() if parts.hw.accelerator == "cuda" else None,
+        facts=doctor.Facts(
+            dali_installed=dali.installed(),
+            data_remote=data.get("name") in ("imagefolder", "packed", "parquet", "webdataset")
+            and is_remote(data.get("root")),
+        ),
     )
 
 

@@ -221,7 +221,7 @@ def tune_task(cfg) -> None:
 def main() -> None:
     from trainer.command_line import checked_argv, fail
     from trainer.config.compose import prepare_hydra
-    from trainer.output.console import quiet_known_warnings
+    from trainer.console import quiet_known_warnings
     from trainer.paths import CONFIG_DIR
 
     quiet_known_warnings()

@@ -1,7 +1,7 @@
 """What the tuner may try: each candidate is a named set of overrides, grouped by the bottleneck it
 addresses, with the reason it is skipped where this hardware or this data cannot use it.
 
-The groups follow the doctor's verdicts (``trainer.output.doctor``): an input-bound run gets the loader
+The groups follow the doctor's verdicts (``trainer.doctor``): an input-bound run gets the loader
 candidates first, a transfer-bound one the copy candidates, a compute-bound one the flags that make
 the math cheaper, and memory headroom a larger batch. A candidate is skipped, with the reason said
 in the report, where it cannot pay off here (bf16 without native support, fp16 or pinned memory on

@@ -26,13 +26,17 @@ what only the product knows, leaving what the user set alone, one module per con
 Only rank 0 talks to a tracker (Lightning's loggers are rank-zero-only; ``finish`` checks the rank too).
 A missing tracker package or an unreachable tracking server is one paragraph before training starts.
 
-The rest of the trainer calls these through the package (``trackers.build``, ``trackers.finish``, ...):
+The rest of the trainer calls these through the package (``tracking.build``, ``tracking.finish``, ...):
 ``__all__`` is what it uses. Inside the package, each module imports a name from the module that defines
 it (a test that patches a name patches it there, where it is looked up).
+
+May use: ``launch``, ``console``, ``measure``, ``config`` and the base modules; never torch or the
+training code (``run``, ``callbacks``, ``switches``, ``models``, ``data``: a contract in pyproject.toml,
+which allows ``csv_logger`` its Lightning base class).
 """
 
-from trainer.output.trackers.loggers import NO_SERVER, PACKAGES, STATE, build, unreachable_message
-from trainer.output.trackers.record import (
+from trainer.tracking.loggers import NO_SERVER, PACKAGES, STATE, build, unreachable_message
+from trainer.tracking.record import (
     ARTIFACTS,
     EPOCH_STEP,
     _flatten,
@@ -43,8 +47,8 @@ from trainer.output.trackers.record import (
     log_params,
     params_of,
 )
-from trainer.output.trackers.redaction import REDACTED, looks_secret, redact, redact_text
-from trainer.output.trackers.sweep_group import REPORT_FILES, sweep_end, sweep_start
+from trainer.tracking.redaction import REDACTED, looks_secret, redact, redact_text
+from trainer.tracking.sweep_group import REPORT_FILES, sweep_end, sweep_start
 
 __all__ = [
     # building the loggers

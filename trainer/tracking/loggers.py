@@ -25,10 +25,10 @@ from omegaconf import OmegaConf
 
 from trainer.errors import ConfigError
 from trainer.measure import metrics as metrics_mod
-from trainer.output.trackers.redaction import _redacted_argv, redact_text
 from trainer.rank import global_rank
+from trainer.tracking.redaction import _redacted_argv, redact_text
 
-log = logging.getLogger("trainer.output.trackers")  # the package's one logger, whichever of its modules logs
+log = logging.getLogger("trainer.tracking")  # the package's one logger, whichever of its modules logs
 
 STATE = "trackers.json"  # in a run dir: its tracker runs; in a sweep dir: the sweep's parent run and group
 PACKAGES = {"mlflow": "mlflow", "wandb": "wandb"}  # the trackers whose package is an optional extra
@@ -54,7 +54,7 @@ def build(cfg, out_dir: str, overrides: List[str], resuming: bool) -> List[Any]:
     """
     from hydra.utils import instantiate
 
-    from trainer.launch.slurm import restart_count
+    from trainer.rank import restart_count
 
     entries = OmegaConf.to_container(cfg.get("logger") or {}, resolve=True)
     restart = restart_count()
@@ -264,7 +264,7 @@ def _target_of(logger) -> Dict[str, str]:
 def _sweep_of(out_dir: str) -> tuple:
     """(the sweep's trackers.json, the keys it varies) when this job is one of a sweep's (its parent
     dir holds the sweep's plan), else ({}, [])."""
-    from trainer.output.console import swept_keys
+    from trainer.console import swept_keys
     from trainer.paths import SWEEP_PLAN
 
     parent = os.path.dirname(os.path.abspath(out_dir))

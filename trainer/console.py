@@ -14,7 +14,6 @@ import re
 import warnings
 from typing import Any, Dict, Iterable, List, Optional, Set
 
-from trainer.launch.processes import QUIET_ENV
 from trainer.measure.time_to_target import NOT_VALIDATED
 from trainer.rank import global_rank
 
@@ -28,6 +27,10 @@ _MODEL_SUMMARY_LOGGER = "pytorch_lightning.callbacks.model_summary"
 
 # A record logged with extra={STATUS_LINE: True} is a sweep job's one line on the console.
 STATUS_LINE = "trainer_status_line"
+
+# Set for the processes a sweep job launches (its ranks, or a child for runtime.allocator): the
+# sweep's own process prints the job's status line, so they stay as quiet as a sweep job (set_sweep).
+QUIET_ENV = "TRAINER_QUIET_CONSOLE"
 
 _state: Dict[str, Any] = {"sweep": False, "swept_keys": None, "warned": set()}
 

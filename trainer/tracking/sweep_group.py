@@ -19,11 +19,11 @@ from omegaconf import OmegaConf
 
 from trainer.errors import ConfigError
 from trainer.measure import metrics as metrics_mod
-from trainer.output.trackers.loggers import NO_SERVER, STATE, _fail_fast_mlflow, _kind, _read, unreachable_message
-from trainer.output.trackers.record import _mlflow_artifacts, _wandb_files
-from trainer.output.trackers.redaction import _redacted_argv, redact_text
+from trainer.tracking.loggers import NO_SERVER, STATE, _fail_fast_mlflow, _kind, _read, unreachable_message
+from trainer.tracking.record import _mlflow_artifacts, _wandb_files
+from trainer.tracking.redaction import _redacted_argv, redact_text
 
-log = logging.getLogger("trainer.output.trackers")  # the package's one logger, whichever of its modules logs
+log = logging.getLogger("trainer.tracking")  # the package's one logger, whichever of its modules logs
 
 REPORT_FILES = ("ab_report.md", "ab_report.csv", "ab_report.png")
 

@@ -20,6 +20,9 @@ It follows the tuning literature's decision tree, with the numbers this run meas
 Before all of these: unknown, where no whole training epoch was timed (nothing to read). With
 several ranks the readings are rank 0's, and a note says so.
 
+It reads no loader code: what it needs to know besides the measurements (whether DALI is installed,
+whether the data is read from an object store) the caller tells it (``Facts``).
+
 It also checks the hardware against the flags (emulated bf16, TF32 or compile on GPUs that cannot
 benefit) and warns when other processes competed for the CPU during the run. Only flags that exist
 are suggested. The verdict goes into metrics.json under ``diagnosis`` and the report's
@@ -29,6 +32,9 @@ are suggested. The verdict goes into metrics.json under ``diagnosis`` and the re
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
+
+from trainer.doctor.facts import Facts, dali_takes
+from trainer.doctor.feeding import feeding
 
 INPUT_BOUND = 0.25  # data wait share of training time above which the input pipeline is the bottleneck
 TRANSFER_BOUND = 0.15  # host-to-device copy share of device time (profile=true)
@@ -55,9 +61,14 @@ def diagnose(
     device_memory_mb: Optional[float] = None,
     processes_per_node: int = 1,
     world_size: int = 1,
+    loader_rates: Optional[Dict[str, float]] = None,
+    facts: Facts = Facts(),
 ) -> Dict[str, Any]:
     """``processes_per_node``: the ranks sharing this node's cores (torchrun's); ``world_size``: all ranks.
-    The readings are this process's (rank 0's): the verdict says so where there are other ranks."""
+    The readings are this process's (rank 0's): the verdict says so where there are other ranks.
+    ``loader_rates``: this machine's images per core-second of each decoder and of DALI, measured with
+    the model out of the way (``trainer.measure.loader_rates``), or None where never measured here.
+    ``facts``: what else it is told (``Facts``)."""
     # why longer: the verdict is a list of rules read top to bottom (the first that holds wins), all
     # reading the same evidence; split across functions, the order that decides would be hidden
     timed = metrics.get("data_wait_fraction") is not None  # a whole training epoch was timed
@@ -133,9 +144,9 @@ def diagnose(
             suggestions += ["data.persistent_workers=true"]
         if cuda and not data.get("pin_memory") and not dali:
             suggestions.append("data.pin_memory=true")
-        suggestions += decode_suggestions(data, cuda)
-        if _reads_object_store(
-            data
+        suggestions += decode_suggestions(data, cuda, facts)
+        if facts.data_remote and not data.get(
+            "cache"
         ):  # every sample (or block) a request to the store: copy it once, read locally after
             suggestions.insert(0, "data.cache=DIR")
             why = (
@@ -159,10 +170,18 @@ def diagnose(
         if processes_per_node > 1:
             loaders += f" per process ({processes_per_node} on this node)"
         text = f"{wait:.0%} of training time waiting for the next batch with {busy_text} and {loaders}: {why}."
+        fed = feeding(metrics, system, cores, data, loader_rates, facts) if cuda and processes_per_node == 1 else None
+        if fed is not None:  # the loaders measured to feed it first; those measured not to, left out
+            more, feeders, short, numbers = fed
+            text += " " + more
+            evidence.update(numbers)
+            suggestions = feeders + [s for s in suggestions if s not in feeders and s not in short]
         return _verdict("input pipeline", text, suggestions, hw_notes, evidence)
 
     if transfer >= TRANSFER_FRACTION_BOUND or (cuda and h2d_share is not None and h2d_share >= TRANSFER_BOUND):
-        return _verdict("host-device transfer", *_transfer_advice(transfer, h2d_share, cuda, data), hw_notes, evidence)
+        return _verdict(
+            "host-device transfer", *_transfer_advice(transfer, h2d_share, cuda, data, facts), hw_notes, evidence
+        )
 
     if cuda and gpu_util is not None and gpu_util < LOW_GPU_UTIL:
         cap = float(hardware.get("capability") or 0)
@@ -209,7 +228,7 @@ def diagnose(
                 f"the workers leave), so on this machine the workers pay only if they save the step more than "
                 f"that: measure both with -m data.num_workers=0,{workers}, and make each sample cheaper to load."
             )
-            suggestions = ["data.num_workers=0"] + decode_suggestions(data, cuda)
+            suggestions = ["data.num_workers=0"] + decode_suggestions(data, cuda, facts)
             return _verdict("shared cores", text, suggestions, hw_notes, evidence)
 
     suggestions = compute_suggestions(flags, hardware, is_convnet)
@@ -221,12 +240,34 @@ def diagnose(
         else ("the GPU" if cuda else f"the CPU ({busy_text})")
     )
     text = f"only {wait:.0%} of training time waits for data: {where} spends the time on the model's own math."
+    idle = _idle_core_note(metrics, system, cores, workers, cuda, own, main)
+    if idle:
+        text += " " + idle
+        suggestions.append("data.num_workers=0")
     if not suggestions:
         text += " The math-cheapening flags that pay off on this hardware are already on."
     return _verdict("compute", text, suggestions, hw_notes, evidence)
 
 
-def _transfer_advice(transfer: float, h2d_share: Optional[float], cuda: bool, data: Dict[str, Any]) -> tuple:
+def _idle_core_note(metrics, system, cores: int, workers: int, cuda: bool, own, main) -> Optional[str]:
+    """A CPU run whose step runs the intra-op threads its workers leave while the workers use far less
+    than their cores: those cores sit idle, and the step might use them (a measurement decides)."""
+    threads = metrics.get("intra_op_threads")
+    if cuda or not workers or own is None or main is None or not threads or threads >= cores:
+        return None
+    loader = max(0.0, own - main)
+    if own >= 0.75 * cores or loader >= 0.5 * workers:
+        return None
+    return (
+        f"The step ran {threads} intra-op thread(s), the cores its {workers} loader worker(s) leave, but the workers "
+        f"used only {loader:.1f} cores and {cores - own:.1f} of {cores} sat idle: -m data.num_workers=0,{workers} "
+        "measures whether the step should have every core instead."
+    )
+
+
+def _transfer_advice(
+    transfer: float, h2d_share: Optional[float], cuda: bool, data: Dict[str, Any], facts: Facts
+) -> tuple:
     """(text, suggestions) for a run whose batches take long to reach the device and be prepared there."""
     if (
         cuda
@@ -238,7 +279,7 @@ def _transfer_advice(transfer: float, h2d_share: Optional[float], cuda: bool, da
         # the time is the decode and the per-image transforms after it (an H100: 60% of training time
         # at 1,181 images/s, with the batches prefetched)
         suggestions = [] if data.get("device_prefetch") else ["data.device_prefetch=true"]
-        if dali_takes(data):
+        if dali_takes(data, facts):
             suggestions.append("data.loader=dali")
         text = (
             f"decoding the JPEGs on the GPU (nvJPEG) and cropping, flipping and resizing them there takes {transfer:.0%} "
@@ -271,23 +312,6 @@ def _transfer_advice(transfer: float, h2d_share: Optional[float], cuda: bool, da
     return text, suggestions
 
 
-def dali_takes(data: Dict[str, Any]) -> bool:
-    """data.loader=dali would run this data: DALI installed, and no data.random_erasing (which it refuses)."""
-    from trainer.data.dali import installed
-
-    return (data.get("random_erasing") or 0) <= 0 and installed()
-
-
-def _reads_object_store(data: Dict[str, Any]) -> bool:
-    from trainer.data.storage import is_remote
-
-    return (
-        data.get("name") in ("imagefolder", "packed", "parquet", "webdataset")
-        and is_remote(data.get("root"))
-        and not data.get("cache")
-    )
-
-
 def heavy_augmentation(data: Dict[str, Any]) -> List[str]:
     """The per-image augmentation beyond crop + flip that a loader does for every image, as overrides."""
     out = []
@@ -298,14 +322,14 @@ def heavy_augmentation(data: Dict[str, Any]) -> List[str]:
     return out
 
 
-def decode_suggestions(data: Dict[str, Any], cuda: bool) -> List[str]:
+def decode_suggestions(data: Dict[str, Any], cuda: bool, facts: Facts = Facts()) -> List[str]:
     """Cheaper per-sample loading for encoded images: a faster decoder, GPU decode, or no decode at all."""
     if data.get("name") not in ("imagefolder", "builtin", "imagenette", "parquet", "webdataset"):
         return []
     files = data.get("name") in ("imagefolder", "builtin", "imagenette")  # nvjpeg decodes image files (not shard bytes)
     if data.get("loader") == "dali":  # DALI decodes with its own decoder (nvJPEG on a GPU) and reads only files
         return []
-    out = ["data.loader=dali"] if files and dali_takes(data) else []  # decode and crop in DALI's own threads
+    out = ["data.loader=dali"] if files and dali_takes(data, facts) else []  # decode and crop in DALI's own threads
     if cuda and files and data.get("decoder") != "nvjpeg":
         out.append("data.decoder=nvjpeg")
     elif (not cuda or not files) and data.get("decoder") in ("pil", None):

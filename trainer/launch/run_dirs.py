@@ -30,7 +30,7 @@ def _resumes_this_dir(out_dir: str, ckpt_path: Optional[str]) -> bool:
 
 
 def refuse_finished_run_dir(out_dir: str, ckpt_path: Optional[str], key: str = "hydra.run.dir") -> None:
-    from trainer.launch.slurm import restart_count
+    from trainer.rank import restart_count
 
     if _resumes_this_dir(out_dir, ckpt_path):
         return

@@ -21,11 +21,11 @@ from typing import Any, Dict, List, Optional
 from omegaconf import OmegaConf
 
 from trainer.measure import metrics as metrics_mod
-from trainer.output.trackers.loggers import _kind, _target_of
-from trainer.output.trackers.redaction import _uploads, redact, redact_text
 from trainer.rank import global_rank
+from trainer.tracking.loggers import _kind, _target_of
+from trainer.tracking.redaction import _uploads, redact, redact_text
 
-log = logging.getLogger("trainer.output.trackers")  # the package's one logger, whichever of its modules logs
+log = logging.getLogger("trainer.tracking")  # the package's one logger, whichever of its modules logs
 
 # the run's files a tracker keeps beside its numbers (those that exist when the job ends)
 ARTIFACTS = ("metrics.json", ".hydra/config.yaml", "profiler/summary.html", "profiler/breakdown.png")
