@@ -49,12 +49,12 @@ def make_folder(folder: Path, images: int, seed: int = 0) -> Path:
     """ImageNet-sized JPEGs in class folders: random crops of the built-in set's photos."""
     from PIL import Image
 
-    from trainer.data.builtin import SOURCES, _skimage_data_dir
+    from trainer.data.builtin import SOURCES, skimage_data_dir
 
     if (folder / "DONE").exists():
         return folder
     rng = random.Random(seed)
-    photos = [(cls, Image.open(os.path.join(_skimage_data_dir(), f)).convert("RGB")) for f, cls in SOURCES.items()]
+    photos = [(cls, Image.open(os.path.join(skimage_data_dir(), f)).convert("RGB")) for f, cls in SOURCES.items()]
     for k in range(images):
         cls, photo = photos[k % len(photos)]
         w, h = (500, 375) if rng.random() < 0.7 else (375, 500)

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from trainer import report  # noqa: E402
-from trainer.report.render import _fmt  # noqa: E402  (numbers written as the A/B table writes them)
+from trainer.report.render import format_cell  # noqa: E402  (numbers written as the A/B table writes them)
 
 # what each sweep name measures (gpu_check.sh's tables)
 TABLES = {
@@ -188,12 +188,12 @@ def headline(recipe: str, name: str, rows: List[dict], dry_run: bool = False) ->
     if ok:
         best = max(ok, key=lambda r: r["samples_per_s"])
         lines.append(
-            f"fastest row: `{best['bench']}` at {best['samples_per_s']:.0f} samples/s ({_fmt(best['speedup'], 'speedup')} over the baseline)"
+            f"fastest row: `{best['bench']}` at {best['samples_per_s']:.0f} samples/s ({format_cell(best['speedup'], 'speedup')} over the baseline)"
         )
     if base and every:
         lines.append(
             f"all on vs all off: {every['samples_per_s']:.0f} vs {base['samples_per_s']:.0f} samples/s, "
-            f"{_fmt(every['speedup'], 'speedup')}; the doctor says `{every['bottleneck']}` with everything on"
+            f"{format_cell(every['speedup'], 'speedup')}; the doctor says `{every['bottleneck']}` with everything on"
         )
     target = {} if dry_run else TARGETS.get(recipe, {})  # a CPU dry run is not read against GPU targets
     if name == "synthetic" and "synthetic_samples_per_s" in target and ok:
@@ -228,7 +228,7 @@ def jpeg_targets(recipe: str, tables: Dict[str, dict], dry_run: bool = False) ->
     label = f"`{best['bench']}`" + (" (packed)" if best in tables.get("jpeg_packed", {}).get("rows", []) else "")
     lines = [
         f"best real-image all-on row: {label} at {best['samples_per_s']:,.0f} images/s, batch {best['batch']}, "
-        f"data wait {_fmt(best['data_wait_fraction'])}, transfer {_fmt(best['transfer_fraction'])}, val_acc {_fmt(best['val_acc'])}"
+        f"data wait {format_cell(best['data_wait_fraction'])}, transfer {format_cell(best['transfer_fraction'])}, val_acc {format_cell(best['val_acc'])}"
     ]
     synthetic = _row(tables.get("jpeg_synthetic", {}).get("rows", []), "all")
     if synthetic:
@@ -255,7 +255,7 @@ def jpeg_targets(recipe: str, tables: Dict[str, dict], dry_run: bool = False) ->
     if learning:
         lines.append(
             "val_acc of the all-on rows (chance 0.10): "
-            + ", ".join(f"`{r['bench']}` {_fmt(r['val_acc'])}" for r in learning)
+            + ", ".join(f"`{r['bench']}` {format_cell(r['val_acc'])}" for r in learning)
         )
     return lines
 
@@ -384,7 +384,7 @@ def headline_line(path: Path) -> str:
     met = share >= target["headline_of_device_resident"] and wait is not None and wait < target["headline_data_wait"]
     return (
         f"headline (`python train.py +recipe=resnet50 amp=true compile=true`, {m.get('status')}): {speed:,.0f} images/s, "
-        f"data wait {_fmt(wait)}, bottleneck {(m.get('diagnosis') or {}).get('verdict') or '-'}; "
+        f"data wait {format_cell(wait)}, bottleneck {(m.get('diagnosis') or {}).get('verdict') or '-'}; "
         f"{share:.0%} of the device-resident row ({target['device_resident_samples_per_s']:,} images/s); "
         f"target 90% with under 5% data wait: {'met' if met else 'not met'}"
     )
@@ -423,9 +423,9 @@ def summary(paths: List[Path], tests_outcome: Optional[Dict[str, object]] = None
             )
             lines.append(
                 f"{r['recipe']} / {name}: best `{best['bench']}` {best['samples_per_s']:.0f} samples/s, "
-                f"{_fmt(best['speedup'], 'speedup')} over baseline"
+                f"{format_cell(best['speedup'], 'speedup')} over baseline"
                 + (f" [{best['speedup_ci']}]" if best.get("speedup_ci") else "")
-                + f", MFU {mfu}, data wait {_fmt(best['data_wait_fraction'])}, transfer {_fmt(best['transfer_fraction'])}"
+                + f", MFU {mfu}, data wait {format_cell(best['data_wait_fraction'])}, transfer {format_cell(best['transfer_fraction'])}"
                 + (f"; all on vs off {table['all_vs_baseline']:.2f}x" if table.get("all_vs_baseline") else "")
             )
             lines.append(f"  doctor ({best['bench']}): {best.get('verdict') or '-'}")

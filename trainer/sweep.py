@@ -149,14 +149,14 @@ def _job_config(base, overrides: List[str], swept: List[str]):
 
     from trainer.config import GROUPS
     from trainer.config.compose import finish
-    from trainer.config.scale import _reapply_cli
+    from trainer.config.scale import reapply_cli
 
     if any(key in GROUPS for key in swept):
         return None
     cfg = base.copy()
     with open_dict(cfg):
         cfg.pop("hydra", None)
-        _reapply_cli(cfg, overrides)
+        reapply_cli(cfg, overrides)
     return finish(cfg, overrides)
 
 

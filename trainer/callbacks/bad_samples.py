@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 
-from trainer.callbacks.epoch_timer import _batch_size
+from trainer.callbacks.epoch_timer import batch_size_of
 
 
 class BadSampleCounter(pl.Callback):
@@ -14,4 +14,4 @@ class BadSampleCounter(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         datamodule = trainer.datamodule
         if datamodule is not None and hasattr(datamodule, "expected_batch_size"):
-            self.skipped += max(0, datamodule.expected_batch_size(batch_idx) - _batch_size(batch))
+            self.skipped += max(0, datamodule.expected_batch_size(batch_idx) - batch_size_of(batch))

@@ -65,13 +65,13 @@ def _sync(trainer: pl.Trainer) -> None:
         torch.cuda.synchronize(trainer.strategy.root_device)
 
 
-def _batch_size(batch: Any) -> int:
+def batch_size_of(batch: Any) -> int:
     if isinstance(batch, torch.Tensor):
         return batch.shape[0]
     if isinstance(batch, (list, tuple)) and batch:
-        return _batch_size(batch[0])
+        return batch_size_of(batch[0])
     if isinstance(batch, dict) and batch:
-        return _batch_size(next(iter(batch.values())))
+        return batch_size_of(next(iter(batch.values())))
     return 0
 
 
@@ -227,7 +227,7 @@ class EpochTimer(pl.Callback):
 
             compiled = compiled_graphs() > self._graphs_before
             (self._compiling_steps if compiled else self._plain_steps).append(now - self._step_start)
-        self._samples += _batch_size(batch)
+        self._samples += batch_size_of(batch)
         self._steps += 1
         self._last_step_end, self._val_at_last_step = now, self._val
 
@@ -244,7 +244,7 @@ class EpochTimer(pl.Callback):
             self._val_batch_t0 = time.perf_counter()
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._val_count += _batch_size(batch)
+        self._val_count += batch_size_of(batch)
         if self.track_compiles and self._val_t0 is not None:
             from trainer.switches.model_transforms import compiled_graphs
 

@@ -39,13 +39,13 @@ def key(
     return field(default=default, metadata=metadata)
 
 
-def _positive(v) -> bool:
+def is_positive(v) -> bool:
     return math.isfinite(v) and v > 0
 
 
-def _non_negative(v) -> bool:
+def is_non_negative(v) -> bool:
     return math.isfinite(v) and v >= 0
 
 
-def _fraction(v) -> bool:
+def is_fraction(v) -> bool:
     return 0 <= v <= 1

@@ -27,11 +27,11 @@ def apply_scale(cfg: DictConfig, cli_overrides: Iterable[str]) -> DictConfig:
     with open_dict(scaled):
         for layer in layers:
             scaled.merge_with(OmegaConf.create(OmegaConf.to_container(OmegaConf.create(layer))))
-        _reapply_cli(scaled, cli_overrides)
+        reapply_cli(scaled, cli_overrides)
     return scaled
 
 
-def _reapply_cli(cfg: DictConfig, overrides: Iterable[str]) -> None:
+def reapply_cli(cfg: DictConfig, overrides: Iterable[str]) -> None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     for ov in OverridesParser.create().parse_overrides(list(overrides)):

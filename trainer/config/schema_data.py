@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from trainer.config.keys import OPTIMIZATION, RECIPE, SETTING, _fraction, _non_negative, key
+from trainer.config.keys import OPTIMIZATION, RECIPE, SETTING, is_fraction, is_non_negative, key
 
 
 @dataclass
@@ -100,19 +100,19 @@ class DataConfig:
     random_erasing: float = key(
         0.0,
         "probability that a training image gets a random rectangle erased",
-        check=(_fraction, "a probability in [0, 1]"),
+        check=(is_fraction, "a probability in [0, 1]"),
         flag=RECIPE,
     )
     mixup_alpha: float = key(
         0.0,
         "mixup's Beta(alpha, alpha) per training batch (0: off; with cutmix_alpha, each batch gets one of the two)",
-        check=(_non_negative, "0 (off) or a number > 0"),
+        check=(is_non_negative, "0 (off) or a number > 0"),
         flag=RECIPE,
     )
     cutmix_alpha: float = key(
         0.0,
         "cutmix's Beta(alpha, alpha) per training batch (0: off)",
-        check=(_non_negative, "0 (off) or a number > 0"),
+        check=(is_non_negative, "0 (off) or a number > 0"),
         flag=RECIPE,
     )
     repeated_augment: int = key(

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from trainer.config.keys import OPTIMIZATION, RECIPE, _positive, key
+from trainer.config.keys import OPTIMIZATION, RECIPE, is_positive, key
 
 
 @dataclass
@@ -276,7 +276,7 @@ class TuneConfig:
     """``python -m trainer.tune``: the search's budget and its accuracy guard (training ignores these)."""
 
     budget_min: float = key(
-        30.0, "stop probing after this many minutes (the accuracy check still runs)", check=(_positive, "above 0")
+        30.0, "stop probing after this many minutes (the accuracy check still runs)", check=(is_positive, "above 0")
     )
     objective: str = key(
         "epoch_time",

@@ -34,7 +34,7 @@ SOURCES = {
 VERSION = 1
 
 
-def _skimage_data_dir() -> str:
+def skimage_data_dir() -> str:
     spec = importlib.util.find_spec("skimage")
     if spec is None or not spec.submodule_search_locations:
         from trainer.errors import ConfigError
@@ -132,7 +132,7 @@ def _generate(out: str, images_per_class: int, size: int, seed: int) -> None:
 
     from trainer.measure.hardware import usable_cores
 
-    data_dir = _skimage_data_dir()
+    data_dir = skimage_data_dir()
     jobs = _plan(images_per_class, size, seed, data_dir)
     for split, cls in {(j[0], j[1]) for j in jobs}:
         os.makedirs(os.path.join(out, split, cls), exist_ok=True)

@@ -1,6 +1,8 @@
 """The bottleneck doctor: from what a run measured, where the time went and which flags to try.
 
-``diagnose`` reads the verdict off the measurements (the decision tree: ``diagnose``'s docstring);
+``diagnose`` reads the verdict off the measurements (the decision tree: its module's docstring, the
+rules in the order ``RULES`` tries them); ``advice`` holds the flags to try for each kind of
+bottleneck and the hardware's notes;
 ``feeding`` says, for an input-bound GPU run, which loader would feed it from measured rates; ``facts``
 holds what the doctor is told besides the measurements (``Facts``: whether DALI is installed, whether
 the data is read from an object store): it reads no loader code itself.

@@ -13,7 +13,7 @@ from typing import List, Optional
 from trainer.console import row_notes
 from trainer.measure import time_to_target as ttt
 from trainer.report.jobs import Job, fold_repeats, varied_keys
-from trainer.report.render import _fmt, shown_keys
+from trainer.report.render import format_cell, shown_keys
 
 
 def _label(row: dict, varied: List[str]) -> str:
@@ -23,7 +23,7 @@ def _label(row: dict, varied: List[str]) -> str:
         value = row.get(k)
         if value is None:
             continue
-        text = _fmt(value, k)
+        text = format_cell(value, k)
         if "/" in text:
             text = "…/" + text.rstrip("/").rsplit("/", 1)[-1]
         parts.append(f"{k}={text}")

@@ -60,7 +60,7 @@ class Row:
 
     def seeds(self) -> int:
         """How many different seeds the row's runs trained with (a job given no seed= ran its config's)."""
-        return len({json.dumps(j.settings.get("seed", _off_value("seed")), default=str) for j in self.jobs})
+        return len({json.dumps(j.settings.get("seed", off_value("seed")), default=str) for j in self.jobs})
 
     def samples(self) -> List[List[float]]:
         """Steady epoch times per repeat (repeats with none left out)."""
@@ -149,7 +149,7 @@ def load_jobs(dirs: Sequence[str]) -> List[Job]:
     return jobs
 
 
-def _off_value(key: str) -> Any:
+def off_value(key: str) -> Any:
     """The "optimization off" value of a key: its schema default (None if the schema does not know it)."""
     return _schema_defaults().get(key)
 
@@ -182,7 +182,7 @@ def varied_keys(jobs: List[Job]) -> List[str]:
                 keys.append(k)
     varied = []
     for k in keys:
-        values = {json.dumps(job.settings.get(k, _off_value(k)), sort_keys=True, default=str) for job in jobs}
+        values = {json.dumps(job.settings.get(k, off_value(k)), sort_keys=True, default=str) for job in jobs}
         if len(values) > 1:
             varied.append(k)
     return varied
@@ -201,7 +201,7 @@ def fold_repeats(jobs: List[Job], varied: List[str]) -> List[Row]:
         # same settings from two sweeps (two days, before/after a change) are a comparison, not repeats
         where = str(job.path.resolve().parent) if several_sweeps else ""
         key = json.dumps(
-            [where, {k: job.settings.get(k, _off_value(k)) for k in varied if k not in REPEAT_KEYS}],
+            [where, {k: job.settings.get(k, off_value(k)) for k in varied if k not in REPEAT_KEYS}],
             sort_keys=True,
             default=str,
         )
@@ -230,8 +230,8 @@ def job_names(jobs: List[Job]) -> Dict[int, str]:
 
 def pick_baseline(rows: List[Row], varied: List[str]) -> Optional[Row]:
     """The first row with every varied key at its off value (keys without one are ignored), else the first ok row."""
-    known = [k for k in varied if _off_value(k) is not None and k not in REPEAT_KEYS]
+    known = [k for k in varied if off_value(k) is not None and k not in REPEAT_KEYS]
     for row in rows:
-        if row.ok and all(row.settings.get(k, _off_value(k)) == _off_value(k) for k in known):
+        if row.ok and all(row.settings.get(k, off_value(k)) == off_value(k) for k in known):
             return row
     return next((r for r in rows if r.ok), None)

@@ -56,7 +56,7 @@ def speedup_interval(
     return ratios[int(tail * (resamples - 1))], ratios[int(round((1 - tail) * (resamples - 1)))]
 
 
-def _spread(row: Row) -> Optional[tuple]:
+def spread_of(row: Row) -> Optional[tuple]:
     """min-max of the steady epochs (one job), or of the repeats' medians (a folded row)."""
     if len(row.jobs) > 1:
         medians = [statistics.median(t) for t in row.samples()]

@@ -44,7 +44,7 @@ _DIGITS = {
 }
 
 
-def _fmt(value: Any, column: str = "") -> str:
+def format_cell(value: Any, column: str = "") -> str:
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -61,7 +61,7 @@ def to_markdown(columns: List[str], rows: List[dict]) -> str:
     out.write("| " + " | ".join(columns) + " |\n")
     out.write("|" + "|".join(" --- " for _ in columns) + "|\n")
     for row in rows:
-        cells = [_fmt(row.get(c), c) for c in columns]
+        cells = [format_cell(row.get(c), c) for c in columns]
         if row.get("time_to_target_ci_holds") == NOT_JUDGED and "time_to_target_speedup" in columns:
             # a ratio without an interval: not judged, and marked so
             cells[columns.index("time_to_target_speedup")] += " " + one_run(row)
@@ -87,7 +87,7 @@ def shown_keys(columns: List[str], rows: List[dict]) -> List[str]:
     ]
 
 
-def _header(jobs: List[Job], base: Optional[Row], how: str) -> str:
+def header_of(jobs: List[Job], base: Optional[Row], how: str) -> str:
     """The report's first paragraph: what ran, the baseline, and how every column is judged."""
     device = next((j.metrics.get("device") for j in jobs if j.metrics.get("device")), None) or {}
     return (

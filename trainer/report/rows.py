@@ -14,8 +14,8 @@ import statistics
 from typing import Any, List, Optional
 
 from trainer.measure import time_to_target as ttt
-from trainer.report.jobs import REPEAT_KEYS, Job, Row, _off_value, fold_repeats, pick_baseline, varied_keys
-from trainer.report.noise import _spread, accuracy_noise, speedup_interval
+from trainer.report.jobs import REPEAT_KEYS, Job, Row, fold_repeats, off_value, pick_baseline, varied_keys
+from trainer.report.noise import accuracy_noise, speedup_interval, spread_of
 
 ACC_DROP_THRESHOLD = 0.02  # absolute val_acc drop vs baseline that marks a row
 FEW_STEPS = 10  # fewer steps per epoch than this: timing is dominated by per-epoch overheads
@@ -28,14 +28,10 @@ def build_rows(
     tolerance: float = ttt.DEFAULT_TOLERANCE,
 ) -> tuple:
     """Return (columns, rows as dicts, baseline Row); with the time-to-target columns where a target resolves."""
-    # why longer: one row of the table per loop turn, each column next to the notes that qualify it
-    # (a changed epoch size, an accuracy drop, a failed job); split, the notes would lose their column
     varied = varied_keys(jobs)
     rows = fold_repeats(jobs, varied)
     base = pick_baseline(rows, varied)
     shown = [k for k in varied if k not in REPEAT_KEYS]
-    base_time = base.epoch_time() if base else None
-    base_acc = base.median_of("val_acc") if base else None
     repeated = any(len(r.jobs) > 1 for r in rows)
     optional = [key for key in ("tflops", "mfu") if any(j.metrics.get(key) is not None for j in jobs)]
     columns = (
@@ -59,88 +55,96 @@ def build_rows(
             "notes",
         ]
     )
-    out = []
-    for row in rows:
-        m = row.first.metrics
-        notes: List[str] = []
-        t = row.epoch_time()
-        # steady epochs are compared with steady epochs only: a side with nothing but its warm-up epoch
-        # (compile, workers starting) beside one with steady epochs would bias the ratio, not just widen it
-        warm_up_only = base is not None and row.ok and row is not base and bool(row.samples()) != bool(base.samples())
-        speedup = round(base_time / t, 3) if (row.ok and t and base_time and not warm_up_only) else None
-        interval = (
-            speedup_interval(base.samples(), row.samples()) if (speedup is not None and row is not base) else None
-        )
-        base_samples, samples = _epoch_samples(base.first) if base else None, _epoch_samples(row.first)
-        if speedup is not None and base_samples and samples and samples != base_samples:
-            # epochs of different sizes (a batch-size change with trainer.limit_train_batches as a
-            # count): compare throughput, not epoch time (and scale the interval the same way)
-            by_time = speedup
-            speedup = round(row.median_of("samples_per_s") / base.median_of("samples_per_s"), 3)
-            if interval:
-                interval = (interval[0] * speedup / by_time, interval[1] * speedup / by_time)
-            notes.append(f"epochs differ in size ({samples} vs {base_samples} samples): speedup from samples/s")
-        if interval:  # judged as written: md, csv and the console read the same three decimals
-            interval = (round(interval[0], 3), round(interval[1], 3))
-        if row is base:
-            notes.append("baseline")
-        elif warm_up_only:
-            notes.append(
-                f"{NO_SPEEDUP}: {'this row' if not row.samples() else 'the baseline'} ran only its warm-up epoch"
-            )
-        elif row.ok and speedup is None:
-            notes.append(f"{NO_SPEEDUP}: {'this row' if not t else 'the baseline'} has no steady epoch time")
-        elif speedup is not None:
-            if interval is None:
-                notes.append("noise not judged: fewer than 2 steady epochs")
-            elif interval[0] <= 1.0 <= interval[1]:
-                notes.append("within noise")
-        if row.ok and not row.samples():
-            notes.append("warm-up only: 1 epoch, not steady state")
-        steps = [e.get("steps") for e in (m.get("epochs") or []) if e.get("steps")]
-        if row.ok and steps and max(steps) < FEW_STEPS:
-            notes.append(f"only {max(steps)} steps/epoch")
-        acc = row.median_of("val_acc") if row.ok else m.get("val_acc")
-        if row.ok and acc is not None and base_acc is not None and base_acc - acc > acc_drop:
-            noise = accuracy_noise(base_acc, base.val_samples(), acc, row.val_samples())
-            if noise is not None and base_acc - acc <= noise:
-                notes.append(
-                    f"val_acc {acc - base_acc:+.3f} not a significant drop (+-{noise:.3f} on {row.val_samples()} val samples)"
-                )
-            else:
-                notes.append(f"ACCURACY DROP {acc - base_acc:+.3f}")
-        if m.get("compile_time_s"):
-            notes.append(f"compile {m['compile_time_s']:.1f} s")
-        if not row.ok:
-            notes.append(str(m.get("error") or m.get("status") or "failed"))
-        bottleneck = folded_bottleneck(row, notes)  # (it notes where the repeats' verdicts differ)
-        spread = _spread(row)
-        record = {"job": row.name}
-        record.update({k: row.settings.get(k, _off_value(k)) for k in shown})
-        record.setdefault("world_size", (m.get("device") or {}).get("count"))
-        if repeated:
-            record["repeats"] = len(row.jobs)
-        record.update(
-            epoch_time_s=t if row.ok else None,
-            spread_s=f"{spread[0]:.3f}-{spread[1]:.3f}" if spread else None,
-            speedup=speedup,
-            speedup_ci=f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else None,
-            samples_per_s=row.median_of("samples_per_s") if row.ok else None,
-            data_wait_fraction=row.median_of("data_wait_fraction") if row.ok else None,
-            transfer_fraction=row.median_of("transfer_fraction") if row.ok else None,
-            peak_memory_mb=m.get("peak_memory_mb"),
-            val_acc=acc,
-            bottleneck=bottleneck,
-            status=m.get("status", "failed"),
-            notes="; ".join(notes),
-        )
-        if not row.ok:  # not a column (notes has it): the console's verdict names it alone
-            record["error"] = str(m.get("error") or m.get("status") or "failed")
-        for key in optional:
-            record[key] = row.median_of(key) if row.ok else None
-        out.append(record)
+    out = [_record(row, base, shown, repeated, optional, acc_drop) for row in rows]
     _add_time_to_target(columns, rows, out, base, target(base, target_acc, tolerance)[0])
     return columns, out, base
+
+
+def _record(row: Row, base: Optional[Row], shown: List[str], repeated: bool, optional: List[str], acc_drop: float):
+    """One row of the table: its columns, and the notes that qualify them, in the order they are read."""
+    m = row.first.metrics
+    t = row.epoch_time()
+    speedup, interval, notes = _speedup(row, base)
+    if row.ok and not row.samples():
+        notes.append("warm-up only: 1 epoch, not steady state")
+    steps = [e.get("steps") for e in (m.get("epochs") or []) if e.get("steps")]
+    if row.ok and steps and max(steps) < FEW_STEPS:
+        notes.append(f"only {max(steps)} steps/epoch")
+    acc = row.median_of("val_acc") if row.ok else m.get("val_acc")
+    base_acc = base.median_of("val_acc") if base else None
+    if row.ok and acc is not None and base_acc is not None and base_acc - acc > acc_drop:
+        noise = accuracy_noise(base_acc, base.val_samples(), acc, row.val_samples())
+        if noise is not None and base_acc - acc <= noise:
+            notes.append(
+                f"val_acc {acc - base_acc:+.3f} not a significant drop (+-{noise:.3f} on {row.val_samples()} val samples)"
+            )
+        else:
+            notes.append(f"ACCURACY DROP {acc - base_acc:+.3f}")
+    if m.get("compile_time_s"):
+        notes.append(f"compile {m['compile_time_s']:.1f} s")
+    if not row.ok:
+        notes.append(str(m.get("error") or m.get("status") or "failed"))
+    bottleneck = folded_bottleneck(row, notes)  # (it notes where the repeats' verdicts differ)
+    spread = spread_of(row)
+    record = {"job": row.name}
+    record.update({k: row.settings.get(k, off_value(k)) for k in shown})
+    record.setdefault("world_size", (m.get("device") or {}).get("count"))
+    if repeated:
+        record["repeats"] = len(row.jobs)
+    record.update(
+        epoch_time_s=t if row.ok else None,
+        spread_s=f"{spread[0]:.3f}-{spread[1]:.3f}" if spread else None,
+        speedup=speedup,
+        speedup_ci=f"{interval[0]:.3f}-{interval[1]:.3f}" if interval else None,
+        samples_per_s=row.median_of("samples_per_s") if row.ok else None,
+        data_wait_fraction=row.median_of("data_wait_fraction") if row.ok else None,
+        transfer_fraction=row.median_of("transfer_fraction") if row.ok else None,
+        peak_memory_mb=m.get("peak_memory_mb"),
+        val_acc=acc,
+        bottleneck=bottleneck,
+        status=m.get("status", "failed"),
+        notes="; ".join(notes),
+    )
+    if not row.ok:  # not a column (notes has it): the console's verdict names it alone
+        record["error"] = str(m.get("error") or m.get("status") or "failed")
+    for key in optional:
+        record[key] = row.median_of(key) if row.ok else None
+    return record
+
+
+def _speedup(row: Row, base: Optional[Row]) -> tuple:
+    """(speed-up over the baseline, its interval, the notes that qualify it) for one row."""
+    notes: List[str] = []
+    t = row.epoch_time()
+    base_time = base.epoch_time() if base else None
+    # steady epochs are compared with steady epochs only: a side with nothing but its warm-up epoch
+    # (compile, workers starting) beside one with steady epochs would bias the ratio, not just widen it
+    warm_up_only = base is not None and row.ok and row is not base and bool(row.samples()) != bool(base.samples())
+    speedup = round(base_time / t, 3) if (row.ok and t and base_time and not warm_up_only) else None
+    interval = speedup_interval(base.samples(), row.samples()) if (speedup is not None and row is not base) else None
+    base_samples, samples = _epoch_samples(base.first) if base else None, _epoch_samples(row.first)
+    if speedup is not None and base_samples and samples and samples != base_samples:
+        # epochs of different sizes (a batch-size change with trainer.limit_train_batches as a
+        # count): compare throughput, not epoch time (and scale the interval the same way)
+        by_time = speedup
+        speedup = round(row.median_of("samples_per_s") / base.median_of("samples_per_s"), 3)
+        if interval:
+            interval = (interval[0] * speedup / by_time, interval[1] * speedup / by_time)
+        notes.append(f"epochs differ in size ({samples} vs {base_samples} samples): speedup from samples/s")
+    if interval:  # judged as written: md, csv and the console read the same three decimals
+        interval = (round(interval[0], 3), round(interval[1], 3))
+    if row is base:
+        notes.append("baseline")
+    elif warm_up_only:
+        notes.append(f"{NO_SPEEDUP}: {'this row' if not row.samples() else 'the baseline'} ran only its warm-up epoch")
+    elif row.ok and speedup is None:
+        notes.append(f"{NO_SPEEDUP}: {'this row' if not t else 'the baseline'} has no steady epoch time")
+    elif speedup is not None:
+        if interval is None:
+            notes.append("noise not judged: fewer than 2 steady epochs")
+        elif interval[0] <= 1.0 <= interval[1]:
+            notes.append("within noise")
+    return speedup, interval, notes
 
 
 # a row whose epoch time has no ratio to the baseline's (the note says why)

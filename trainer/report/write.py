@@ -20,7 +20,7 @@ from trainer.measure import time_to_target as ttt
 from trainer.measure.metrics import atomic_write_text
 from trainer.report.figure import chart, save_png
 from trainer.report.jobs import load_jobs
-from trainer.report.render import _header, judgement_notes, shown_keys, to_csv, to_markdown, verdict_lines
+from trainer.report.render import header_of, judgement_notes, shown_keys, to_csv, to_markdown, verdict_lines
 from trainer.report.rows import build_rows, target
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def write_report(
         return None
     columns, rows, base = build_rows(jobs, target_acc=target_acc, tolerance=tolerance)
     goal, how = target(base, target_acc, tolerance)
-    header = _header(jobs, base, how)
+    header = header_of(jobs, base, how)
     missing = ""
     if not_run:
         missing = f"\n**Not run** ({note or 'the sweep stopped early'}): " + "; ".join(not_run) + "\n"

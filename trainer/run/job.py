@@ -20,7 +20,7 @@ from trainer.measure import metrics as metrics_mod
 from trainer.rank import is_launched_rank
 from trainer.run.build import build
 from trainer.run.parts import Parts, flags_of
-from trainer.run.record import _preempted, record
+from trainer.run.record import preempted_of, record
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def fit(parts: Parts) -> tuple:
         if preemption.saved_at_step is None or preemption.exit_requested:
             raise  # a crash; or submitit requeued the job and exits this process: let it
     if preemption.saved_at_step is not None:
-        return _preempted(parts.notes, preemption)
+        return preempted_of(parts.notes, preemption)
     if trainer.interrupted:
         return "failed", "interrupted (KeyboardInterrupt or signal) before the last epoch finished"
     return "ok", None
@@ -123,5 +123,5 @@ def fit(parts: Parts) -> tuple:
 def _failure(parts: Parts, e: BaseException) -> tuple:
     preemption = parts.callbacks.preemption if parts.callbacks else None
     if preemption is not None and preemption.exit_requested:
-        return _preempted(parts.notes, preemption)
+        return preempted_of(parts.notes, preemption)
     return "failed", (str(e) if isinstance(e, (UserFacingError, stopping.Stopped)) else metrics_mod.one_line(e))

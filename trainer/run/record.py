@@ -217,7 +217,7 @@ def _grad_scale(trainer) -> Optional[float]:
     return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else None
 
 
-def _preempted(notes: Dict[str, Any], preemption) -> tuple:
+def preempted_of(notes: Dict[str, Any], preemption) -> tuple:
     notes["preempted"] = True
     how = "stopped by Ctrl-C (SIGINT)" if preemption.received == "SIGINT" else f"preempted by {preemption.received}"
     return "failed", f"{how} at step {preemption.saved_at_step}; resume with ckpt_path=last"

@@ -10,7 +10,7 @@ CSV file starts again, its earlier rows set aside). A job of a sweep reads the s
 
 The run is opened here, before training, so that a missing tracker package or an unreachable tracking
 server is one paragraph before anything is trained; the sweep's parent run shares that check
-(``NO_SERVER``, ``unreachable_message``, ``_fail_fast_mlflow``).
+(``NO_SERVER``, ``unreachable_message``, ``fail_fast_mlflow``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from trainer.errors import ConfigError
 from trainer.measure import metrics as metrics_mod
 from trainer.rank import global_rank
-from trainer.tracking.redaction import _redacted_argv, redact_text
+from trainer.tracking.redaction import redact_text, redacted_argv
 
 log = logging.getLogger("trainer.tracking")  # the package's one logger, whichever of its modules logs
 
@@ -59,7 +59,7 @@ def build(cfg, out_dir: str, overrides: List[str], resuming: bool) -> List[Any]:
     entries = OmegaConf.to_container(cfg.get("logger") or {}, resolve=True)
     restart = restart_count()
     started_over = restart if restart and not resuming else 0  # the Slurm restart that trains from epoch 0 again
-    previous = _read(os.path.join(out_dir, STATE)) if resuming or restart else {}
+    previous = read_state(os.path.join(out_dir, STATE)) if resuming or restart else {}
     sweep, swept = _sweep_of(out_dir)
     shown = [redact_text(o) for o in overrides]  # the run's name in the tracker
     job_name = ",".join(o for o in shown if o.split("=", 1)[0].lstrip("+~") in swept) if swept else ""
@@ -78,7 +78,7 @@ def build(cfg, out_dir: str, overrides: List[str], resuming: bool) -> List[Any]:
                 name, entry, cfg, out_dir, job_name, previous.get(name) or {}, sweep.get(name) or {}
             )
             logger = _instantiate(instantiate, name, entry, extra)
-            if started_over and _kind(entry) == "csv":
+            if started_over and kind_of(entry) == "csv":
                 _set_aside_csv(logger, started_over)
             state[name] = _open(name, logger, resumed=bool(previous.get(name)), started_over=started_over)
             loggers.append(logger)
@@ -96,9 +96,9 @@ def _abandon(loggers: List[Any]) -> None:
     """Close the tracker runs a failed build had opened, as failed (best effort: the build's error is the story)."""
     for logger in loggers:
         try:
-            kind = _kind(_target_of(logger))
+            kind = kind_of(target_of(logger))
             if kind == "mlflow":
-                with _fail_fast_mlflow():
+                with fail_fast_mlflow():
                     logger.experiment.set_terminated(logger.run_id, "FAILED")
             elif kind == "wandb":
                 logger.experiment.finish(exit_code=1)
@@ -108,7 +108,7 @@ def _abandon(loggers: List[Any]) -> None:
 
 def _product_defaults(name, entry, cfg, out_dir, job_name, previous, sweep) -> Dict[str, Any]:
     """What the product sets on a known logger, for each argument the user left unset (null or absent)."""
-    kind = _kind(entry)
+    kind = kind_of(entry)
     extra: Dict[str, Any] = {}
     if kind in ("tensorboard", "csv"):
         extra = {"save_dir": out_dir, "name": "", "version": ""}
@@ -141,7 +141,7 @@ def _product_defaults(name, entry, cfg, out_dir, job_name, previous, sweep) -> D
     return {k: v for k, v in extra.items() if entry.get(k) is None or k in ("tags", "run_id", "id")}
 
 
-def _kind(entry: Dict[str, Any]) -> str:
+def kind_of(entry: Dict[str, Any]) -> str:
     """Which known tracker a logger config builds ('' for a logger the product does not know)."""
     target = str(entry.get("_target_", "")).lower()
     for kind in ("tensorboard", "csv", "mlflow", "wandb"):
@@ -153,7 +153,7 @@ def _kind(entry: Dict[str, Any]) -> str:
 def _instantiate(instantiate, name: str, entry: Dict[str, Any], extra: Dict[str, Any]):
     from hydra.errors import InstantiationException
 
-    kind = _kind(entry)
+    kind = kind_of(entry)
     try:
         return instantiate(entry, **extra)
     except (InstantiationException, ImportError, TypeError, ValueError) as e:
@@ -201,12 +201,12 @@ def _open(name: str, logger, resumed: bool, started_over: int = 0) -> Dict[str, 
     the run while training from epoch 0 again (marked on the run)."""
     if global_rank() != 0:
         return {}
-    kind = _kind({"_target_": type(logger).__module__ + "." + type(logger).__name__})
+    kind = kind_of({"_target_": type(logger).__module__ + "." + type(logger).__name__})
     if kind == "mlflow":
         uri = logger._tracking_uri
         # MLflow prints the run's link on every status change (Lightning's and ours): finish() logs it once
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-        with _fail_fast_mlflow():
+        with fail_fast_mlflow():
             try:
                 client = logger.experiment
                 run_id = logger.run_id
@@ -219,7 +219,7 @@ def _open(name: str, logger, resumed: bool, started_over: int = 0) -> Dict[str, 
         return {"run_id": run_id, "experiment_id": logger.experiment_id, "tracking_uri": uri}
     if kind == "wandb":
         try:
-            with _redacted_argv():
+            with redacted_argv():
                 run = logger.experiment
         except Exception as e:  # wandb's UsageError (no API key), CommError (no server) and the like
             raise ConfigError(
@@ -243,7 +243,7 @@ def unreachable_message(name: str, uri: str, error: BaseException) -> str:
 
 
 @contextmanager
-def _fail_fast_mlflow() -> Iterator[None]:
+def fail_fast_mlflow() -> Iterator[None]:
     """MLflow retries an unreachable server for minutes by default; the start-up check asks once."""
     saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
     os.environ.update({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"})
@@ -257,7 +257,7 @@ def _fail_fast_mlflow() -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _target_of(logger) -> Dict[str, str]:
+def target_of(logger) -> Dict[str, str]:
     return {"_target_": type(logger).__module__ + "." + type(logger).__name__}
 
 
@@ -268,13 +268,13 @@ def _sweep_of(out_dir: str) -> tuple:
     from trainer.paths import SWEEP_PLAN
 
     parent = os.path.dirname(os.path.abspath(out_dir))
-    plan = _read(os.path.join(parent, SWEEP_PLAN))
+    plan = read_state(os.path.join(parent, SWEEP_PLAN))
     if not plan:
         return {}, []
-    return _read(os.path.join(parent, STATE)), swept_keys(plan.get("overrides") or [])
+    return read_state(os.path.join(parent, STATE)), swept_keys(plan.get("overrides") or [])
 
 
-def _read(path: str) -> Dict[str, Any]:
+def read_state(path: str) -> Dict[str, Any]:
     try:
         with open(path) as f:
             return json.load(f)

@@ -22,8 +22,8 @@ from omegaconf import OmegaConf
 
 from trainer.measure import metrics as metrics_mod
 from trainer.rank import global_rank
-from trainer.tracking.loggers import _kind, _target_of
-from trainer.tracking.redaction import _uploads, redact, redact_text
+from trainer.tracking.loggers import kind_of, target_of
+from trainer.tracking.redaction import redact, redact_text, uploads_of
 
 log = logging.getLogger("trainer.tracking")  # the package's one logger, whichever of its modules logs
 
@@ -59,7 +59,7 @@ def log_params(loggers: List[Any], params: Dict[str, Any]) -> None:
     does not hold yet (its params cannot change, and a resume differs in ``ckpt_path``)."""
     params = redact(params)
     for logger in loggers:
-        if _kind(_target_of(logger)) == "mlflow" and global_rank() == 0:
+        if kind_of(target_of(logger)) == "mlflow" and global_rank() == 0:
             held = logger.experiment.get_run(logger.run_id).data.params
             changed = sorted(k for k, v in params.items() if k in held and held[k] != str(v)[:250])
             if changed:
@@ -87,7 +87,7 @@ def log_epoch_metrics(trainer, metrics: Dict[str, float], epoch: int) -> None:
     if trainer is None or not trainer.is_global_zero:
         return
     for logger in trainer.loggers:
-        if _kind(_target_of(logger)) == "wandb":
+        if kind_of(target_of(logger)) == "wandb":
             _wandb_log_epoch(logger, metrics, epoch)
         else:
             logger.log_metrics(metrics, step=epoch)
@@ -145,12 +145,12 @@ def finish(loggers: List[Any], out_dir: str, result: Dict[str, Any]) -> None:
 
 
 def _finish_one(logger, tags: Dict[str, str], files: List[str], out_dir: str, status: str) -> None:
-    kind = _kind(_target_of(logger))
+    kind = kind_of(target_of(logger))
     if kind == "mlflow":
         client, run_id = logger.experiment, logger.run_id
         for k, v in tags.items():
             client.set_tag(run_id, k, v)
-        _mlflow_artifacts(client, run_id, files, out_dir)
+        mlflow_artifacts(client, run_id, files, out_dir)
         client.set_terminated(run_id, _STATUS.get(status, "FAILED"))
         uri = logger._tracking_uri
         if uri.startswith("http"):
@@ -162,7 +162,7 @@ def _finish_one(logger, tags: Dict[str, str], files: List[str], out_dir: str, st
         run.summary.update({k.replace(".", "_"): v for k, v in tags.items()})
         if tags.get("doctor.bottleneck"):
             run.tags = tuple(run.tags or ()) + (f"doctor:{tags['doctor.bottleneck']}",)
-        _wandb_files(run, files, out_dir)
+        wandb_files(run, files, out_dir)
         run.finish(exit_code=0 if status == "ok" else 1)
     elif kind == "tensorboard":
         if tags.get("doctor.verdict"):
@@ -177,16 +177,16 @@ def _artifact_dir(path: str, out_dir: str) -> Optional[str]:
     return rel or None
 
 
-def _mlflow_artifacts(client, run_id: str, files: List[str], base: str) -> None:
+def mlflow_artifacts(client, run_id: str, files: List[str], base: str) -> None:
     """The files as artifacts, at their paths relative to ``base``: redacted copies, uploaded from a temp dir."""
     with tempfile.TemporaryDirectory(prefix="trainer-upload-") as dest:
-        for path, upload in zip(files, _uploads(files, base, dest)):
+        for path, upload in zip(files, uploads_of(files, base, dest)):
             client.log_artifact(run_id, upload, artifact_path=_artifact_dir(path, base))
 
 
-def _wandb_files(run, files: List[str], base: str) -> None:
+def wandb_files(run, files: List[str], base: str) -> None:
     """The files in the W&B run, at their paths relative to ``base``: redacted copies written into the
     run's own files dir (W&B uploads them from there, at the end or with ``wandb sync``); an image is
     linked as before."""
-    for path, upload in zip(files, _uploads(files, base, run.dir)):
+    for path, upload in zip(files, uploads_of(files, base, run.dir)):
         run.save(upload, base_path=run.dir if upload != path else base, policy="now")

@@ -9,7 +9,7 @@ last word ``key``, as in ``key``, ``api_key``, ``aws_secret_access_key``, ``acco
 ``..._key_id``; ``connection_string``), at any depth (``data.storage_options.*``, ``logger.*``), also as
 ``key=value`` in an override or a query string; and the userinfo of every URL (``https://***@host``).
 The run dir's own ``metrics.json`` and ``.hydra/config.yaml`` keep the values (the user's files, on the
-user's machine): the trackers get redacted copies (``_uploads``).
+user's machine): the trackers get redacted copies (``uploads_of``).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def _redacted_text_of(path: str) -> Optional[str]:
     return redact_text(text)
 
 
-def _uploads(files: List[str], base: str, dest: str) -> List[str]:
+def uploads_of(files: List[str], base: str, dest: str) -> List[str]:
     """What a tracker gets of ``files``: a redacted copy in ``dest`` (same path relative to it as to
     ``base``) of each text file, the file itself for an image. The files in ``base`` stay as they are."""
     out = []
@@ -118,7 +118,7 @@ def _uploads(files: List[str], base: str, dest: str) -> List[str]:
 
 
 @contextmanager
-def _redacted_argv() -> Iterator[None]:
+def redacted_argv() -> Iterator[None]:
     """W&B records the command line in the run's metadata: it reads a copy with credentials masked."""
     saved = list(sys.argv)
     sys.argv[1:] = [redact_text(a) for a in saved[1:]]

@@ -19,9 +19,9 @@ from omegaconf import OmegaConf
 
 from trainer.errors import ConfigError
 from trainer.measure import metrics as metrics_mod
-from trainer.tracking.loggers import NO_SERVER, STATE, _fail_fast_mlflow, _kind, _read, unreachable_message
-from trainer.tracking.record import _mlflow_artifacts, _wandb_files
-from trainer.tracking.redaction import _redacted_argv, redact_text
+from trainer.tracking.loggers import NO_SERVER, STATE, fail_fast_mlflow, kind_of, read_state, unreachable_message
+from trainer.tracking.record import mlflow_artifacts, wandb_files
+from trainer.tracking.redaction import redact_text, redacted_argv
 
 log = logging.getLogger("trainer.tracking")  # the package's one logger, whichever of its modules logs
 
@@ -32,9 +32,9 @@ def sweep_start(config, sweep_dir: str) -> None:
     """The sweep's MLflow parent run and W&B group, recorded for its jobs (resumed when the sweep
     is finished by the same command). One paragraph, exit before any job, if the server is down."""
     entries = OmegaConf.to_container(config.get("logger") or {}, resolve=True)
-    state = _read(os.path.join(sweep_dir, STATE))
+    state = read_state(os.path.join(sweep_dir, STATE))
     for name, entry in entries.items():
-        kind = _kind(entry) if isinstance(entry, dict) else ""
+        kind = kind_of(entry) if isinstance(entry, dict) else ""
         if kind == "mlflow" and not state.get(name):
             state[name] = _mlflow_parent(name, entry, config, sweep_dir)
         elif kind == "wandb" and not state.get(name):
@@ -56,7 +56,7 @@ def _mlflow_parent(name: str, entry: Dict[str, Any], config, sweep_dir: str) -> 
     if not uri:
         raise ConfigError(NO_SERVER.format(name=name))
     experiment_name = entry.get("experiment_name") or config.get("recipe") or "train"
-    with _fail_fast_mlflow():
+    with fail_fast_mlflow():
         try:
             client = MlflowClient(tracking_uri=uri)
             found = client.get_experiment_by_name(experiment_name)
@@ -78,7 +78,7 @@ def _mlflow_parent(name: str, entry: Dict[str, Any], config, sweep_dir: str) -> 
 
 def sweep_end(sweep_dir: str, finished: bool = True) -> None:
     """Attach the A/B report to the sweep's parent run and group (the same table the sweep dir holds)."""
-    state = _read(os.path.join(sweep_dir, STATE))
+    state = read_state(os.path.join(sweep_dir, STATE))
     files = [os.path.join(sweep_dir, f) for f in REPORT_FILES if os.path.isfile(os.path.join(sweep_dir, f))]
     for name, entry in state.items():
         try:
@@ -86,7 +86,7 @@ def sweep_end(sweep_dir: str, finished: bool = True) -> None:
                 from mlflow.tracking import MlflowClient
 
                 client = MlflowClient(tracking_uri=entry["tracking_uri"])
-                _mlflow_artifacts(client, entry["parent_run_id"], files, sweep_dir)
+                mlflow_artifacts(client, entry["parent_run_id"], files, sweep_dir)
                 if finished:
                     client.set_terminated(entry["parent_run_id"], "FINISHED")
             elif entry.get("group"):
@@ -102,7 +102,7 @@ def _wandb_report_run(entry: Dict[str, Any], files: List[str], sweep_dir: str) -
 
     import wandb
 
-    with _redacted_argv():
+    with redacted_argv():
         run = wandb.init(
             project=entry.get("project"),
             group=entry["group"],
@@ -111,7 +111,7 @@ def _wandb_report_run(entry: Dict[str, Any], files: List[str], sweep_dir: str) -
             dir=sweep_dir,
             reinit="create_new",
         )
-    _wandb_files(run, files, sweep_dir)
+    wandb_files(run, files, sweep_dir)
     for path in files:
         if path.endswith(".csv"):
             with open(path, newline="") as f:
