@@ -798,3 +798,25 @@ def test_an_emulated_cpu_capability_gets_an_inductor_cache_of_its_own(monkeypatc
         [sys.executable, "-c", code], env={**env, "ATEN_CPU_CAPABILITY": "avx2"}, capture_output=True, text=True
     )
     assert out.stdout.strip() == f"{default}_avx2", out.stderr[-2000:]
+
+
+def test_a_job_checks_and_resolves_its_switches_once(train, monkeypatch, caplog):
+    """In-process: once. In a process a launcher started (its ranks, an allocator's child): not at all,
+    it takes the plan its launcher resolved (handed over in the environment), warnings included."""
+    import logging
+
+    from trainer import config as config_mod
+    from trainer.switches import switchboard
+
+    resolved, validated = [], []
+    real_resolve, real_validate = switchboard.resolve, config_mod.validate
+    monkeypatch.setattr(switchboard, "resolve", lambda *a: resolved.append(1) or real_resolve(*a))
+    monkeypatch.setattr(config_mod, "validate", lambda *a: validated.append(1) or real_validate(*a))
+    assert train()[0]["status"] == "ok"
+    assert (len(resolved), len(validated)) == (1, 1)
+    plan = switchboard.Plan("cpu", 1, 1, "32-true", None, "auto", ["handed over by the launcher"])
+    monkeypatch.setenv(switchboard.PLAN_ENV, switchboard.plan_env(plan)[switchboard.PLAN_ENV])
+    with caplog.at_level(logging.WARNING):
+        m, _ = train()
+    assert m["status"] == "ok" and (len(resolved), len(validated)) == (1, 1)  # nothing more
+    assert "handed over by the launcher" in caplog.text

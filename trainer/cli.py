@@ -192,15 +192,15 @@ def _launch_job(cfg, job: JobContext) -> None:
     from trainer.measure import hardware
     from trainer.switches import switchboard
 
-    # check the config once here, not once per rank
+    # check the config and resolve the switches once here, not once per rank: the ranks get the plan
     validate(cfg)
-    switchboard.resolve(cfg, hardware.detect(cfg.accelerator))
+    plan = switchboard.resolve(cfg, hardware.detect(cfg.accelerator))
     if job.config_path:
         # the job's config (scale applied) before its ranks start: they may fail before they reach
         # run(), whose rank 0 saves it again with the values it settles
         OmegaConf.save(cfg, job.config_path, resolve=True)
     # the child processes run this job in this job's dir
-    code = launch(cfg, job.out_dir, job.overrides, quiet=job.multirun)
+    code = launch(cfg, job.out_dir, job.overrides, quiet=job.multirun, env=switchboard.plan_env(plan))
     if code != 0:
         from trainer.launch.torchrun import first_failure
 

@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import List
+from typing import List, Optional
 
 from trainer.console import QUIET_ENV
 from trainer.rank import is_launched_rank
@@ -170,10 +170,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False) -> int:
+def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False, env: Optional[dict] = None) -> int:
     """Run this job in fresh processes (torchrun's ranks, or one child for the allocator); return the exit code.
 
-    ``quiet``: a sweep's job; its processes keep the console to warnings and errors.
+    ``quiet``: a sweep's job; its processes keep the console to warnings and errors. ``env``: more for
+    them (the switches' plan the launching process resolved).
     """
     from trainer.paths import ROOT
 
@@ -181,7 +182,7 @@ def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False) -> int:
         o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir", "hydra.sweep.dir", "hydra.job.num"))
     ]
     job = [str(ROOT / "train.py"), *kept, f"hydra.run.dir={out_dir}"]
-    extra_env = allocator_env(cfg)
+    extra_env = {**allocator_env(cfg), **(env or {})}
     if launches_ranks(cfg):
         from trainer.launch.torchrun import FIRST_FAILURE, STOP_GRACE_ENV
 

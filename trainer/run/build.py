@@ -43,11 +43,13 @@ def _plan(parts: Parts) -> None:
     from trainer.switches import switchboard
 
     cfg = parts.cfg
-    config_mod.validate(cfg)
+    given = switchboard.launched_plan()  # a launched rank: its launcher checked the config and resolved it
+    if given is None:
+        config_mod.validate(cfg)
     quiet_known_warnings()
     switchboard.set_cuda_alloc_conf(cfg.cuda_alloc_conf)  # before the first CUDA call
     parts.hw = hardware.detect(cfg.accelerator)
-    parts.plan = switchboard.resolve(cfg, parts.hw)
+    parts.plan = given or switchboard.resolve(cfg, parts.hw)
     log.info(parts.plan.banner(cfg, parts.hw))
     for warning in parts.plan.warnings:
         log.warning(warning)

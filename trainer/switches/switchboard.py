@@ -9,10 +9,11 @@ before any model or data is built.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Any, List
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -55,6 +56,21 @@ class Plan:
         return (
             f"device: {hw.accelerator} x{hw.count} ({hw.name}{cap}, {hw.cpu_cores} cores) | dtypes: {dtypes} | {flags}"
         )
+
+
+PLAN_ENV = "TRAINER_PLAN"  # the plan a launching process resolved, handed to the processes it starts
+
+
+def plan_env(plan: Plan) -> Dict[str, str]:
+    """The environment that hands ``plan`` to the processes a launcher starts (its ranks, an allocator's
+    child): they use it as it is, so a launched job checks and resolves its switches once."""
+    return {PLAN_ENV: json.dumps(asdict(plan))}
+
+
+def launched_plan() -> Optional[Plan]:
+    """The plan the launching process resolved for this one, or None (a process that launched itself)."""
+    text = os.environ.get(PLAN_ENV)
+    return Plan(**json.loads(text)) if text else None
 
 
 def resolve(cfg, hw: Hardware) -> Plan:
