@@ -139,27 +139,37 @@ class FetchLog(SlowDataset):
         super().__init__(n, image_size, num_classes, sleep_ms=0.0)
         self.path = path
 
+    def line(self, i) -> str:
+        return f"{i}\n"
+
     def __getitem__(self, i):
         if torch.utils.data.get_worker_info() is not None:
             with open(self.path, "a") as f:
-                f.write(f"{i}\n")
+                f.write(self.line(i))
         return super().__getitem__(i)
 
 
-class TimedFetchLog(SlowDataset):
-    """Appends ``time index`` to ``path`` for each sample a loader worker builds: when each was built."""
+class TimedFetchLog(FetchLog):
+    """FetchLog's lines as ``time index``: when each sample was built."""
 
-    def __init__(self, path: str, n: int = 64, image_size: int = 16, num_classes: int = 10):
-        super().__init__(n, image_size, num_classes, sleep_ms=0.0)
-        self.path = path
-
-    def __getitem__(self, i):
+    def line(self, i) -> str:
         import time
 
-        if torch.utils.data.get_worker_info() is not None:
-            with open(self.path, "a") as f:
-                f.write(f"{time.time()} {i}\n")
-        return super().__getitem__(i)
+        return f"{time.time()} {i}\n"
+
+
+class BatchRecorder(pl.Callback):
+    """``pick(batch)`` of every training batch by (epoch, batch index); stops the fit at ``stop_at``
+    (a planted failure that leaves the last checkpoint behind)."""
+
+    def __init__(self, pick, stop_at=None):
+        self.pick, self.seen, self.stop_at = pick, {}, stop_at
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        at = (trainer.current_epoch, batch_idx)
+        if at == self.stop_at:
+            raise RuntimeError("stopped mid-epoch on purpose")
+        self.seen[at] = self.pick(batch)
 
 
 class SlowInitDataset(SlowDataset):

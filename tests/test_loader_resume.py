@@ -8,9 +8,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import pytorch_lightning as pl
 import torch
 from conftest import read_metrics, run_cli
+from spies import BatchRecorder
 
 from trainer.data import ImageDataModule
 
@@ -28,17 +28,9 @@ def _folder_args(root, loader: str) -> list:
     ]
 
 
-class _Labels(pl.Callback):
+def _labels(stop_at=None):
     """The labels of every training batch by (epoch, batch index); stops the fit at ``stop_at``."""
-
-    def __init__(self, stop_at=None):
-        self.seen, self.stop_at = {}, stop_at
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        at = (trainer.current_epoch, batch_idx)
-        if at == self.stop_at:
-            raise RuntimeError("stopped mid-epoch on purpose")
-        self.seen[at] = batch[1].tolist()
+    return BatchRecorder(lambda batch: batch[1].tolist(), stop_at)
 
 
 @pytest.mark.parametrize("loader, workers", [("torch", 0), ("torch", 2), ("dali", 1)])
@@ -53,17 +45,17 @@ def test_one_rank_resumed_mid_epoch_trains_the_exact_next_samples(
         pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is a test dependency: pip install -e '.[test]'")
     args = [*_folder_args(one_per_class, loader), "trainer.max_epochs=2", "checkpoint.enabled=true"]
     args += ["checkpoint.every_n_steps=3", f"data.num_workers={workers}"]
-    straight = _Labels()
+    straight = _labels()
     add_callbacks(straight)
     assert train(*args)[0]["status"] == "ok"
     assert sorted(sum((straight.seen[(1, i)] for i in range(6)), [])) == list(range(23))
-    add_callbacks(_Labels(stop_at=(1, 4)))
+    add_callbacks(_labels(stop_at=(1, 4)))
     with pytest.raises(RuntimeError, match="on purpose"):
         train(*args)
     last = tmp_path / "run2" / "checkpoints" / "last.ckpt"
     saved = torch.load(last, weights_only=False)["ImageDataModule"]
     assert saved["position"] == [1, 3] and saved["loader"] == loader
-    resumed = _Labels()
+    resumed = _labels()
     add_callbacks(resumed)
     m, _ = train(*args, f"ckpt_path={last}")
     assert m["status"] == "ok" and m["loader"] == loader
@@ -79,12 +71,12 @@ def test_a_checkpoint_of_an_epochs_last_step_resumes_with_the_next_epochs_order(
     Lightning's set_epoch), must already be at epoch 1 then."""
     args = [*_folder_args(one_per_class, "torch"), "trainer.max_epochs=2", "checkpoint.enabled=true"]
     args += ["checkpoint.every_n_steps=6", "checkpoint.keep_last_k=-1", "data.num_workers=2"]
-    straight = _Labels()
+    straight = _labels()
     add_callbacks(straight)
     assert train(*args)[0]["status"] == "ok"
     step6 = tmp_path / "run1" / "checkpoints" / "step0000006.ckpt"
     assert torch.load(step6, weights_only=False)["ImageDataModule"]["position"] == [1, 0]
-    resumed = _Labels()
+    resumed = _labels()
     add_callbacks(resumed)
     assert train(*args, f"ckpt_path={step6}")[0]["status"] == "ok"
     assert sorted(resumed.seen) == [(1, i) for i in range(6)]

@@ -11,7 +11,6 @@ import threading
 from collections.abc import Mapping
 
 import pytest
-import pytorch_lightning as pl
 import torch
 
 from trainer.errors import ConfigError
@@ -136,17 +135,11 @@ def test_a_batch_that_hides_its_tensors_behind_to_is_refused_in_one_paragraph():
     assert [type(b) for b in pair] == [_Pair, _Pair]  # a dataclass batch is welcome
 
 
-class _Crops(pl.Callback):
+def _crops(stop_at=None):
     """The images of every training batch, by (epoch, batch index); stops the fit at ``stop_at``."""
+    from spies import BatchRecorder
 
-    def __init__(self, stop_at=None):
-        self.seen, self.stop_at = {}, stop_at
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        at = (trainer.current_epoch, batch_idx)
-        if at == self.stop_at:
-            raise RuntimeError("stopped mid-epoch on purpose")
-        self.seen[at] = batch[0].clone()
+    return BatchRecorder(lambda batch: batch[0].clone(), stop_at)
 
 
 @pytest.mark.parametrize(
@@ -189,13 +182,13 @@ def test_a_run_resumed_mid_epoch_sees_the_crops_of_the_uninterrupted_run(
         "checkpoint.enabled=true",
         "checkpoint.every_n_steps=5",
     ]
-    straight = _Crops()
+    straight = _crops()
     add_callbacks(straight)
     assert train(*args)[0]["status"] == "ok"
-    add_callbacks(_Crops(stop_at=(0, 7)))  # two steps after the checkpoint of step 5
+    add_callbacks(_crops(stop_at=(0, 7)))  # two steps after the checkpoint of step 5
     with pytest.raises(RuntimeError, match="on purpose"):
         train(*args)
-    resumed = _Crops()
+    resumed = _crops()
     add_callbacks(resumed)
     assert train(*args, f"ckpt_path={tmp_path / 'run2' / 'checkpoints' / 'last.ckpt'}")[0]["status"] == "ok"
     assert min(resumed.seen) == (0, 5) and max(resumed.seen) == max(straight.seen) == (1, len(straight.seen) // 2 - 1)
