@@ -223,22 +223,36 @@ def test_the_package_has_no_import_cycles():
     assert not cycles, cycles[0]
 
 
-def test_the_config_of_a_run_cannot_be_written_once_it_is_settled(train, add_callbacks):
-    """After the run settles its own values (batch size, scaled lr) the config is what was saved and
-    recorded: a callback that tries to change it during the fit is refused."""
+def test_the_config_of_a_run_cannot_be_written_after_composition(train, compose, add_callbacks, monkeypatch):
+    """From composition on, a job's config is what is saved and recorded: written neither while the
+    job is built (here, just before its Trainer is) nor during the fit (a callback); the values the run
+    settles itself (batch size, scaled lr) are the one exception, made in one place."""
     import pytorch_lightning as pl
     from omegaconf.errors import ReadonlyConfigError
 
+    from trainer.run import build as run_build
+
     tried = []
+
+    def attempt(cfg, when):
+        try:
+            cfg.data.batch_size = 3
+        except ReadonlyConfigError:
+            tried.append(when)
+
+    real_trainer = run_build._trainer
+
+    def trainer_after_a_write(parts):
+        attempt(parts.cfg, "built")
+        return real_trainer(parts)
 
     class Writer(pl.Callback):
         def on_train_start(self, trainer, pl_module):
-            cfg = trainer.datamodule.cfg  # the data section of the run's config
-            try:
-                cfg.batch_size = 3
-            except ReadonlyConfigError:
-                tried.append("refused")
+            attempt(trainer.datamodule.cfg._get_root(), "fit")
 
+    monkeypatch.setattr(run_build, "_trainer", trainer_after_a_write)
     add_callbacks(Writer())
-    m, _ = train()
-    assert m["status"] == "ok" and tried == ["refused"] and m["batch_size"] == 8
+    m, _ = train("lr_scaling=linear", "optim.ref_batch_size=4")
+    assert m["status"] == "ok" and tried == ["built", "fit"] and m["batch_size"] == 8
+    asked = compose("lr_scaling=linear", "optim.ref_batch_size=4").optim.lr
+    assert m["lr"] == pytest.approx(2 * asked)  # settled (batch 8 against 4): the one write that is allowed

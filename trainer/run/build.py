@@ -10,7 +10,7 @@ import sys
 import warnings
 from typing import Any, Dict
 
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf, open_dict, read_write
 
 from trainer import config as config_mod
 from trainer import tracking
@@ -140,8 +140,7 @@ def _check_given_num_classes(parts: Parts, num_classes: int) -> None:
 def _settle(parts: Parts) -> None:
     """The values the run decides itself: the batch size (data.batch_size=auto) and the scaled lr.
 
-    Then the job's config is complete: it is saved once as ``.hydra/config.yaml`` and made read-only,
-    so that nothing built after it (the Trainer, the callbacks, the fit) can change what was recorded.
+    Then the job's config is complete, and it is saved once as ``.hydra/config.yaml``.
     """
     import pytorch_lightning as pl
 
@@ -160,13 +159,13 @@ def _settle(parts: Parts) -> None:
     _settle_value(parts, "optim.lr", lr)
     log.info(parts.notes["lr_note"])
     save_config(parts)
-    OmegaConf.set_readonly(parts.cfg, True)
 
 
 def _settle_value(parts: Parts, key: str, value: Any) -> None:
-    """The one place the run changes its config: a value it settled itself, kept in ``parts.settled`` too."""
+    """The one place the run changes its config (read-only from composition on: ``trainer.run.job.run``):
+    a value it settled itself, kept in ``parts.settled`` too."""
     parts.settled[key] = value
-    with open_dict(parts.cfg):
+    with read_write(parts.cfg), open_dict(parts.cfg):
         OmegaConf.update(parts.cfg, key, value, merge=False)
 
 

@@ -12,6 +12,8 @@ import logging
 from contextlib import contextmanager
 from typing import Any, Dict, List, Optional
 
+from omegaconf import OmegaConf
+
 from trainer import tracking
 from trainer.errors import UserFacingError
 from trainer.launch import stopping
@@ -38,6 +40,8 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
     from trainer.callbacks import EpochTimer
 
     freeze_long_lived_objects()
+    # as composed: nothing of the job writes its config but the values it settles (build._settle_value)
+    OmegaConf.set_readonly(cfg, True)
     parts = Parts(
         cfg=cfg, out_dir=out_dir, overrides=list(overrides or []), config_path=config_path, requested=flags_of(cfg)
     )
