@@ -1124,7 +1124,7 @@ class _EpochStarts(pl.Callback):
             time.sleep(self.hold_s)
 
 
-@pytest.mark.parametrize("persistent, prefetch", [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize("persistent, prefetch", [(False, False), (True, True)])
 def test_the_next_epochs_workers_build_its_first_batches_while_this_one_validates(
     train, add_callbacks, tmp_path, monkeypatch, persistent, prefetch
 ):

@@ -800,20 +800,30 @@ def test_an_emulated_cpu_capability_gets_an_inductor_cache_of_its_own(monkeypatc
     assert out.stdout.strip() == f"{default}_avx2", out.stderr[-2000:]
 
 
-def test_a_job_checks_and_resolves_its_switches_once(train, monkeypatch, caplog):
-    """In-process: once. In a process a launcher started (its ranks, an allocator's child): not at all,
-    it takes the plan its launcher resolved (handed over in the environment), warnings included."""
+def test_a_job_builds_its_model_and_checks_and_resolves_its_switches_once(train, monkeypatch, caplog):
+    """In-process: the model built once (the FLOPs are counted on a meta copy of it, not on a second
+    model built from the config), the config checked and the switches resolved once. In a process a
+    launcher started (its ranks, an allocator's child): checked and resolved not at all, it takes the
+    plan its launcher resolved (handed over in the environment), warnings included."""
     import logging
 
     from trainer import config as config_mod
+    from trainer.models import tiny
     from trainer.switches import switchboard
 
-    resolved, validated = [], []
-    real_resolve, real_validate = switchboard.resolve, config_mod.validate
+    built, resolved, validated = [], [], []
+    real_init, real_resolve, real_validate = tiny.TinyCNN.__init__, switchboard.resolve, config_mod.validate
+
+    def counted_init(self, *args, **kwargs):
+        built.append(type(self))
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(tiny.TinyCNN, "__init__", counted_init)
     monkeypatch.setattr(switchboard, "resolve", lambda *a: resolved.append(1) or real_resolve(*a))
     monkeypatch.setattr(config_mod, "validate", lambda *a: validated.append(1) or real_validate(*a))
-    assert train()[0]["status"] == "ok"
-    assert (len(resolved), len(validated)) == (1, 1)
+    m, _ = train()
+    assert m["status"] == "ok" and m["flops_per_sample"] > 0
+    assert (len(built), len(resolved), len(validated)) == (1, 1, 1)
     plan = switchboard.Plan("cpu", 1, 1, "32-true", None, "auto", ["handed over by the launcher"])
     monkeypatch.setenv(switchboard.PLAN_ENV, switchboard.plan_env(plan)[switchboard.PLAN_ENV])
     with caplog.at_level(logging.WARNING):

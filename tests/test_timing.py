@@ -188,23 +188,6 @@ def test_flops_are_counted_for_the_recipe_models(compose):
         assert flops is not None and flops > at_least, (recipe, flops)
 
 
-def test_a_run_builds_its_model_once(train, monkeypatch):
-    """The FLOPs are counted on a meta copy of the run's own model (its modules copied, its weights
-    not), not on a second model built from the config."""
-    from trainer.models import tiny
-
-    built, real = [], tiny.TinyCNN.__init__
-
-    def counted(self, *args, **kwargs):
-        built.append(type(self))
-        real(self, *args, **kwargs)
-
-    monkeypatch.setattr(tiny.TinyCNN, "__init__", counted)
-    m, _ = train()
-    assert m["status"] == "ok" and m["flops_per_sample"] > 0
-    assert len(built) == 1, built
-
-
 def test_val_samples_counts_what_the_last_validation_saw(train):
     # 20 val samples in batches of 8: all of them (8+8+4), then only the first two batches
     m, _ = train("data.val_samples=20")
