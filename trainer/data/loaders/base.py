@@ -112,7 +112,6 @@ class Loaders:
             self._resume_into(self._order)
 
     # -- shared by the loaders ----------------------------------------------------------------------
-    # -- shared by the loaders ----------------------------------------------------------------------
     @property
     def world(self) -> int:
         return getattr(self.trainer, "world_size", 1) if self.trainer is not None else 1
