@@ -114,6 +114,9 @@ def test_dali_reads_the_torch_loaders_order_under_a_distributed_strategy(compose
             dm.load_state_dict({"position": [1, 1]})  # a resume after one batch of epoch 1
             batches = dm.train_dataloader()
             if loader == "torch":
+                # dealt already, as the DALI loader's is: Lightning leaves a DistributedSampler in place
+                # (it would wrap any other one and shuffle it again, also for one process)
+                assert isinstance(batches.sampler, torch.utils.data.DistributedSampler), batches.sampler
                 batches.sampler.set_epoch(1)  # as Lightning does before each epoch
             orders[loader] = [int(y) for _, labels in batches for y in labels]
         assert len(orders["torch"]) == -(-23 // world) - 4  # this rank's share, less the batch trained
