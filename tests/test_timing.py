@@ -188,6 +188,45 @@ def test_flops_are_counted_for_the_recipe_models(compose):
         assert flops is not None and flops > at_least, (recipe, flops)
 
 
+def test_the_flops_of_a_checkpointed_model_are_its_own_and_its_weights_stay_where_they_are(compose):
+    """FLOPs are counted on a meta copy of the run's model as prepared (activation checkpointing
+    included): the copy's blocks run with the copy's weights, and the count is the model's math, the
+    same as without checkpointing (MFU leaves the recomputation out)."""
+    from trainer.measure.flops import training_flops_per_sample
+    from trainer.models import build_module
+    from trainer.switches.model_transforms import apply_activation_checkpointing
+
+    cfg = compose("model=resnet18", "data.image_size=32", "activation_checkpointing=true")
+    plain = training_flops_per_sample(build_module(cfg), 32)
+    module = build_module(cfg)
+    assert apply_activation_checkpointing(module, cfg) > 0
+    assert plain is not None and training_flops_per_sample(module, 32) == plain
+    assert all(p.device.type == "cpu" for p in module.parameters())
+
+
+def test_a_model_that_cannot_be_copied_is_counted_on_a_fresh_build():
+    """A user's module holding state deepcopy refuses (a lock): its FLOPs come from the run's builder on
+    the meta device, as before the copy, rather than staying null."""
+    import threading
+
+    from torch import nn
+
+    from trainer.measure.flops import training_flops_per_sample
+
+    class Locked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lock = threading.Lock()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return self.conv(x)
+
+    assert training_flops_per_sample(Locked(), 8) is None  # not copyable, and no builder given
+    conv = 2 * 3 * 4 * 9 * 36  # one sample's 3x3 convolution, 3 -> 4 channels, 6x6 outputs
+    assert training_flops_per_sample(Locked(), 8, rebuild=Locked) == 2 * conv  # forward, the weights' gradient
+
+
 def test_val_samples_counts_what_the_last_validation_saw(train):
     # 20 val samples in batches of 8: all of them (8+8+4), then only the first two batches
     m, _ = train("data.val_samples=20")

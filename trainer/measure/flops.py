@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +35,23 @@ def meta_copy(module):
     return copy.deepcopy(module, memo)
 
 
-def training_flops_per_sample(module, size: int) -> Optional[float]:
+def training_flops_per_sample(module, size: int, rebuild: Optional[Callable[[], Any]] = None) -> Optional[float]:
     """Forward + backward FLOPs of one ``size`` x ``size`` sample through ``module`` (the run's own
     model, counted on a ``meta_copy``: measuring builds no model of its own), or None where they
-    cannot be counted."""
+    cannot be counted. ``rebuild``: the run's builder, for a model that cannot be copied (a user's
+    module holding a lock or an open file): built on the meta device then."""
     import torch
     from lightning_fabric.utilities.throughput import measure_flops
 
     batch = 2  # not 1: BatchNorm in training mode refuses one value per channel (ResNet's last 1x1 maps)
     try:
-        meta = meta_copy(module).train()
+        try:
+            meta = meta_copy(module).train()
+        except Exception:  # not copyable (deepcopy refuses some state): built afresh, on meta
+            if rebuild is None:
+                raise
+            with torch.device("meta"):
+                meta = rebuild().train()
         x = torch.empty(batch, 3, size, size, device="meta")
         return float(measure_flops(meta, lambda: meta(x), lambda y: y.float().sum())) / batch
     except Exception as e:  # a model that cannot be copied or run on meta (loads files, no forward, ...)

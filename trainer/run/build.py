@@ -174,10 +174,13 @@ def _trainer(parts: Parts) -> None:
     import pytorch_lightning as pl
 
     from trainer.launch.checkpoint_files import AtomicCheckpointIO
+    from trainer.models import build_module
     from trainer.switches import switchboard
 
     cfg, plan = parts.cfg, parts.plan
-    parts.timer.flops_per_sample = training_flops_per_sample(parts.module, cfg.data.image_size)
+    parts.timer.flops_per_sample = training_flops_per_sample(
+        parts.module, cfg.data.image_size, rebuild=lambda: build_module(cfg)
+    )
     parts.timer.track_compiles = bool(cfg.compile)
     parts.peak_flops, parts.notes["peak_flops_source"] = peak_flops_of(plan.accelerator, plan.precision, bool(cfg.tf32))
     parts.timer.peak_flops = parts.peak_flops  # each epoch's MFU in the trackers

@@ -34,6 +34,7 @@ parameters (the built-in classifier's ``net``; a user's own LightningModule's ``
 
 from __future__ import annotations
 
+import functools
 import logging
 from contextlib import contextmanager, nullcontext
 from typing import Any, Dict, Iterator, List, Optional
@@ -70,7 +71,6 @@ def apply_activation_checkpointing(module: nn.Module, cfg) -> int:
     """
     if not cfg.activation_checkpointing or cfg.strategy == "fsdp":  # fsdp: see fsdp_checkpoint_policy
         return 0
-    from torch.utils.checkpoint import checkpoint
 
     from trainer.models.blocks import repeated_blocks
 
@@ -82,15 +82,23 @@ def apply_activation_checkpointing(module: nn.Module, cfg) -> int:
             "ModuleList, as in timm). Allowed: activation_checkpointing=false for this model."
         )
     for block in blocks:
-
-        def forward(*args, _inner=block.forward, **kwargs):
-            if torch.is_grad_enabled():
-                return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
-            return _inner(*args, **kwargs)
-
-        block.forward = forward
+        # a partial of the block itself (not a closure over its bound forward): a copy of the model
+        # (measure.flops.meta_copy) calls its own block's forward, with its own weights
+        block.forward = functools.partial(_checkpointed_forward, block, type(block).forward)
     log.info("activation checkpointing: %d blocks", len(blocks))
     return len(blocks)
+
+
+def _checkpointed_forward(block, forward, *args, **kwargs):
+    """``block``'s own ``forward`` (its class's), recomputed in the backward pass instead of keeping its
+    activations: torch's ``checkpoint``, while gradients are on. Not on the meta device, where only the
+    model's FLOPs are counted (``measure.flops``): MFU counts the model's math, not the recomputation."""
+    from torch.utils.checkpoint import checkpoint
+
+    on_meta = bool(args) and isinstance(args[0], torch.Tensor) and args[0].is_meta
+    if torch.is_grad_enabled() and not on_meta:
+        return checkpoint(forward, block, *args, use_reentrant=False, **kwargs)
+    return forward(block, *args, **kwargs)
 
 
 # ---- 2. memory format, and the input's conversion inside the network

@@ -68,8 +68,9 @@ def plan_env(plan: Plan) -> Dict[str, str]:
 
 
 def launched_plan() -> Optional[Plan]:
-    """The plan the launching process resolved for this one, or None (a process that launched itself)."""
-    text = os.environ.get(PLAN_ENV)
+    """The plan the launching process resolved for this one, or None (a process that launched itself).
+    Taken out of the environment as it is read: a process this one starts resolves its own."""
+    text = os.environ.pop(PLAN_ENV, None)
     return Plan(**json.loads(text)) if text else None
 
 
