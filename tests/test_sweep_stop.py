@@ -210,3 +210,28 @@ def test_a_sweep_with_emulated_bf16_says_how_long_before_the_slow_job(tmp_path):
         expect:second_done
     ]
     assert "probe of this model measured a bf16 step" in out[named:first_done]
+
+
+def test_a_stopped_sweeps_launched_job_taken_up_again_resumes_in_its_ranks(compose, tmp_path):
+    """Taking up a stopped sweep sets ckpt_path=last on the stopped job's config; a job that runs in
+    processes of its own (devices > 1, runtime.allocator) rebuilds their command line from its
+    overrides, so the decision goes on it too: without it the ranks trained from scratch."""
+    from omegaconf import open_dict
+
+    from trainer.launch.processes import job_overrides
+
+    cfg = compose("strategy=ddp", "devices=2", "amp=true")
+    asked = ["strategy=ddp", "devices=2", "amp=true", "hydra.sweep.dir=/s", "hydra.job.num=3"]
+    assert job_overrides(cfg, str(tmp_path), asked) == [
+        "strategy=ddp",
+        "devices=2",
+        "amp=true",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    with open_dict(cfg):
+        cfg.ckpt_path = "last"  # as cli._prepare_job_dir decides for a stopped job of the sweep
+    assert job_overrides(cfg, str(tmp_path), asked)[-2:] == ["ckpt_path=last", f"hydra.run.dir={tmp_path}"]
+    given = [*asked, "ckpt_path=/ckpts/a.ckpt"]  # the user's own: kept as given, once
+    assert [o for o in job_overrides(cfg, str(tmp_path), given) if o.startswith("ckpt_path")] == [
+        "ckpt_path=/ckpts/a.ckpt"
+    ]

@@ -178,10 +178,7 @@ def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False, env: Op
     """
     from trainer.paths import ROOT
 
-    kept = [
-        o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir", "hydra.sweep.dir", "hydra.job.num"))
-    ]
-    job = [str(ROOT / "train.py"), *kept, f"hydra.run.dir={out_dir}"]
+    job = [str(ROOT / "train.py"), *job_overrides(cfg, out_dir, overrides)]
     extra_env = {**allocator_env(cfg), **(env or {})}
     if launches_ranks(cfg):
         from trainer.launch.torchrun import FIRST_FAILURE, STOP_GRACE_ENV
@@ -216,6 +213,18 @@ def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False, env: Op
     log.info("launching: %s%s", f"LD_PRELOAD={env['LD_PRELOAD']} " if "LD_PRELOAD" in env else "", " ".join(cmd))
     started = time.time()
     return _preempted_code(_wait_forwarding_stop(subprocess.Popen(cmd, env=env)), out_dir, started)
+
+
+def job_overrides(cfg, out_dir: str, overrides: List[str]) -> List[str]:
+    """The command line of the job's processes: its own overrides, its dir, and the checkpoint it
+    resumes from where the launching process decided that itself (a stopped sweep's job taken up
+    again: ``ckpt_path=last`` on the job's config, not on its command line), so the ranks resume too."""
+    kept = [
+        o for o in overrides if not o.lstrip("+~").startswith(("hydra.run.dir", "hydra.sweep.dir", "hydra.job.num"))
+    ]
+    if cfg.get("ckpt_path") and not any(o.lstrip("+~").startswith("ckpt_path=") for o in kept):
+        kept.append(f"ckpt_path={cfg.ckpt_path}")
+    return [*kept, f"hydra.run.dir={out_dir}"]
 
 
 def stop_grace_s(cfg) -> int:
