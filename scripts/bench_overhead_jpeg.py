@@ -222,7 +222,8 @@ def timed_run(side: str, folder: str, workers: int, epochs: int, work_dir: str, 
 
 def builtin_folder() -> str:
     """The built-in JPEGs (made once into the trainer's cache), as the trainer's data=builtin has them."""
-    from trainer.data.builtin import default_cache_dir, ensure_builtin
+    from trainer.data.builtin import ensure_builtin
+    from trainer.paths import default_cache_dir
 
     return ensure_builtin(default_cache_dir(), images_per_class=140, stored_size=40)
 

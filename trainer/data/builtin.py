@@ -16,6 +16,8 @@ import random
 import shutil
 import tempfile
 
+from trainer.paths import default_cache_dir
+
 log = logging.getLogger(__name__)
 
 # file name in skimage/data -> class name
@@ -44,11 +46,6 @@ def skimage_data_dir() -> str:
             "from: pip install scikit-image (it is a dependency of this project; reinstall with pip install -e .)."
         )
     return os.path.join(list(spec.submodule_search_locations)[0], "data")
-
-
-def default_cache_dir() -> str:
-    base = os.environ.get("TRAINER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trainer")
-    return base
 
 
 def ensure_builtin(cache_dir: str | None, images_per_class: int, stored_size: int, seed: int = 0) -> str:

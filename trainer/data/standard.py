@@ -179,7 +179,7 @@ def user_folder(ds: Standard, root: str) -> str:
 
 def ensure(ds: Standard, cache_dir: Optional[str], url: str = "auto", md5: Optional[str] = "auto") -> str:
     """The dataset's folder in the cache (downloaded, checked and extracted on first use)."""
-    from trainer.data.builtin import default_cache_dir
+    from trainer.paths import default_cache_dir
 
     cache = os.path.expanduser(cache_dir or default_cache_dir())
     final = os.path.join(cache, ds.cache_name)

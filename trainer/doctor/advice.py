@@ -14,7 +14,7 @@ def _flag_on(flags: Dict[str, Any], key: str) -> bool:
     return bool(flags.get(key)) and flags.get(key) not in ("auto", "none", 1)
 
 
-def idle_core_note(metrics, system, cores: int, workers: int, cuda: bool, own, main) -> Optional[str]:
+def idle_core_note(metrics, cores: int, workers: int, cuda: bool, own, main) -> Optional[str]:
     """A CPU run whose step runs the intra-op threads its workers leave while the workers use far less
     than their cores: those cores sit idle, and the step might use them (a measurement decides)."""
     threads = metrics.get("intra_op_threads")

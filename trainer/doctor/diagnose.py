@@ -350,7 +350,7 @@ def _compute(r: Reading, is_convnet: bool) -> tuple:
     else:
         where = f"the CPU ({r.busy_text})"
     text = f"only {r.wait:.0%} of training time waits for data: {where} spends the time on the model's own math."
-    idle = idle_core_note(r.metrics, r.system, r.cores, r.workers, r.cuda, r.own, r.main)
+    idle = idle_core_note(r.metrics, r.cores, r.workers, r.cuda, r.own, r.main)
     if idle:
         text += " " + idle
         suggestions.append("data.num_workers=0")

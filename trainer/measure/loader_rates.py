@@ -10,18 +10,17 @@ the CPU's name, so a file copied from another machine is not read as this one's.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Dict, Optional
 
 from trainer.measure.hardware import cpu_name
+from trainer.paths import default_cache_dir
 
 FILE = "loader_rates.json"
 
 
 def rates_path() -> Path:
-    base = os.environ.get("TRAINER_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "trainer")
-    return Path(base) / FILE
+    return Path(default_cache_dir()) / FILE
 
 
 def save(per_core: Dict[str, float], size: int, path: Optional[Path] = None) -> Path:

@@ -171,7 +171,6 @@ class Loaders:
         """Start ``order`` (a training sampler) at the resumed epoch, skipping what was trained in it."""
         epoch = self.start_epoch()
         order.set_epoch(epoch)
-        order.epoch = epoch
         skip = self.resume_skip(epoch)
         if skip:
             order.skip[epoch] = skip

@@ -12,9 +12,6 @@ from trainer.data.loaders.base import Loaders
 class DeviceResidentLoaders(Loaders):
     name = "device-resident"
 
-    def describe(self):
-        return {**super().describe(), "num_workers": 0}
-
     def _device(self):
         import torch
 

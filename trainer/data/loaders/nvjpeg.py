@@ -21,7 +21,7 @@ from trainer.data.seeding import own_rngs, sample_seed, seed_rngs
 
 
 class NvjpegLoaders(TorchLoaders):
-    name = "torch"  # the torch loader's workers read the files; metrics.json's ``decoder`` says nvjpeg
+    """The torch loader (its name in metrics.json), whose batches are decoded in their transfer."""
 
     def __init__(self, setup: LoaderSetup) -> None:
         from trainer.data.device_decode import DeviceDecoder
