@@ -21,15 +21,23 @@ pyproject.toml's ``[tool.importlinter]`` states the layers and ``make lint`` che
 - ``config``: the schema, its checks, composing a job's config;
 - ``errors``, ``paths``, ``rank``: what every layer may use.
 
-Heavy libraries (torch, Lightning) are imported lazily by the modules that need them, so that
-``train.py --help``, tab completion, a refused command line and ``python -m trainer.report`` answer
-in well under a second instead of paying torch's import (about 2-3 s on 2 cores). The modules that
-run before a job starts import no torch at module level, and so import the heavy modules inside
-their functions: ``cli``, ``command_line``, ``config``, ``launch.run_dirs``, ``sweep`` (Hydra's
-callback), ``console``, ``rank``, ``paths``, ``errors``, ``measure.metrics``, ``report`` and
-``tune.app``. Elsewhere, imports inside functions mostly keep a module light for one of those
-callers, or break a cycle.
+Imports sit at the top of each module, except where an import inside a function keeps a command's
+start-up short, and then the line says so. Heavy libraries (torch, Lightning) are imported lazily
+by the modules that run before a job starts, so that ``train.py --help``, tab completion, a refused
+command line and ``python -m trainer.report`` answer in well under a second instead of paying
+torch's import (about 2-3 s on 2 cores): ``cli``, ``command_line``, ``config`` (and
+``config.compose``), ``launch.run_dirs``, ``launch.processes`` and ``launch.preloaded`` (a job's
+exit path and its launch), ``sweep`` (Hydra's callback), ``console``, ``rank``, ``paths``,
+``errors``, ``measure.metrics``, ``report``, ``tune.app`` and ``tune.probe``; their lazy imports say
+``# lazy: no torch before a job starts``, or which other library they keep out of which command's
+start-up. The rest are optional dependencies (``# lazy: optional ([extra] extra)``, or a ``try``
+that says what to install) and the few imports that would close a cycle (``# here: ...``).
 """
+
+import getpass
+import os
+import re
+import tempfile
 
 __version__ = "0.1.0"
 
@@ -44,11 +52,6 @@ def _inductor_cache_per_cpu_capability() -> None:
     suite run under AVX2 emulation after a native run; torch 2.14 on an AVX512 CPU). Set here, at the
     package's import, before Lightning's import makes Inductor write its own default into the
     environment (the path is torch's default with the capability appended)."""
-    import getpass
-    import os
-    import re
-    import tempfile
-
     capability = os.environ.get("ATEN_CPU_CAPABILITY")
     if not capability:
         return

@@ -10,12 +10,22 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from typing import List, Optional
 
+from trainer import config, console
 from trainer.command_line import checked_argv, expand_repeats, fail, user_overrides
+from trainer.config.compose import finish, prepare_hydra
+from trainer.console import quiet_known_warnings
 from trainer.errors import ConfigError, UserFacingError
+from trainer.launch import stopping
+from trainer.launch.processes import exit_launched_rank, inside_launcher, launch, leave_process_group
+from trainer.launch.run_dirs import OutputTaken, refuse_finished_run_dir
+from trainer.launch.stopping import PREEMPTED_EXIT_CODE
+from trainer.launch.torchrun import first_failure
+from trainer.measure import metrics
 from trainer.paths import CONFIG_DIR
 
 log = logging.getLogger("trainer")
@@ -30,9 +40,7 @@ def _record_failure(out_dir: str, cfg, overrides: List[str], error: str, rank_er
     torchrun stops the rest with SIGTERM, so rank 0's own record may say "stopped by SIGTERM": the
     failed rank's answer is the reason, and replaces that record's error (its epochs are kept).
     """
-    from trainer.launch import stopping
-    from trainer.measure import metrics
-    from trainer.run import flags_of
+    from trainer.run import flags_of  # lazy: no torch before a job starts (trainer/__init__.py)
 
     path = os.path.join(out_dir, "metrics.json")
     if os.path.exists(path):
@@ -64,9 +72,6 @@ def _record_failure(out_dir: str, cfg, overrides: List[str], error: str, rank_er
 
 def _log_status(num, overrides: List[str], out_dir: str) -> None:
     """A launched job's status line, from the metrics.json its rank 0 wrote."""
-    from trainer import console
-    from trainer.measure import metrics
-
     try:
         result = metrics.read(os.path.join(out_dir, "metrics.json"))
     except (OSError, ValueError):
@@ -76,8 +81,6 @@ def _log_status(num, overrides: List[str], out_dir: str) -> None:
 
 def _status(line: str, ok: bool) -> None:
     """A sweep job's status line (a warning when the job did not finish)."""
-    from trainer import console
-
     log.log(logging.INFO if ok else logging.WARNING, line, extra={console.STATUS_LINE: True})
 
 
@@ -93,6 +96,7 @@ class JobContext:
 
     @classmethod
     def from_hydra(cls) -> "JobContext":
+        # lazy: keeps hydra out of train.py's start-up
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
 
@@ -111,16 +115,12 @@ class JobContext:
 
     @property
     def label(self) -> str:
-        from trainer import console
-
         return console.job_label(self.num, self.overrides)
 
 
 def task(cfg) -> None:
     """One Hydra job: finish the config (scale, model), then run it here or launch its ranks; record the outcome."""
-    from trainer import console, sweep
-    from trainer.config.compose import finish
-    from trainer.launch import stopping
+    from trainer import sweep  # lazy: keeps hydra out of train.py's start-up
 
     job = JobContext.from_hydra()
     console.set_sweep(job.multirun)
@@ -150,8 +150,6 @@ def task(cfg) -> None:
             # process: a Slurm job (submitit) returns its result, and its sweep goes on waiting
             raise sweep.SweepStopped(stopping.requested())
     except UserFacingError as e:
-        from trainer.launch.run_dirs import OutputTaken
-
         if not isinstance(
             e, OutputTaken
         ):  # an earlier run's results are not ours to overwrite, even with a failure record
@@ -169,10 +167,9 @@ def task(cfg) -> None:
 
 def _prepare_job_dir(cfg, job: JobContext, resume: bool) -> None:
     """A requeued Slurm job or a stopped sweep job resumes from its last.ckpt; any other job's dir must not hold a result."""
+    # lazy: keeps omegaconf out of train.py's start-up
     from omegaconf import open_dict
 
-    from trainer.launch.processes import inside_launcher
-    from trainer.launch.run_dirs import refuse_finished_run_dir
     from trainer.launch.slurm import resume_if_requeued
 
     resume_if_requeued(cfg, job.out_dir)
@@ -185,15 +182,14 @@ def _prepare_job_dir(cfg, job: JobContext, resume: bool) -> None:
 
 def _launch_job(cfg, job: JobContext) -> None:
     """Start the job's ranks (or the job under another allocator); rank 0 of them writes metrics.json."""
+    # lazy: no torch before a job starts (trainer/__init__.py)
     from omegaconf import OmegaConf
 
-    from trainer.config import validate
-    from trainer.launch.processes import launch
     from trainer.measure import hardware
     from trainer.switches import switchboard
 
     # check the config and resolve the switches once here, not once per rank: the ranks get the plan
-    validate(cfg)
+    config.validate(cfg)  # through the module: a test counts the calls
     plan = switchboard.resolve(cfg, hardware.detect(cfg.accelerator))
     if job.config_path:
         # the job's config (scale applied) before its ranks start: they may fail before they reach
@@ -202,8 +198,6 @@ def _launch_job(cfg, job: JobContext) -> None:
     # the child processes run this job in this job's dir
     code = launch(cfg, job.out_dir, job.overrides, quiet=job.multirun, env=switchboard.plan_env(plan))
     if code != 0:
-        from trainer.launch.torchrun import first_failure
-
         _record_failure(
             job.out_dir,
             cfg,
@@ -221,7 +215,7 @@ def _launch_job(cfg, job: JobContext) -> None:
 
 def _run_job(cfg, job: JobContext) -> None:
     """Train in this process; say how it went (a preempted single run exits with the requeue code)."""
-    from trainer import console
+    # lazy: no torch before a job starts (trainer/__init__.py)
     from trainer.launch.slurm import leave_for_requeue
     from trainer.run import run
 
@@ -235,8 +229,6 @@ def _run_job(cfg, job: JobContext) -> None:
         )
         log.info("results: %s%s", os.path.join(job.out_dir, "metrics.json"), view)
     if result.get("preempted"):
-        from trainer.launch.stopping import PREEMPTED_EXIT_CODE
-
         if not job.multirun:
             print(f"\n{result['error']} (exit code {PREEMPTED_EXIT_CODE})", file=sys.stderr)
             sys.exit(PREEMPTED_EXIT_CODE)
@@ -244,9 +236,7 @@ def _run_job(cfg, job: JobContext) -> None:
 
 
 def main() -> None:
-    from trainer import sweep
-    from trainer.console import quiet_known_warnings
-    from trainer.launch import stopping
+    from trainer import sweep  # lazy: keeps hydra out of train.py's start-up
 
     quiet_known_warnings()
     sweep.remember_argv(sys.argv[1:])
@@ -257,10 +247,7 @@ def main() -> None:
     except ConfigError as e:
         fail(str(e))
 
-    import hydra
-
-    from trainer.config.compose import prepare_hydra
-    from trainer.launch.processes import exit_launched_rank, leave_process_group
+    import hydra  # lazy: keeps hydra out of train.py's start-up
 
     prepare_hydra()
     stopping.clear()
@@ -270,8 +257,6 @@ def main() -> None:
             hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(task)()
         except (sweep.SweepStopped, stopping.Stopped) as stop:
             if isinstance(stop, stopping.Stopped) and not sweep.running():
-                import signal
-
                 print(f"\n{stop}\n", file=sys.stderr)
                 sys.exit(128 + int(signal.Signals[stop.signal_name]))
             sys.exit(sweep.finish_stopped(stop.signal_name))

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, List
 
+from trainer.config import SCHEMA_FIELDS, check_overrides
 from trainer.errors import ConfigError
 from trainer.paths import CONFIG_DIR, RECIPE_DIR
 
@@ -80,8 +82,6 @@ def user_overrides(argv: List[str]) -> List[str] | None:
 
 def check_output_dirs(overrides: List[str]) -> None:
     """hydra.run.dir / hydra.sweep.dir given on the command line must be creatable and writable."""
-    import tempfile
-
     for ov in overrides:
         key, _, value = ov.partition("=")
         if key.lstrip("+") not in ("hydra.run.dir", "hydra.sweep.dir") or "${" in value or "," in value:
@@ -141,8 +141,6 @@ def expand_repeats(argv: List[str]) -> List[str]:
 
 
 def _default_seed() -> int:
-    from trainer.config import SCHEMA_FIELDS
-
     return int(SCHEMA_FIELDS["seed"].default)
 
 
@@ -164,7 +162,7 @@ def expand_tuned(argv: List[str]) -> List[str]:
 
 def check_config_files(dirs=None) -> None:
     """Every YAML file of the config tree parses (Hydra would answer a broken one with a yaml traceback)."""
-    import yaml
+    import yaml  # lazy: keeps yaml out of train.py's start-up
 
     for directory in dirs or (CONFIG_DIR, RECIPE_DIR):
         for path in sorted(Path(directory).rglob("*.yaml")):
@@ -193,7 +191,6 @@ def checked_argv(
         first(argv)
     if user_overrides(argv) is None:
         return argv  # --help and the like: Hydra answers
-    from trainer.config import check_overrides
 
     argv = expand_tuned(argv)
     overrides = user_overrides(argv)
@@ -212,7 +209,7 @@ def fail(message: str, code: int = ConfigError.exit_code) -> None:
 
 def load_tuned(path: str) -> List[str]:
     """The overrides of a ``best.yaml`` (for ``+tuned=PATH``), with a clear error for anything else."""
-    import yaml
+    import yaml  # lazy: keeps yaml out of train.py's start-up
 
     expanded = os.path.expanduser(path)
     try:

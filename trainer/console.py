@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import textwrap
 import warnings
 from typing import Any, Dict, Iterable, List, Optional, Set
 
@@ -269,8 +270,6 @@ def _layout(table: List[List[str]], width: int, flexible: tuple, right: tuple = 
     """Rows of cells as aligned text no wider than ``width``: every column as wide as its longest
     cell, then the ``flexible`` ones (in that order), then any, narrowed until the table fits; a cell
     wider than its column wraps onto more lines."""
-    import textwrap
-
     columns = [[line for cell in column for line in cell.split("\n")] for column in zip(*table)]
     natural = [max(len(line) for line in column) for column in columns]
     # the longest part that does not wrap (words, split at plain spaces only: not at _NBSP)

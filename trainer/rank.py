@@ -10,7 +10,7 @@ import os
 
 def world_size() -> int:
     """How many processes the run has: the process group's size once it exists, else what torchrun set."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: no torch before a job starts (trainer/__init__.py)
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()

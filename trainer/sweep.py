@@ -26,14 +26,31 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import socket
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf, open_dict
+
+from trainer import console, tracking
+from trainer.config import GROUPS
+from trainer.config.compose import finish
+from trainer.config.scale import reapply_cli
+from trainer.console import job_label, swept_keys
+from trainer.errors import ConfigError
+from trainer.launch import run_dirs, stopping
+from trainer.launch.stopping import PREEMPTED_EXIT_CODE
+from trainer.measure import metrics
+from trainer.measure.metrics import atomic_write_text
 from trainer.measure.sysstats import process_alive
+from trainer.measure.time_to_target import AUTO, DEFAULT_TOLERANCE
 from trainer.paths import SWEEP_PLAN
 from trainer.rank import is_launched_rank
+from trainer.report.write import write_report
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +91,6 @@ def running() -> bool:
 def plan_jobs(task_overrides: List[str]) -> Optional[List[List[str]]]:
     """Each job's overrides, in Hydra's basic sweeper's order (None where Hydra cannot expand them here)."""
     try:
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
         parsed = OverridesParser.create().parse_overrides(overrides=list(task_overrides))
         return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     except Exception as e:  # a plan is a convenience for the stop report; the sweep runs without it
@@ -92,8 +106,6 @@ def _read(sweep_dir: str) -> Optional[Dict[str, Any]]:
 
 
 def _write(sweep_dir: str, plan: Dict[str, Any]) -> None:
-    from trainer.measure.metrics import atomic_write_text
-
     atomic_write_text(Path(sweep_dir, PLAN), json.dumps(plan, indent=1) + "\n")
 
 
@@ -145,12 +157,6 @@ def start(sweep_dir: str, task_overrides: List[str]) -> None:
 def _job_config(base, overrides: List[str], swept: List[str]):
     """A planned job's config: the sweep's composed config with the job's values and the scale applied
     (as ``trainer.cli.task`` will). None where the sweep varies a config group (that needs Hydra to compose)."""
-    from omegaconf import open_dict
-
-    from trainer.config import GROUPS
-    from trainer.config.compose import finish
-    from trainer.config.scale import reapply_cli
-
     if any(key in GROUPS for key in swept):
         return None
     cfg = base.copy()
@@ -166,8 +172,7 @@ def expect_slow_jobs(config, jobs: Optional[List[List[str]]]) -> None:
     _state["slow"] = {}
     if not jobs:
         return
-    from trainer.console import swept_keys
-    from trainer.measure import hardware
+    from trainer.measure import hardware  # lazy: no torch before a job starts (trainer/__init__.py)
 
     cpu_bf16 = {}
     swept = swept_keys((_read(_state["sweep_dir"]) or {}).get("overrides") or []) if _state["sweep_dir"] else []
@@ -182,7 +187,7 @@ def expect_slow_jobs(config, jobs: Optional[List[List[str]]]) -> None:
             cpu_bf16[num] = cfg
     if not cpu_bf16:
         return
-    from trainer.models import build_module
+    from trainer.models import build_module  # lazy: no torch before a job starts (trainer/__init__.py)
 
     first = next(iter(cpu_bf16.values()))
     try:
@@ -192,7 +197,6 @@ def expect_slow_jobs(config, jobs: Optional[List[List[str]]]) -> None:
         factor = None
     for num in cpu_bf16:
         _state["slow"][num] = factor
-    from trainer.console import job_label
 
     names = ", ".join(job_label(num, jobs[num]) for num in cpu_bf16)
     probe = (
@@ -212,7 +216,6 @@ def announce(num: int, overrides: List[str]) -> None:
     """Before a job named by ``expect_slow_jobs``: its expected time, from a finished fp32 twin's."""
     if num not in _state.get("slow", {}):
         return
-    from trainer.console import job_label
 
     factor = _state["slow"][num]
     twin = _finished_twin(num, overrides)
@@ -284,6 +287,7 @@ def resume_action(out_dir: str) -> str:
     """In a sweep being finished: ``keep`` a finished job, ``resume`` one stopped with a checkpoint, else ``run``."""
     if not _state["resuming"]:
         return "run"
+    # lazy: no torch before a job starts (trainer/__init__.py)
     from trainer.launch.checkpoint_files import checkpoint_candidates
 
     status = _status(Path(out_dir))
@@ -296,8 +300,6 @@ def resume_action(out_dir: str) -> str:
 
 def keep_finished(out_dir: str) -> Dict[str, Any]:
     """A finished job of a sweep being finished: its config put back, its result returned unchanged."""
-    from trainer.measure import metrics
-
     config = _state["configs"].get(str(Path(out_dir).resolve()))
     if config is not None:
         metrics.atomic_write_text(Path(out_dir, ".hydra", "config.yaml"), config)
@@ -306,8 +308,6 @@ def keep_finished(out_dir: str) -> Dict[str, Any]:
 
 def not_run(sweep_dir: str) -> List[str]:
     """Labels of the planned jobs with no result in the sweep dir (``#2 amp=true ...``)."""
-    from trainer.console import job_label
-
     plan = _read(sweep_dir) or {}
     labels = []
     for num, overrides in enumerate(plan.get("jobs") or []):
@@ -318,11 +318,6 @@ def not_run(sweep_dir: str) -> List[str]:
 
 def finish_stopped(signal_name: str) -> int:
     """After a stop: mark the plan, write the report of what finished, say what did not run and how to finish."""
-    import shlex
-
-    from trainer.launch.stopping import PREEMPTED_EXIT_CODE
-    from trainer.report.write import write_report
-
     sweep_dir = _state["sweep_dir"]
     if not sweep_dir:
         return PREEMPTED_EXIT_CODE
@@ -363,8 +358,6 @@ class SweepCallback(_HydraCallback):
             _refuse_taken(lambda run_dirs: run_dirs.refuse_finished_run_dir(run_dir, config.get("ckpt_path")))
 
     def on_multirun_start(self, config, **kwargs) -> None:
-        from trainer import console
-
         task_overrides = list(_select(config, "hydra.overrides.task") or [])
         console.set_sweep(True, console.swept_keys(task_overrides))  # each status line shows what the sweep varies
         sweep_dir = _select(config, "hydra.sweep.dir")
@@ -377,8 +370,6 @@ class SweepCallback(_HydraCallback):
             expect_slow_jobs(config, (_read(sweep_dir) or {}).get("jobs"))
         launcher = str(config.hydra.launcher.get("_target_", ""))
         if "BasicLauncher" in launcher and not is_launched_rank():
-            from trainer.launch import stopping
-
             _state["in_process"] = True
             stopping.install()  # the jobs run in this process: a signal stops the sweep after the job in flight
         one_at_a_time = "BasicLauncher" in launcher or config.hydra.launcher.get("array_parallelism") == 1
@@ -390,22 +381,16 @@ class SweepCallback(_HydraCallback):
             )
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        from trainer.report.write import write_report
-
         sweep_dir = config.hydra.sweep.dir
         done(sweep_dir)
         write_report([sweep_dir], sweep_dir, **report_settings(config))
         if not is_launched_rank():
-            from trainer import tracking
-
             tracking.sweep_end(sweep_dir)  # the same report, attached to the sweep's parent run / group
 
 
 def report_settings(config) -> Dict[str, Any]:
     """``report.target_acc`` and ``report.target_tolerance`` of the sweep's config, as write_report takes them
     (the defaults only where the config has no such key: a tolerance of 0 is the baseline's best itself)."""
-    from trainer.measure.time_to_target import AUTO, DEFAULT_TOLERANCE
-
     target_acc, tolerance = _select(config, "report.target_acc"), _select(config, "report.target_tolerance")
     return {
         "target_acc": AUTO if target_acc is None else target_acc,
@@ -416,9 +401,6 @@ def report_settings(config) -> Dict[str, Any]:
 def _open_trackers(config, sweep_dir: str) -> None:
     """The sweep's parent run (MLflow) and group (W&B), before any job; a server that does not answer
     ends the sweep here, in one paragraph."""
-    from trainer import tracking
-    from trainer.errors import ConfigError
-
     try:
         tracking.sweep_start(config, sweep_dir)
     except ConfigError as e:
@@ -427,15 +409,11 @@ def _open_trackers(config, sweep_dir: str) -> None:
 
 
 def _select(config, key: str):
-    from omegaconf import OmegaConf
-
     return OmegaConf.select(config, key)
 
 
 def _refuse_taken(check) -> None:
     """Run an output-dir check; a refusal is the user's one paragraph and exit code 2, not Hydra's error report."""
-    from trainer.launch import run_dirs
-
     if is_launched_rank():
         return  # a launched rank runs in its parent's dir, which was checked
     try:

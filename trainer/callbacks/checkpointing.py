@@ -18,11 +18,16 @@ from __future__ import annotations
 import logging
 import random
 import signal
+from datetime import timedelta
 from typing import Any, Dict, List, Optional
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
 
+from trainer.launch import stopping
+from trainer.launch.stop_agreement import StopAgreement, take_over_from_lightning
 from trainer.launch.stopping import PREEMPTED_EXIT_CODE  # noqa: F401  (the run's exit code after a stop: resume with ckpt_path=last)
 
 log = logging.getLogger(__name__)
@@ -37,8 +42,6 @@ class ResumableState(pl.Callback):
     """
 
     def state_dict(self) -> Dict[str, Any]:
-        import numpy as np
-
         state = {
             "torch": torch.get_rng_state(),
             "python": _plain(random.getstate()),
@@ -49,8 +52,6 @@ class ResumableState(pl.Callback):
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        import numpy as np
-
         torch.set_rng_state(state["torch"])
         random.setstate(_tuples(state["python"]))
         np.random.set_state(_tuples(state["numpy"]))
@@ -66,8 +67,6 @@ def _plain(value):
     (``lightning_fabric.utilities.load._lazy_load``) takes a tensor's dtype from its storage's type:
     resuming failed with "'UntypedStorage' object has no attribute 'dtype'".
     """
-    import numpy as np
-
     if isinstance(value, np.ndarray):
         return torch.from_numpy(value.astype(np.int64))
     if isinstance(value, (tuple, list)):
@@ -78,8 +77,6 @@ def _plain(value):
 def _tuples(value):
     """What ``_plain`` saved, back as the tuples and arrays ``random``/``numpy`` take (the key saved as
     int64, or as uint32 by older checkpoints)."""
-    import numpy as np
-
     if isinstance(value, torch.Tensor):
         return (
             value.numpy().astype(np.uint32)
@@ -111,8 +108,6 @@ class PreemptionCallback(pl.Callback):
     CHAINED_ONLY = tuple(s for s in (getattr(signal, "SIGUSR2", None),) if s is not None)
 
     def __init__(self, last_path: str) -> None:
-        from trainer.launch.stop_agreement import StopAgreement
-
         self.last_path = last_path
         self.saved_at_step: Optional[int] = None
         self.exit_requested = False  # a chained handler (submitit's) asked the process to exit
@@ -126,8 +121,6 @@ class PreemptionCallback(pl.Callback):
     @property
     def received(self) -> Optional[str]:
         """The signal that stopped the run (the agreed one: possibly another rank's), if one did."""
-        from trainer.launch import stopping
-
         return self._agreed or self._chained or stopping.requested()
 
     def _handler(self, signum, frame) -> None:
@@ -135,12 +128,9 @@ class PreemptionCallback(pl.Callback):
         self._signum = signum
 
     def setup(self, trainer, pl_module, stage) -> None:
-        from trainer.launch.stop_agreement import take_over_from_lightning
-
         take_over_from_lightning(trainer)  # before fit installs Lightning's handlers
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        from trainer.launch import stopping
 
         # ours for the whole fit (Lightning's are turned off); from here a stop waits for a step boundary
         self._installed = stopping.install()
@@ -165,8 +155,6 @@ class PreemptionCallback(pl.Callback):
         )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        from trainer.launch import stopping
-
         if self.saved_at_step is not None:
             return
         self._agreed = self.agreement.decide(self._chained or stopping.requested())
@@ -209,8 +197,6 @@ class PreemptionCallback(pl.Callback):
         self._restore()
 
     def _restore(self) -> None:
-        from trainer.launch import stopping
-
         for s, previous in self._previous.items():
             signal.signal(s, previous)
         self._previous.clear()
@@ -225,9 +211,6 @@ def checkpoint_callbacks(cfg, dirpath: str) -> List[pl.Callback]:
     Periodic checkpoints are ranked by step, so ``keep_last_k`` keeps the newest k; every one of
     them also refreshes last.ckpt.
     """
-    from datetime import timedelta
-
-    from pytorch_lightning.callbacks import ModelCheckpoint
 
     # every callback refreshes the one last.ckpt (no "last-v1.ckpt" versions): it is always the newest state
     common = dict(

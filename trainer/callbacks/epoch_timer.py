@@ -56,6 +56,7 @@ from trainer import tracking
 from trainer.callbacks.step_clock import StepClock
 from trainer.measure.flops import mfu
 from trainer.measure.time_to_target import with_elapsed
+from trainer.switches.model_transforms import compiled_graphs
 
 log = logging.getLogger(__name__)
 
@@ -213,8 +214,6 @@ class EpochTimer(pl.Callback):
             # creating the loader's iterator (starting its workers unless they persist) and the first fetch
             self._startup = now - self._t0
         if self.track_compiles:
-            from trainer.switches.model_transforms import compiled_graphs
-
             self._graphs_before = compiled_graphs()
         self._step_start = now
 
@@ -223,8 +222,6 @@ class EpochTimer(pl.Callback):
         if self.first_step_s is None:
             self.first_step_s = now - self._step_start
         if self.track_compiles:
-            from trainer.switches.model_transforms import compiled_graphs
-
             compiled = compiled_graphs() > self._graphs_before
             (self._compiling_steps if compiled else self._plain_steps).append(now - self._step_start)
         self._samples += batch_size_of(batch)
@@ -238,16 +235,12 @@ class EpochTimer(pl.Callback):
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         if self.track_compiles and self._val_t0 is not None:
-            from trainer.switches.model_transforms import compiled_graphs
-
             self._val_graphs_before = compiled_graphs()
             self._val_batch_t0 = time.perf_counter()
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         self._val_count += batch_size_of(batch)
         if self.track_compiles and self._val_t0 is not None:
-            from trainer.switches.model_transforms import compiled_graphs
-
             compiled = compiled_graphs() > self._val_graphs_before
             took = time.perf_counter() - self._val_batch_t0
             (self._val_compiling_batches if compiled else self._val_plain).append(took)

@@ -23,12 +23,14 @@ import pytorch_lightning as pl
 import torch
 
 from trainer.errors import TrainingStopped
+from trainer.launch.checkpoint_files import checkpoint_candidates
 
 log = logging.getLogger(__name__)
 
 
 class NaNGuard(pl.Callback):
     def __init__(self, mode: str, checkpoint_dir: str | None) -> None:
+        # here: trainer.callbacks.host_reads imports this module at its top
         from trainer.callbacks.host_reads import HostReads
 
         self.mode = mode
@@ -89,8 +91,6 @@ class NaNGuard(pl.Callback):
 
     def _last_good(self) -> str:
         if self.checkpoint_dir and os.path.isdir(self.checkpoint_dir):
-            from trainer.launch.checkpoint_files import checkpoint_candidates
-
             found = checkpoint_candidates(os.path.dirname(self.checkpoint_dir))
             if found:
                 return str(found[0])

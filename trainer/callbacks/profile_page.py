@@ -24,6 +24,10 @@ import json
 import os
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+import matplotlib
+import matplotlib.pyplot as plt
+from torch.autograd import DeviceType
+
 SUMMARY = "summary.json"
 PAGE = "summary.html"
 CHART = "breakdown.png"
@@ -72,8 +76,6 @@ def summarize(prof, device: str) -> Dict[str, Any]:
 
 
 def _on_cpu(event) -> bool:
-    from torch.autograd import DeviceType
-
     return getattr(event, "device_type", DeviceType.CPU) == DeviceType.CPU
 
 
@@ -198,8 +200,6 @@ def write_page(profiler_dir: str, verdict: Optional[str], title: str) -> Optiona
 
 
 def chart_png(summary: Dict[str, Any]) -> bytes:
-    import matplotlib.pyplot as plt
-
     fig = chart_figure(summary)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", bbox_inches="tight")
@@ -210,10 +210,7 @@ def chart_png(summary: Dict[str, Any]) -> bytes:
 def chart_figure(summary: Dict[str, Any]):
     """The breakdown as one stacked horizontal bar: a segment per category with time, in CATEGORIES
     order, each as wide as its share of the profiled steps' time (in %)."""
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     total = summary["step_time_us"] or 1.0
     parts = [(label, summary["breakdown_us"].get(key, 0.0) / total) for key, label in CATEGORIES]

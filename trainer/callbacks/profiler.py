@@ -17,6 +17,8 @@ import os
 
 import pytorch_lightning as pl
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +32,6 @@ class ProfilerCallback(pl.Callback):
         self.h2d_share: float | None = None  # host-to-device copies / all device time in the trace (CUDA)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
-
         c = self.cfg
         activities = [ProfilerActivity.CPU]
         if trainer.strategy.root_device.type == "cuda":
@@ -94,6 +94,7 @@ class ProfilerCallback(pl.Callback):
             except Exception as e:  # a convenience for the doctor; the trace files are the product
                 log.warning("could not read the copy share from the profile: %s", e)
         if trainer.is_global_zero:
+            # here: trainer.callbacks.profile_page imports this module at its top
             from trainer.callbacks import profile_page
 
             try:  # the offline page's numbers (the page itself is written when the doctor has spoken)
@@ -116,8 +117,6 @@ def _device_time(event) -> float:
     launched, and user annotations (``ProfilerStep#N``) span whole steps on the device timeline;
     counting those too would count every kernel two or three times.
     """
-    from torch.autograd import DeviceType
-
     device_type = getattr(event, "device_type", None)
     if device_type == DeviceType.CPU:
         # the legacy (non-Kineto) profiler keeps kernel time on CPU events only

@@ -60,7 +60,10 @@ def check_overrides(overrides: List[str], recipes: List[str]) -> None:
     Raises ConfigError for an unknown key, a value of the wrong type, a value outside its allowed
     set or range, or an unknown recipe. Sweep values (``amp=false,true``) are checked one by one.
     """
+    # lazy: keeps hydra out of train.py's start-up
     from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    # lazy: keeps hydra and omegaconf out of train.py's start-up
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -165,7 +168,7 @@ def _check_value(key: str, value: Any) -> None:
 
 def validate(cfg: Any) -> None:
     """Range and choice checks on a composed config (the parts that do not need the hardware)."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # lazy: keeps omegaconf out of train.py's start-up
 
     flat = {
         k: OmegaConf.select(cfg, k) for k in SCHEMA_KEYS if k not in GROUPS and not is_dataclass_type(SCHEMA_KEYS[k])

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from trainer.config.schema import register_schema
+from trainer.config.tables import CHOICES, OPTIMIZATION_FLAGS, RECIPE_FLAGS, RUN_SETTINGS, SCHEMA_FIELDS, help_text
 from trainer.paths import CONFIG_DIR
 from trainer.rank import global_rank
 
 
 def prepare_hydra() -> None:
     """The schema in Hydra's ConfigStore and the resolvers configs/train.yaml uses."""
-    from omegaconf import OmegaConf
-
-    from trainer.config.schema import register_schema
+    from omegaconf import OmegaConf  # lazy: keeps omegaconf out of train.py's start-up
 
     register_schema()
     rank = str(global_rank())
@@ -35,7 +35,6 @@ SWEEP_KEYS = ("repeats", "repeat_seeds", "report.target_acc", "report.val_per_ep
 
 def flags_help() -> str:
     """``train.py --help``'s list of flags: each key's default, allowed values and help, from the schema."""
-    from trainer.config.tables import CHOICES, OPTIMIZATION_FLAGS, RECIPE_FLAGS, RUN_SETTINGS, SCHEMA_FIELDS, help_text
 
     def shown(value: Any) -> str:
         return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
@@ -58,6 +57,7 @@ def flags_help() -> str:
 
 def finish(cfg: Any, overrides: Sequence[str]) -> Any:
     """Hydra's composed config -> the job's config: the scale preset applied, a retargeted model rebuilt."""
+    # lazy: keeps hydra out of train.py's start-up
     from trainer.config.model_config import replace_retargeted_model
     from trainer.config.scale import apply_scale
 
@@ -67,7 +67,7 @@ def finish(cfg: Any, overrides: Sequence[str]) -> Any:
 
 def compose_for_run(overrides: Sequence[str] = (), config_dir: str = str(CONFIG_DIR)) -> Any:
     """What ``python train.py OVERRIDES`` would run, composed in this process (tests, scripts)."""
-    from hydra import compose, initialize_config_dir
+    from hydra import compose, initialize_config_dir  # lazy: keeps hydra out of train.py's start-up
 
     prepare_hydra()
     with initialize_config_dir(config_dir=config_dir, version_base="1.3"):

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 
 def replace_retargeted_model(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     parsed = OverridesParser.create().parse_overrides(list(overrides))
     if not any(ov.key_or_group == "model._target_" and not ov.is_delete() for ov in parsed):
         return cfg

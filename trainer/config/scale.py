@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from trainer.config.schema import GROUPS
@@ -32,8 +33,6 @@ def apply_scale(cfg: DictConfig, cli_overrides: Iterable[str]) -> DictConfig:
 
 
 def reapply_cli(cfg: DictConfig, overrides: Iterable[str]) -> None:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     for ov in OverridesParser.create().parse_overrides(list(overrides)):
         key = ov.key_or_group
         if ov.is_hydra_override() or key in GROUPS or ov.is_delete() or ov.is_sweep_override():

@@ -167,6 +167,6 @@ class TrainSchema:
 
 
 def register_schema() -> None:
-    from hydra.core.config_store import ConfigStore
+    from hydra.core.config_store import ConfigStore  # lazy: keeps hydra out of train.py's start-up
 
     ConfigStore.instance().store(name="train_schema", node=TrainSchema)

@@ -16,7 +16,7 @@ __all__ = ["ImageDataModule"]
 
 def __getattr__(name: str):
     if name == "ImageDataModule":
-        from trainer.data.datamodule import ImageDataModule
+        from trainer.data.datamodule import ImageDataModule  # lazy: no torch before a job starts
 
         return ImageDataModule
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,6 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+from torchvision.transforms import v2
+
+from trainer.data.gpu_transforms import IMAGENET_MEAN, IMAGENET_STD
+
 CROP_RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's range of aspect ratios (width / height), torchvision's default
 POLICIES = ("none", "randaugment", "trivialaugment", "autoaugment")
 
@@ -80,8 +85,6 @@ class Augmentation:
 
 def policy_transform(augment: Augmentation):
     """The automatic augmentation policy (a v2 transform on uint8 images), or None."""
-    from torchvision.transforms import v2
-
     bilinear = v2.InterpolationMode.BILINEAR  # as torchvision's reference presets pass (the ops' default: nearest)
     if augment.policy == "randaugment":
         return v2.RandAugment(num_ops=augment.num_ops, magnitude=augment.magnitude, interpolation=bilinear)
@@ -107,8 +110,6 @@ MEAN_PIXELS = (124, 116, 104)
 
 
 def _random_erasing_zero():
-    from torchvision.transforms import v2
-
     class RandomErasingZero(v2.RandomErasing):
         """torchvision's RandomErasing (its box rule), filling each channel with a Python number
         (``fill``): on a CUDA image (data.decoder=nvjpeg transforms on the device) its own fill is a
@@ -149,11 +150,6 @@ def transforms_for(image_size: int, train: bool, augment, keep_uint8: bool = Fal
     after the loader, in one pass over the batch; erasing then fills with the mean colour's pixels,
     what 0 after normalization is.
     """
-    import torch
-    from torchvision.transforms import v2
-
-    from trainer.data.gpu_transforms import IMAGENET_MEAN, IMAGENET_STD
-
     augment = Augmentation.coerce(augment)
     steps = [v2.ToImage()]
     if train and augment.crop_flip:
@@ -188,8 +184,6 @@ def transforms_for(image_size: int, train: bool, augment, keep_uint8: bool = Fal
 def uint8_train_steps(augment):
     """The policy and erasing for a format that crops on its own (data=packed): applied to its uint8
     CHW tensor after its crop + flip, or None when there is nothing to apply."""
-    from torchvision.transforms import v2
-
     augment = Augmentation.coerce(augment)
     steps = [s for s in (policy_transform(augment),) if s is not None]
     if augment.random_erasing > 0:

@@ -85,8 +85,6 @@ def resized_crops(images: List[torch.Tensor], boxes: torch.Tensor, flips: torch.
     Images of one size are stacked and resampled together (one ``roi_align`` call per distinct
     size), then put back in the batch's order with one gather.
     """
-    import torchvision  # noqa: F401  (registers torch.ops.torchvision)
-
     device = images[0].device
     groups: dict = {}
     for i, image in enumerate(images):

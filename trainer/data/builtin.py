@@ -9,13 +9,21 @@ once into a cache dir (atomically: written to a temp dir, then renamed) and reus
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
+import multiprocessing
 import os
 import random
 import shutil
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
+from PIL import Image, ImageEnhance
+
+from trainer.errors import ConfigError
+from trainer.measure import hardware
 from trainer.paths import default_cache_dir
 
 log = logging.getLogger(__name__)
@@ -39,8 +47,6 @@ VERSION = 1
 def skimage_data_dir() -> str:
     spec = importlib.util.find_spec("skimage")
     if spec is None or not spec.submodule_search_locations:
-        from trainer.errors import ConfigError
-
         raise ConfigError(
             "data=builtin needs the scikit-image package, whose wheel carries the photos the built-in dataset is cut "
             "from: pip install scikit-image (it is a dependency of this project; reinstall with pip install -e .)."
@@ -78,8 +84,6 @@ def _plan(images_per_class: int, size: int, seed: int, data_dir: str) -> list:
 
     Drawn here, before any image is cut, so that cutting them in several processes writes the same
     files as cutting them in order in one."""
-    from PIL import Image
-
     rng = random.Random(seed)
     n_val = max(2, images_per_class // 4)
     jobs = []
@@ -103,8 +107,6 @@ _PHOTOS: dict = {}  # per process: source file -> its RGB image
 
 
 def _cut(job, out: str, size: int, data_dir: str) -> None:
-    from PIL import Image, ImageEnhance
-
     split, cls, i, fname, box, flip, brightness = job
     if fname not in _PHOTOS:
         _PHOTOS[fname] = Image.open(os.path.join(data_dir, fname)).convert("RGB")
@@ -122,18 +124,11 @@ def _cut_all(jobs: list, out: str, size: int, data_dir: str) -> None:
 
 def _generate(out: str, images_per_class: int, size: int, seed: int) -> None:
     """Cut and save every crop (a large set in one process per usable core: same files either way)."""
-    import functools
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-
-    from trainer.measure.hardware import usable_cores
-
     data_dir = skimage_data_dir()
     jobs = _plan(images_per_class, size, seed, data_dir)
     for split, cls in {(j[0], j[1]) for j in jobs}:
         os.makedirs(os.path.join(out, split, cls), exist_ok=True)
-    processes = min(usable_cores(), 32)
+    processes = min(hardware.usable_cores(), 32)
     if len(jobs) < PARALLEL_FROM or processes < 2:
         _cut_all(jobs, out, size, data_dir)
         return

@@ -20,8 +20,10 @@ import json
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 
+from trainer.data.storage import explain, is_remote, local_path, open_root, plain_options
 from trainer.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -44,8 +46,6 @@ def _source_name(src: str, storage_options=None) -> tuple:
 
     A URL's identity includes the endpoint (the same bucket name on two servers is two datasets).
     """
-    from trainer.data.storage import is_remote, local_path, plain_options
-
     if is_remote(src):
         options = plain_options(storage_options)
         endpoint = (
@@ -64,8 +64,6 @@ def _source_name(src: str, storage_options=None) -> tuple:
 
 def cached_copy(src: str, cache_dir: str, storage_options=None) -> str:
     """Return the local copy of ``src`` (a folder or an fsspec URL) under ``cache_dir`` (made on first use)."""
-    from trainer.data.storage import is_remote, local_path
-
     if not is_remote(src) and not Path(local_path(src)).is_dir():
         raise ConfigError(
             f"'data.root' points at {src}, which does not exist or is not a folder; data.cache can only copy a folder."
@@ -135,14 +133,10 @@ class _RemoteSource:
     """An object store prefix: files known by size and ETag; fetched many at a time (fsspec's batched get)."""
 
     def __init__(self, url: str, storage_options) -> None:
-        from trainer.data.storage import open_root
-
         self.url = url
         self.fs, self.path = open_root(url, storage_options)
 
     def files(self):
-        from trainer.data.storage import explain
-
         try:
             listing = self.fs.find(self.path, detail=True)
         except Exception as e:  # noqa: BLE001
@@ -158,8 +152,6 @@ class _RemoteSource:
         }
 
     def fetch(self, rels, tmps) -> list:
-        from trainer.data.storage import explain
-
         try:
             self.fs.get([f"{self.path}/{rel}" for rel in rels], [str(t) for t in tmps])
         except Exception as e:  # noqa: BLE001
@@ -168,8 +160,6 @@ class _RemoteSource:
 
 
 def _copy(source, dst: Path) -> None:
-    import time
-
     manifest_path = dst / "MANIFEST.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     files = source.files()

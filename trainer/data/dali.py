@@ -38,8 +38,12 @@ paragraph naming the key (``check``).
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from typing import Callable, List, Optional, Sequence, Tuple
+
+from PIL import Image
+from torch.utils.data import Subset
 
 from trainer.data.augment import CROP_RATIO, Augmentation
 from trainer.data.gpu_transforms import IMAGENET_MEAN, IMAGENET_STD
@@ -56,8 +60,6 @@ INSTALL = (
 def installed() -> bool:
     """Whether DALI is there to import (found, not imported: the doctor and the tuner ask, and a loaded
     DALI would add its libraries to a sweep's next job's memory)."""
-    import importlib.util
-
     try:
         return importlib.util.find_spec("nvidia.dali") is not None
     except (ImportError, ValueError):  # ValueError: imported as None (blocked), or without a spec
@@ -127,8 +129,6 @@ def notes_on_other_keys(data_cfg, accelerator: str) -> List[str]:
 
 def samples_of(dataset) -> List[Tuple[str, int]]:
     """(path, label) of each sample of an ImageFolder, or of a Subset of one, in index order."""
-    from torch.utils.data import Subset
-
     if isinstance(dataset, Subset):
         inner = samples_of(dataset.dataset)
         return [inner[i] for i in dataset.indices]
@@ -179,7 +179,7 @@ class DaliLoader:
         return samples // self.batch_size if self.drop_last else math.ceil(samples / self.batch_size)
 
     def __iter__(self):
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy  # lazy: optional ([dali] extra)
 
         epoch = self.epoch_of()
         indices = self.order_of(epoch)
@@ -217,8 +217,6 @@ class DaliLoader:
 
 def _undecodable(files: List[str], error: Exception) -> str:
     """The paragraph for a batch DALI could not decode, naming the files no decoder can read."""
-    from PIL import Image
-
     bad = []
     for path in files:
         try:
@@ -300,7 +298,7 @@ def _policy(images, augment: Augmentation, side: int):
     """data.augment_policy as DALI's own automatic augmentations (nvidia.dali.auto_aug), with
     torchvision's settings where the two differ: black fill, RandAugment's magnitude on the same 31
     bins and its translation up to 150/331 of the side, TrivialAugmentWide's up to 32 px."""
-    from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment
+    from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment  # lazy: optional ([dali] extra)
 
     if augment.policy == "randaugment":
         return rand_augment.rand_augment(

@@ -14,15 +14,38 @@ import logging
 
 import pytorch_lightning as pl
 import torch
+from hydra.utils import instantiate
+from pytorch_lightning.utilities.model_helpers import is_overridden
 
+from trainer.data import decoders  # decoders.resolve_decoder: a test runs the nvjpeg path on a CPU through it
 from trainer.data.augment import Augmentation
+from trainer.data.builtin import ensure_builtin
+from trainer.data.cache import cached_copy
+from trainer.data.dali import check, notes_on_other_keys
+from trainer.data.decoders import SCALED_DECODERS
 
 # imported here, not lazily: Lightning records the arguments of DataLoader subclasses that exist
 # when it asks for a loader, so that it can re-create them with a distributed sampler
-from trainer.data.epoch_ahead import EpochAheadLoader  # noqa: F401
+from trainer.data.epoch_ahead import (
+    EpochAheadLoader,  # noqa: F401
+    drop_all,
+)
+from trainer.data.folder import build_image_folders
+from trainer.data.gpu_transforms import model_input
 from trainer.data.loaders import Loaders, LoaderSetup, loaders_for
-from trainer.data.prefetch import DevicePrefetchLoader  # noqa: F401
+from trainer.data.packed import build_packed
+from trainer.data.parquet import build_parquet
+from trainer.data.prefetch import (
+    DevicePrefetchLoader,  # noqa: F401
+    close_all,
+)
+from trainer.data.progressive import resize_batch
+from trainer.data.standard import build_cifar10, dataset_folder, imagenette_wnids
+from trainer.data.storage import is_remote
+from trainer.data.synthetic import SyntheticImages
+from trainer.data.webdataset import build_webdataset
 from trainer.errors import ConfigError
+from trainer.measure import hardware
 from trainer.rank import world_size
 
 log = logging.getLogger(__name__)
@@ -69,10 +92,8 @@ class ImageDataModule(pl.LightningDataModule):
         c = self.cfg
         if not c.get("auto_workers"):
             return c.num_workers
-        from trainer.measure.hardware import usable_cores, workers_per_process
-
-        cores = usable_cores()
-        workers = workers_per_process(cores, self.processes_per_node)
+        cores = hardware.usable_cores()
+        workers = hardware.workers_per_process(cores, self.processes_per_node)
         log.info(
             "data.auto_workers: %d loader workers per process (%d cores, %d process(es) on this node)",
             workers,
@@ -85,7 +106,6 @@ class ImageDataModule(pl.LightningDataModule):
         """data.cache=DIR: read from a local, checksummed copy of data.root."""
         if not self.cfg.get("cache") or not root:
             return root
-        from trainer.data.cache import cached_copy
 
         return cached_copy(root, self.cfg.cache, self.cfg.get("storage_options"))
 
@@ -118,8 +138,6 @@ class ImageDataModule(pl.LightningDataModule):
     def _build_sets(self) -> int:
         c = self.cfg
         if c.name == "synthetic":
-            from trainer.data.synthetic import SyntheticImages
-
             u8 = bool(c.get("gpu_normalize"))
             self.train_set = SyntheticImages(
                 c.num_samples, c.image_size, c.num_classes, self.seed, "train", keep_uint8=u8
@@ -132,8 +150,6 @@ class ImageDataModule(pl.LightningDataModule):
             )
             return c.num_classes
         if c.name == "packed":
-            from trainer.data.packed import build_packed
-
             self.train_set, self.val_set, self.classes = build_packed(
                 self._local_root(c.root),
                 c.image_size,
@@ -147,8 +163,6 @@ class ImageDataModule(pl.LightningDataModule):
         if c.name in BLOCK_FORMATS:
             return self._build_blocks()
         if c.name == "custom":
-            from hydra.utils import instantiate
-
             if not c.dataset or not c.dataset.get("_target_"):
                 raise ConfigError(
                     "data=custom needs data.dataset._target_=pkg.module.MyDataset (a map-style Dataset "
@@ -240,8 +254,6 @@ class ImageDataModule(pl.LightningDataModule):
 
     def _build_cifar10(self) -> int:
         """data=cifar10: torchvision's pickled batches (downloaded once), raw pixels through the image folder's transforms."""
-        from trainer.data.standard import build_cifar10, dataset_folder
-
         c = self.cfg
         unused = [
             f"{k}={str(v).lower()}"
@@ -275,16 +287,11 @@ class ImageDataModule(pl.LightningDataModule):
         once; Imagenette is downloaded once)."""
         c = self.cfg
         if c.name == "builtin":
-            from trainer.data.builtin import ensure_builtin
-
             root, key = ensure_builtin(c.cache_dir, c.images_per_class, c.stored_size), "data.cache_dir"
         elif c.name == "imagenette":
-            from trainer.data.standard import dataset_folder
-
             root, key = dataset_folder(c, self._local_root)
         else:
             root, key = self._local_root(c.root), "data.root"
-        from trainer.data.folder import build_image_folders
 
         self.decoder = self._folder_decoder(root, key)
         self.train_set, self.val_set, self.classes = build_image_folders(
@@ -305,8 +312,6 @@ class ImageDataModule(pl.LightningDataModule):
             raise ConfigError(f"'{key}' ({root}) has no training images.")
         self._check_batch_fits(root)
         if c.name == "imagenette":  # class folders are WordNet ids: named by torchvision's table
-            from trainer.data.standard import imagenette_wnids
-
             names = imagenette_wnids()
             self.classes = [names[wnid][0] for wnid in self.classes]
         return len(self.classes)
@@ -315,12 +320,9 @@ class ImageDataModule(pl.LightningDataModule):
         """The decoder of an image folder's datasets: data.decoder's, or with data.loader=dali PIL's, which
         then only lists the files and gives example batches (DALI decodes what trains)."""
         if not self.dali:
-            from trainer.data.decoders import resolve_decoder
-
-            decoder = resolve_decoder(self.cfg.decoder, self.accelerator)
+            decoder = decoders.resolve_decoder(self.cfg.decoder, self.accelerator)
             self._check_decode_scale(decoder)
             return decoder
-        from trainer.data.storage import is_remote
 
         if is_remote(root):
             raise ConfigError(
@@ -333,15 +335,12 @@ class ImageDataModule(pl.LightningDataModule):
         """data.loader=dali where it cannot act: refused (dali.check); keys it makes moot: said."""
         if not self.dali:
             return
-        from trainer.data.dali import check, notes_on_other_keys
 
         check(self.cfg, self.augmentation)
         for note in notes_on_other_keys(self.cfg, self.accelerator):
             log.warning("%s; it changes nothing under data.loader=dali", note)
 
     def _check_decode_scale(self, decoder: str) -> None:
-        from trainer.data.decoders import SCALED_DECODERS
-
         if self.cfg.decode_scale == "auto" and decoder not in SCALED_DECODERS:
             log.warning(
                 "data.decode_scale=auto changes nothing with data.decoder=%s (torchvision's decoders cannot decode "
@@ -356,14 +355,10 @@ class ImageDataModule(pl.LightningDataModule):
             raise ConfigError(
                 f"data.decoder=nvjpeg decodes image files on the GPU; with data={c.name} use data.decoder=pil, torchvision or turbo."
             )
-        from trainer.data.decoders import resolve_decoder
 
-        self.decoder = resolve_decoder(c.decoder, self.accelerator)
+        self.decoder = decoders.resolve_decoder(c.decoder, self.accelerator)
         self._check_decode_scale(self.decoder)
-        if c.name == "parquet":
-            from trainer.data.parquet import build_parquet as build
-        else:
-            from trainer.data.webdataset import build_webdataset as build
+        build = build_parquet if c.name == "parquet" else build_webdataset
         self.train_set, self.val_set, self.classes = build(
             self._local_root(c.root),
             c.image_size,
@@ -400,11 +395,6 @@ class ImageDataModule(pl.LightningDataModule):
         LightningModule's own, after normalizing: a user's hook still runs, and sees what its model
         will see.
         """
-        from pytorch_lightning.utilities.model_helpers import is_overridden
-
-        from trainer.data.gpu_transforms import model_input
-        from trainer.data.progressive import resize_batch
-
         if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
             images = batch[0] if self.model_normalizes else model_input(batch[0])
             if self.train_sizes and self.trainer is not None and self.trainer.training:
@@ -422,9 +412,6 @@ class ImageDataModule(pl.LightningDataModule):
         return self.train_sizes[min(epoch, len(self.train_sizes) - 1)]
 
     def teardown(self, stage: str) -> None:
-        from trainer.data.epoch_ahead import drop_all
-        from trainer.data.prefetch import close_all
-
         close_all()  # data.device_prefetch: no producer thread outlives the fit (a sweep's next job runs in this process)
         drop_all()  # nor an epoch's workers started ahead for an epoch that did not come
 
@@ -435,9 +422,6 @@ class ImageDataModule(pl.LightningDataModule):
         data.device_prefetch threads, the device batches they hold and their loader's workers are
         stopped here, before the next job of a local sweep starts in this process (and the workers
         of an epoch started ahead)."""
-        from trainer.data.epoch_ahead import drop_all
-        from trainer.data.prefetch import close_all
-
         close_all()
         drop_all()
 
@@ -447,8 +431,6 @@ class ImageDataModule(pl.LightningDataModule):
 
     def example_batch(self, size: int, device: torch.device = torch.device("cpu")):
         """``size`` training samples as one batch on ``device``, as the model's forward takes them."""
-        from trainer.data.gpu_transforms import model_input
-
         n = len(self.train_set)
         good = []
         for i in range(n):  # skipped (undecodable) samples come back as None

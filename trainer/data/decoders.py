@@ -22,8 +22,15 @@ With ``data.cache_in_memory`` the encoded bytes of each file are kept in RAM aft
 from __future__ import annotations
 
 import importlib.util
+import io
 import logging
 from typing import Optional
+
+import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_image
+
+from trainer.data.storage import explain
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +68,6 @@ class Loader:
         if self.cache is not None and path in self.cache:
             return self.cache[path]
         if self.fs is not None:
-            from trainer.data.storage import explain
-
             try:
                 data = self.fs.cat_file(path)
             except Exception as e:  # noqa: BLE001 - a storage failure is not an undecodable image
@@ -79,19 +84,13 @@ class Loader:
 
     def decode(self, data: bytes):
         """Encoded image bytes -> PIL image (``pil``) or uint8 CHW tensor (the other decoders)."""
-        import io
-
-        import torch
-
         if self.decoder == "pil":
-            from PIL import Image
-
             with Image.open(io.BytesIO(data)) as im:
                 if self.min_side:
                     im.draft("RGB", (self.min_side, self.min_side))  # JPEG only; a no-op for other formats
                 return im.convert("RGB")
         if self.decoder == "turbo" and data[:2] == b"\xff\xd8":
-            import simplejpeg
+            import simplejpeg  # lazy: optional ([turbo] extra)
 
             sides = {}
             if self.min_side and min(simplejpeg.decode_jpeg_header(data)[:2]) >= 2 * self.min_side:
@@ -102,6 +101,5 @@ class Loader:
             # resize reads only the crop (uint8 channels-last is its fast path); a contiguous copy of
             # the whole decoded image cost about 15% of this decoder's time per image
             return torch.from_numpy(array).permute(2, 0, 1)
-        from torchvision.io import ImageReadMode, decode_image
 
         return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)

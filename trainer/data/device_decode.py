@@ -42,9 +42,14 @@ import logging
 from typing import List, Optional
 
 import torch
+import torchvision.io
+from torchvision.io import ImageReadMode
 
+from trainer.data.augment import CROP_RATIO, Augmentation, uint8_train_steps
+from trainer.data.batched_crops import center_boxes, random_resized_boxes, resized_crops, to_device
 from trainer.data.decoders import Loader
 from trainer.data.prefetch import process_stream
+from trainer.errors import TrainingStopped
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +177,6 @@ class DeviceDecoder:
     """
 
     def __init__(self, image_size: int, train: bool, augment, on_bad_sample: str = "skip") -> None:
-        from trainer.data.augment import Augmentation, uint8_train_steps
-
         self.augment = Augmentation.coerce(augment)
         self.train = train
         self.size = image_size if train else self.augment.eval_size(image_size)
@@ -183,15 +186,11 @@ class DeviceDecoder:
         self._held = _Held()
 
     def _decode_one(self, item: torch.Tensor, path: str, device: torch.device) -> Optional[torch.Tensor]:
-        from torchvision.io import ImageReadMode, decode_jpeg
-
         try:
             with _decoding_on(device):
-                return decode_jpeg(item, mode=ImageReadMode.RGB, device=device)
+                return torchvision.io.decode_jpeg(item, mode=ImageReadMode.RGB, device=device)
         except RuntimeError as e:
             if self.on_bad_sample == "stop":
-                from trainer.errors import TrainingStopped
-
                 raise TrainingStopped(
                     f"cannot decode {path} (nvJPEG: {str(e).splitlines()[0]}); stopped (data.on_bad_sample=stop). "
                     "Remove or replace the file, or set data.on_bad_sample=skip to skip such files and count them."
@@ -200,8 +199,6 @@ class DeviceDecoder:
             return None
 
     def decode(self, batch: EncodedBatch, device: torch.device) -> List[Optional[torch.Tensor]]:
-        from torchvision.io import ImageReadMode, decode_jpeg
-
         images: List[Optional[torch.Tensor]] = [None] * len(batch)
         for i, image in batch.decoded:
             images[i] = image.to(device, non_blocking=True)
@@ -209,7 +206,7 @@ class DeviceDecoder:
         if files:
             try:  # one batched call: nvJPEG decodes the whole batch on the device
                 with _decoding_on(device):
-                    decoded = decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
+                    decoded = torchvision.io.decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
             except RuntimeError:  # a bad file fails the whole call: find it, one file at a time
                 decoded = [self._decode_one(f, batch.paths[i], device) for f, i in zip(files, batch.jpeg_at)]
             for i, image in zip(batch.jpeg_at, decoded):
@@ -218,9 +215,6 @@ class DeviceDecoder:
 
     def boxes(self, sizes) -> torch.Tensor:
         """Each image's source region (top, left, height, width), drawn or fixed as the transforms say."""
-        from trainer.data.augment import CROP_RATIO
-        from trainer.data.batched_crops import center_boxes, random_resized_boxes
-
         if self.train and self.augment.crop_flip:
             return random_resized_boxes(sizes, self.augment.crop_scale, CROP_RATIO)
         if self.train:
@@ -228,14 +222,10 @@ class DeviceDecoder:
         return center_boxes(sizes, self.augment.eval_resize(self.image_size), self.size)
 
     def __call__(self, batch: EncodedBatch, device: torch.device):
-        from trainer.data.batched_crops import resized_crops, to_device
-
         self._held.release()  # older batches' decoded images, once their crop has run
         images = self.decode(batch, device)
         keep = [i for i, im in enumerate(images) if im is not None]
         if not keep:
-            from trainer.errors import TrainingStopped
-
             raise TrainingStopped(
                 f"no image of a batch could be decoded ({', '.join(batch.paths[:3])}, ...): check the files under data.root."
             )

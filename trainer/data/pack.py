@@ -41,9 +41,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import os
+import random
 import shutil
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -86,8 +89,6 @@ def check_destination(src: Path, dst: Path) -> None:
 
 def _remove_stale_temp_dirs(parent: Path) -> None:
     """Temp dirs of earlier packs that were killed: ours (marker inside) and their process is gone."""
-    import socket
-
     for tmp in parent.glob(TEMP_PREFIX + "*"):
         marker = tmp / MARKER
         try:
@@ -101,7 +102,7 @@ def _remove_stale_temp_dirs(parent: Path) -> None:
 
 def _image_folder(path: Path):
     """torchvision's ImageFolder of ``path``; no images is a PackError."""
-    from torchvision.datasets import ImageFolder
+    from torchvision.datasets import ImageFolder  # lazy: no torch before a job starts (trainer/__init__.py)
 
     try:
         dataset = ImageFolder(str(path))
@@ -124,6 +125,7 @@ def _numbered_as_train(classes, class_to_idx: Dict[str, int], path: Path) -> lis
 
 def _pack_one(src: Path, out: Path, size: int, class_to_idx: Optional[Dict[str, int]] = None) -> dict:
     """Pack one class-folder tree into ``out`` (a new folder inside our temp dir)."""
+    # lazy: keeps numpy and PIL out of python -m trainer.pack's start-up
     import numpy as np
     from PIL import Image, UnidentifiedImageError
 
@@ -175,7 +177,7 @@ def _pack_one(src: Path, out: Path, size: int, class_to_idx: Optional[Dict[str, 
 
 def _samples(src: Path, val_split: float, seed: int):
     """(classes, {"train": [(path, label)], "val": [...]}) of an image folder, split as data=imagefolder splits it."""
-    from trainer.data.folder import split_per_class
+    from trainer.data.folder import split_per_class  # lazy: no torch before a job starts (trainer/__init__.py)
 
     if is_split_layout(src):
         train = _image_folder(src / "train")
@@ -195,9 +197,8 @@ def _samples(src: Path, val_split: float, seed: int):
 
 def _read_checked(path: str) -> bytes:
     """The file's bytes, once PIL has checked that they are an image (a corrupt file stops the pack)."""
-    import io
 
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, UnidentifiedImageError  # lazy: keeps PIL out of python -m trainer.pack's start-up
 
     data = Path(path).read_bytes()
     try:
@@ -213,8 +214,6 @@ def _read_checked(path: str) -> bytes:
 def _write_shards(
     fmt: str, classes, splits, out: Path, shard_samples: int, group_rows: int, seed: int, src: Path
 ) -> dict:
-    import random
-
     out.mkdir(parents=True)
     counts = {}
     for split, samples in splits.items():
@@ -292,8 +291,6 @@ def pack(
     _remove_stale_temp_dirs(dst_path.parent)
     tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=dst_path.parent))
     try:
-        import socket
-
         (tmp / MARKER).write_text(f"{socket.gethostname()} {os.getpid()}")
         staged = tmp / "data"
         if fmt != "npy":

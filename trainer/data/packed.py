@@ -10,15 +10,18 @@ global and DistributedSampler/loader workers split it exactly.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from typing import Optional, Tuple
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, Subset
 
 from trainer.data.augment import Augmentation, uint8_train_steps
 from trainer.data.gpu_transforms import normalize_uint8
+from trainer.data.storage import explain, is_remote, local_path, open_root
 from trainer.errors import ConfigError
 
 
@@ -26,8 +29,6 @@ class RemoteRows:
     """``images.npy`` in an object store: row ``i`` is one ranged GET of its bytes (no download of the whole array)."""
 
     def __init__(self, fs, path: str) -> None:
-        import numpy as np
-
         with fs.open(path, "rb", block_size=1 << 16) as f:
             version = np.lib.format.read_magic(f)
             read_header = (
@@ -44,10 +45,6 @@ class RemoteRows:
         return self.shape[0]
 
     def __getitem__(self, i: int):
-        import numpy as np
-
-        from trainer.data.storage import explain
-
         start = self.offset + int(i) * self.row
         try:
             data = self.fs.cat_file(self.path, start=start, end=start + self.row)
@@ -58,10 +55,6 @@ class RemoteRows:
 
 class PackedImages(Dataset):
     def __init__(self, root: str, image_size: int, train: bool, augment, keep_uint8: bool, fs=None):
-        import io
-
-        import numpy as np
-
         meta_path = f"{root}/meta.json"
         if fs is not None:
             if not fs.isfile(meta_path):
@@ -119,8 +112,6 @@ class PackedImages(Dataset):
 def build_packed(
     root: str, image_size: int, augment, val_split: float, seed: int, keep_uint8: bool, storage_options=None
 ) -> Tuple[Dataset, Optional[Dataset], list]:
-    from trainer.data.storage import is_remote, local_path, open_root
-
     fs = None
     if is_remote(root):
         fs, root = open_root(root, storage_options)

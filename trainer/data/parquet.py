@@ -19,7 +19,10 @@ import json
 import os
 from typing import List, Optional, Tuple
 
+from trainer.data.decoders import Loader
+from trainer.data.folder import decode_min_side, transforms_for
 from trainer.data.shards import BlockImages, find_split_files, require_root, split_blocks
+from trainer.data.storage import explain, open_root
 from trainer.errors import ConfigError
 
 IMAGE_COLUMNS = ("image", "img", "jpg", "png")
@@ -67,8 +70,6 @@ class RowGroups:
         return f"{self.files[f]}, row group {rg}"
 
     def __call__(self, block: int):
-        from trainer.data.storage import explain
-
         f, rg = self.blocks[block]
         try:
             table = self._file(f).read_row_group(rg, columns=[self.image, self.label])
@@ -139,10 +140,6 @@ def build_parquet(
     storage_options=None,
     decode_scale: str = "off",
 ) -> Tuple[BlockImages, Optional[BlockImages], list]:
-    from trainer.data.decoders import Loader
-    from trainer.data.folder import decode_min_side, transforms_for
-    from trainer.data.storage import open_root
-
     require_root(root, "parquet", "Parquet files")
     fs, base = open_root(root, storage_options)
     splits = find_split_files(fs, base, ".parquet")

@@ -61,7 +61,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 import torch
+from lightning_fabric.utilities.apply_func import move_data_to_device
 from torch.utils.data import DataLoader
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from trainer.data.epoch_ahead import EpochAheadLoader
 from trainer.errors import ConfigError
@@ -128,8 +130,6 @@ def _event(device: torch.device) -> "torch.cuda.Event":
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
     """Lightning's own move: ``non_blocking=True`` on CUDA."""
-    from lightning_fabric.utilities.apply_func import move_data_to_device
-
     return move_data_to_device(batch, device)
 
 
@@ -226,8 +226,6 @@ class _Producer:
             except queue.Empty:
                 break
         if shutdown_workers:
-            from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
-
             if isinstance(self.host_batches, _MultiProcessingDataLoaderIter):
                 self.host_batches._shutdown_workers()
             loader = self.loader() if self.loader is not None else None

@@ -27,6 +27,7 @@ it is (the tuner's probes). The epoch's first draws are the same; there are just
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Iterator, Optional
 
 import torch
@@ -144,7 +145,6 @@ def deal_to_ranks(
     if not (world > 1 if distributed is None else distributed):
         sampler.stop = stop
         return sampler
-    import os
 
     seed = int(os.getenv("PL_GLOBAL_SEED", 0))  # pytorch_lightning's _get_distributed_sampler
     shuffle = sampler.repeats == 1 or world == 1

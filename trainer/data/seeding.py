@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import random
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -36,8 +37,6 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 def own_rngs():
     """Inside the block the process's RNGs (torch's CPU generator, ``random``, numpy's) are the
     block's to seed with ``seed_rngs``; after it they are as they were."""
-    import numpy as np
-
     cpu = torch.default_generator
     saved = cpu.get_state(), random.getstate(), np.random.get_state()
     try:
@@ -49,8 +48,6 @@ def own_rngs():
 
 
 def seed_rngs(seed: int) -> None:
-    import numpy as np
-
     torch.default_generator.manual_seed(seed)  # not torch.manual_seed: that reseeds the CUDA generators too
     random.seed(seed)
     np.random.seed(seed & 0xFFFFFFFF)

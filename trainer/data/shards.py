@@ -33,10 +33,13 @@ from collections import OrderedDict
 from typing import Callable, Iterator, List, Optional, Sequence
 
 import torch
+import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler
 
 from trainer.data.decoders import DECODE_ERRORS
-from trainer.errors import ConfigError
+from trainer.data.storage import explain
+from trainer.errors import ConfigError, TrainingStopped
+from trainer.rank import world_size
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +123,6 @@ class BlockImages(Dataset):
         except DECODE_ERRORS as e:
             where = f"sample {row} of {self.where(block)}"
             if self.on_bad_sample == "stop":
-                from trainer.errors import TrainingStopped
-
                 raise TrainingStopped(
                     f"cannot decode {where} ({type(e).__name__}: {e}); stopped (data.on_bad_sample=stop). "
                     "Set data.on_bad_sample=skip to skip such samples and count them."
@@ -181,7 +182,6 @@ class BlockSampler(DistributedSampler):
     def num_replicas(self) -> int:
         if self._replicas is not None:
             return self._replicas
-        from trainer.rank import world_size
 
         return world_size()
 
@@ -189,7 +189,6 @@ class BlockSampler(DistributedSampler):
     def rank(self) -> int:
         if self._rank is not None:
             return self._rank
-        import torch.distributed as dist
 
         return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
@@ -287,7 +286,6 @@ def find_split_files(fs, root: str, suffix: str, key: str = "data.root"):
     with ``train`` and ``val``/``validation`` anywhere below root (``data/train-00000-of-00004.parquet``);
     else every file is training data (val: None).
     """
-    from trainer.data.storage import explain
 
     def files(path):
         try:

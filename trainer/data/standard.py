@@ -29,15 +29,27 @@ from __future__ import annotations
 import fcntl
 import glob
 import hashlib
+import http.client
 import logging
 import os
+import pickle
 import shutil
+import tarfile
 import tempfile
+import urllib.error
+import urllib.request
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+import torch
+from torchvision.datasets import CIFAR10, Imagenette
+
+from trainer.data.folder import transforms_for
+from trainer.data.storage import is_remote
 from trainer.errors import ConfigError
+from trainer.paths import default_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +91,6 @@ def _cifar_problem(folder: str) -> Optional[str]:
 
 def imagenette_wnids() -> dict:
     """WordNet id -> class names, torchvision's own table."""
-    from torchvision.datasets import Imagenette
-
     return dict(Imagenette._WNID_TO_CLASS)
 
 
@@ -103,8 +113,6 @@ def _imagenette_problem(folder: str) -> Optional[str]:
 def standard(name: str, imagenette_size: str = "160px") -> Standard:
     """The dataset ``data=name`` names, with torchvision's URL and MD5 for it."""
     if name == "cifar10":
-        from torchvision.datasets import CIFAR10
-
         return Standard(
             "cifar10",
             "cifar10",
@@ -115,7 +123,6 @@ def standard(name: str, imagenette_size: str = "160px") -> Standard:
             "data_batch_1 ... data_batch_5, test_batch and batches.meta",
             _cifar_problem,
         )
-    from torchvision.datasets import Imagenette
 
     url, md5 = Imagenette._ARCHIVES[imagenette_size]
     return Standard(
@@ -136,8 +143,6 @@ def dataset_folder(cfg, local_root) -> tuple:
     ``data.root`` set: that folder (or the dataset's folder inside it), read as it is; unset: the
     copy in the cache dir, downloaded on first use. ``local_root`` applies ``data.cache``.
     """
-    from trainer.data.storage import is_remote
-
     ds = standard(cfg.name, cfg.get("imagenette_size", "160px"))
     if not cfg.root:
         return ensure(ds, cfg.get("cache_dir"), cfg.get("download_url", "auto"), cfg.get("download_md5", "auto")), (
@@ -179,8 +184,6 @@ def user_folder(ds: Standard, root: str) -> str:
 
 def ensure(ds: Standard, cache_dir: Optional[str], url: str = "auto", md5: Optional[str] = "auto") -> str:
     """The dataset's folder in the cache (downloaded, checked and extracted on first use)."""
-    from trainer.paths import default_cache_dir
-
     cache = os.path.expanduser(cache_dir or default_cache_dir())
     final = os.path.join(cache, ds.cache_name)
     if os.path.isfile(os.path.join(final, DONE)):
@@ -263,10 +266,6 @@ def offline_help(ds: Standard, cache: str, url: str, reason: str) -> str:
 def _download(ds: Standard, url: str, part: str, cache: str) -> str:
     """``url`` -> the file ``part`` (streamed); returns its MD5. A failure is one paragraph, and the
     caller removes ``part`` with its temp dir."""
-    import http.client
-    import urllib.error
-    import urllib.request
-
     digest, got, total = hashlib.md5(), 0, None
     try:
         request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
@@ -299,9 +298,6 @@ def _download(ds: Standard, url: str, part: str, cache: str) -> str:
 
 
 def _extract(ds: Standard, archive: str, into: str, source: str) -> None:
-    import tarfile
-    import zlib
-
     safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # no paths outside `into`, no device files
     try:
         with tarfile.open(archive, "r:*") as tar:
@@ -324,10 +320,6 @@ def _extract(ds: Standard, archive: str, into: str, source: str) -> None:
 
 def build_cifar10(folder: str, image_size: int, augment, keep_uint8: bool) -> tuple:
     """(train set: the five batches, val set: test_batch, class names from batches.meta)."""
-    import pickle
-
-    from trainer.data.folder import transforms_for
-
     sets = []
     for train in (True, False):
         try:
@@ -343,9 +335,6 @@ def build_cifar10(folder: str, image_size: int, augment, keep_uint8: bool) -> tu
 
 
 def _cifar_class():
-    import torch
-    from torchvision.datasets import CIFAR10
-
     class CifarImages(CIFAR10):
         """torchvision's CIFAR10 (its loading of the pickled batches), read from ``folder``, with two changes.
 
@@ -368,8 +357,6 @@ def _cifar_class():
             return _cifar_problem(os.path.join(self.root, self.base_folder)) is None
 
         def _load_meta(self) -> None:
-            import pickle
-
             with open(os.path.join(self.root, self.base_folder, self.meta["filename"]), "rb") as f:
                 self.classes = list(pickle.load(f, encoding="latin1")[self.meta["key"]])
             self.class_to_idx = {name: i for i, name in enumerate(self.classes)}

@@ -14,7 +14,11 @@ its instance cache in a forked loader worker, so every worker opens its own conn
 from __future__ import annotations
 
 import os
+import pickle
 from typing import Any, Dict, Optional, Tuple
+
+import fsspec
+from omegaconf import DictConfig, OmegaConf
 
 from trainer.errors import ConfigError
 
@@ -42,8 +46,6 @@ def local_path(root: str) -> str:
 
 def plain_options(storage_options) -> Dict[str, Any]:
     """``data.storage_options`` as plain dicts all the way down (botocore does not take OmegaConf nodes)."""
-    from omegaconf import DictConfig, OmegaConf
-
     if isinstance(storage_options, DictConfig):
         return OmegaConf.to_container(storage_options, resolve=True)
     return dict(storage_options or {})
@@ -51,8 +53,6 @@ def plain_options(storage_options) -> Dict[str, Any]:
 
 def open_root(root: str, storage_options: Optional[Dict[str, Any]] = None, key: str = "data.root") -> Tuple[Any, str]:
     """``root`` -> (fsspec filesystem, path inside it), checked to exist; a clear error otherwise."""
-    import fsspec
-
     protocol = str(root).split("://", 1)[0]
     options = plain_options(storage_options)
     try:
@@ -91,8 +91,6 @@ class ForkSafe:
     """
 
     def __init__(self, fs) -> None:
-        import pickle
-
         self.__dict__.update(_fs=fs, _pid=os.getpid(), _blob=pickle.dumps(fs))
 
     def __getstate__(self):
@@ -104,8 +102,6 @@ class ForkSafe:
     @property
     def fs(self):
         if self._pid != os.getpid():
-            import pickle
-
             self.__dict__.update(_fs=pickle.loads(self._blob), _pid=os.getpid())
         return self._fs
 

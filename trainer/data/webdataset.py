@@ -25,15 +25,18 @@ import logging
 import tarfile
 from typing import List, Optional, Tuple
 
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from trainer.data.decoders import Loader
+from trainer.data.folder import decode_min_side, transforms_for
 from trainer.data.shards import BlockImages, find_split_files, require_root, split_blocks
+from trainer.data.storage import explain, open_root
 from trainer.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 
 def _image_extensions():
-    from torchvision.datasets.folder import IMG_EXTENSIONS  # what an image folder (and so trainer.pack) takes
-
     return tuple(e.lstrip(".") for e in IMG_EXTENSIONS)
 
 
@@ -76,8 +79,6 @@ class TarShards:
         return self.urls[block]
 
     def __call__(self, block: int):
-        from trainer.data.storage import explain
-
         try:
             data = self.fs.cat_file(self.urls[block])
         except Exception as e:  # noqa: BLE001 - a shard the index lists but the store cannot give
@@ -127,10 +128,6 @@ def build_webdataset(
     storage_options=None,
     decode_scale: str = "off",
 ) -> Tuple[BlockImages, Optional[BlockImages], list]:
-    from trainer.data.decoders import Loader
-    from trainer.data.folder import decode_min_side, transforms_for
-    from trainer.data.storage import open_root
-
     require_root(root, "webdataset", "tar shards")
     fs, base = open_root(root, storage_options)
     splits, classes = {}, None

@@ -45,6 +45,7 @@ from trainer.doctor.advice import (
 )
 from trainer.doctor.facts import Facts
 from trainer.doctor.feeding import feeding
+from trainer.measure.hardware import workers_per_process
 
 INPUT_BOUND = 0.25  # data wait share of training time above which the input pipeline is the bottleneck
 TRANSFER_FRACTION_BOUND = 0.20  # transfer share of training time (every run)
@@ -223,7 +224,6 @@ def _unknown(r: Reading) -> Optional[tuple]:
 def _input_pipeline(r: Reading) -> Optional[tuple]:
     if r.wait < INPUT_BOUND:
         return None
-    from trainer.measure.hardware import workers_per_process
 
     data, suggestions = r.data, []
     saturated = r.own is not None and r.own >= 0.85 * r.cores  # more workers help until the run fills the cores

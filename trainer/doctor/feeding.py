@@ -13,6 +13,7 @@ import math
 from typing import Any, Dict, Optional
 
 from trainer.doctor.facts import Facts, dali_takes
+from trainer.measure.hardware import workers_per_process
 
 FEEDS = 0.9  # a loader feeds the model where it needs at most this share of the cores it may have
 
@@ -35,7 +36,6 @@ def feeding(
     loader_cores = own - main
     if loader_cores < 0.2:
         return None
-    from trainer.measure.hardware import workers_per_process
 
     model = rate / (1 - wait)
     per_core = rate / loader_cores

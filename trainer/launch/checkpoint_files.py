@@ -16,13 +16,18 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import pathlib
 import pickle
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+import numpy as np
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+from omegaconf import DictConfig, ListConfig
+from omegaconf.base import ContainerMetadata, Metadata
+from omegaconf.nodes import AnyNode
 
 from trainer.errors import ConfigError
 
@@ -76,16 +81,8 @@ def _fsync_dir(directory: Path) -> None:
 
 def _allow_our_types() -> None:
     """Types our checkpoints carry besides tensors and containers, allow-listed for weights_only."""
-    import pathlib
-
-    from omegaconf import DictConfig, ListConfig
-    from omegaconf.base import ContainerMetadata, Metadata
-    from omegaconf.nodes import AnyNode
-
     allowed = [DictConfig, ListConfig, ContainerMetadata, Metadata, AnyNode, pathlib.PosixPath]
     try:
-        import numpy as np
-
         allowed += [np.core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype("uint32"))]
     except Exception:
         pass

@@ -28,12 +28,16 @@ not, the caller starts a fresh interpreter.
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import gc
 import multiprocessing
 import os
+import runpy
 import signal
 import subprocess
 import sys
+import threading
 from multiprocessing import forkserver
 from typing import Dict, List, Optional
 
@@ -133,9 +137,6 @@ def _child(
     args: List[str], cwd: str, env: Dict[str, str], out: str, err: str, new_session: bool, die_with_parent: bool
 ) -> None:
     """In the forked process: become ``python ARGS`` and run it."""
-    import atexit
-    import runpy
-
     _leave_the_server(new_session, die_with_parent)
     # the server's imports (torch's, torchvision's, torchmetrics' objects) out of every collection's walk,
     # as a run freezes what lives before its first job (trainer.run.job.freeze_long_lived_objects)
@@ -181,7 +182,6 @@ def _child(
     except BaseException:
         sys.excepthook(*sys.exc_info())
         code = 1
-    import threading
 
     threading._shutdown()  # as the interpreter's exit does: wait for threads that are not daemons,
     atexit._run_exitfuncs()  # then the exit handlers (multiprocessing ends its children with os._exit)
@@ -211,8 +211,6 @@ def _leave_the_server(new_session: bool, die_with_parent: bool) -> None:
 def set_parent_death_signal() -> None:
     """SIGKILL this process when its parent dies (Linux prctl PR_SET_PDEATHSIG); elsewhere nothing."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
     except (OSError, AttributeError):
         pass

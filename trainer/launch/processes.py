@@ -30,6 +30,11 @@ import time
 from typing import List, Optional
 
 from trainer.console import QUIET_ENV
+from trainer.errors import ConfigError
+from trainer.launch import stopping
+from trainer.launch.torchrun import FIRST_FAILURE, STOP_GRACE_ENV
+from trainer.measure import metrics
+from trainer.paths import ROOT
 from trainer.rank import is_launched_rank
 
 log = logging.getLogger(__name__)
@@ -50,7 +55,7 @@ def processes_per_node(cfg) -> int:
         return devices
     if cfg.accelerator != "cpu":
         try:
-            import torch
+            import torch  # lazy: no torch before a job starts (trainer/__init__.py)
 
             if torch.cuda.is_available():
                 return torch.cuda.device_count()
@@ -97,8 +102,6 @@ def allocator_loaded() -> str:
 
 def allocator_env(cfg) -> dict:
     """Environment that preloads runtime.allocator (empty when it is already loaded or default)."""
-    from trainer.errors import ConfigError
-
     name = cfg.runtime.allocator
     if name == "default" or allocator_loaded() == name:
         return {}
@@ -135,7 +138,7 @@ def leave_process_group() -> None:
     """
     if "torch.distributed" not in sys.modules:  # nothing trained here (--help, --cfg): do not import torch
         return
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: no torch before a job starts (trainer/__init__.py)
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
@@ -176,13 +179,9 @@ def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False, env: Op
     ``quiet``: a sweep's job; its processes keep the console to warnings and errors. ``env``: more for
     them (the switches' plan the launching process resolved).
     """
-    from trainer.paths import ROOT
-
     job = [str(ROOT / "train.py"), *job_overrides(cfg, out_dir, overrides)]
     extra_env = {**allocator_env(cfg), **(env or {})}
     if launches_ranks(cfg):
-        from trainer.launch.torchrun import FIRST_FAILURE, STOP_GRACE_ENV
-
         extra_env[STOP_GRACE_ENV] = str(stop_grace_s(cfg))  # what the agent waits for the ranks to save
 
         nproc = processes_per_node(cfg)
@@ -231,7 +230,7 @@ def stop_grace_s(cfg) -> int:
     """The seconds the ranks get after a stop signal to save (torchrun's agent then sends SIGKILL):
     ``checkpoint.stop_grace_s``, or Slurm's own grace for this job where that is longer, so that
     Slurm, not the agent, ends a stop that takes that long."""
-    from trainer.launch.slurm import grace_s
+    from trainer.launch.slurm import grace_s  # lazy: keeps omegaconf out of train.py's start-up
 
     return max(int(cfg.checkpoint.stop_grace_s), grace_s() or 0)
 
@@ -240,9 +239,6 @@ def _preempted_code(code: int, out_dir: str, started: float) -> int:
     """A stop signal's exit code as one process gives it: 75 once the ranks saved. torchrun's agent,
     signalled itself, passes the signal to its ranks, waits for them, and exits with 128 + the signal's
     number whether or not they saved; their record (rank 0's metrics.json, written by this launch) says."""
-    from trainer.launch import stopping
-    from trainer.measure import metrics
-
     name = stopping.requested()
     if not name or code != 128 + int(signal.Signals[name]):
         return code
@@ -261,8 +257,6 @@ def _wait_forwarding_stop(proc: subprocess.Popen) -> int:
     reaches them but the agent's. Ctrl-C in a terminal reaches this process and the agent together
     (one foreground process group) and is not passed on again: a second SIGINT at the agent is a
     second Ctrl-C, which ends the ranks at once (``trainer.launch.torchrun``)."""
-    from trainer.launch import stopping
-
     forwarded = False
     while True:
         try:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from trainer.errors import ConfigError
+from trainer.rank import restart_count
 
 
 class OutputTaken(ConfigError):
@@ -30,8 +31,6 @@ def _resumes_this_dir(out_dir: str, ckpt_path: Optional[str]) -> bool:
 
 
 def refuse_finished_run_dir(out_dir: str, ckpt_path: Optional[str], key: str = "hydra.run.dir") -> None:
-    from trainer.rank import restart_count
-
     if _resumes_this_dir(out_dir, ckpt_path):
         return
     held = []

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import subprocess
 import sys
 from typing import Optional
 
 from omegaconf import open_dict
 
+from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 from trainer.rank import restart_count
 
 log = logging.getLogger(__name__)
@@ -52,9 +55,6 @@ def grace_s() -> Optional[int]:
     KillWait (a cancelled job, the time limit), plus the job's partition's GraceTime, which a
     preemption adds before that SIGTERM, KillWait and SIGKILL. None outside a Slurm job, or where
     scontrol does not answer."""
-    import re
-    import subprocess
-
     if "SLURM_JOB_ID" not in os.environ:
         return None
     asked = [(["scontrol", "show", "config"], r"^KillWait\s*=\s*(\d+)")]
@@ -76,8 +76,6 @@ def requeue_pending() -> bool:
     """Whether Slurm has requeued this job while it still runs: its controller counts one more
     restart than this attempt was started with (a cancelled job does not; both are COMPLETING at
     SIGTERM time). True where scontrol cannot say: the rerun then finds last.ckpt anyway."""
-    import subprocess
-
     try:
         out = subprocess.run(
             ["scontrol", "show", "job", "-o", os.environ.get("SLURM_JOB_ID", "")],
@@ -97,8 +95,6 @@ def leave_for_requeue(result) -> None:
     attempt's result, which ends the sweep's wait before the requeued job has run; so the process
     leaves without one (as submitit's own SIGTERM handling intends), and the requeued job's result
     is the one the sweep gets. A cancelled job returns: its failed row is its result."""
-    from trainer.launch.stopping import PREEMPTED_EXIT_CODE
-
     if not (
         result.get("preempted")
         and os.environ.get("SUBMITIT_EXECUTOR") == "slurm"

@@ -38,6 +38,12 @@ import logging
 import signal
 from typing import Any, Optional
 
+import pytorch_lightning as pl
+import torch
+import torch.distributed as dist
+from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
+from pytorch_lightning.trainer.connectors.signal_connector import _SignalConnector
+
 log = logging.getLogger(__name__)
 
 
@@ -52,8 +58,6 @@ class StopAgreement:
 
     def setup(self) -> None:
         """Create the ranks' gloo group (a collective: every rank calls it at the same point of ``fit``)."""
-        import torch.distributed as dist
-
         if self.group is None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             self.group = dist.new_group(backend="gloo")
 
@@ -65,8 +69,6 @@ class StopAgreement:
         """This rank's request (a signal name or None) in; the signal every rank stops on now, or None."""
         if not self.distributed:
             return requested
-        import torch
-        import torch.distributed as dist
 
         if self._pending is not None:
             agreed = self._read()
@@ -98,9 +100,6 @@ class StopAgreement:
 
 def take_over_from_lightning(trainer) -> None:
     """Turn off Lightning's own stop-signal handling for ``trainer`` (see the module docstring for why)."""
-    from pytorch_lightning.loops.training_epoch_loop import _TrainingEpochLoop
-    from pytorch_lightning.trainer.connectors.signal_connector import _SignalConnector
-
     connector = getattr(trainer, "_signal_connector", None)
     missing = [
         name
@@ -112,8 +111,6 @@ def take_over_from_lightning(trainer) -> None:
         if not there
     ]
     if missing:
-        import pytorch_lightning as pl
-
         raise RuntimeError(
             f"pytorch-lightning {pl.__version__} no longer has {', '.join(missing)}, which the trainer turns off "
             "so that ranks agree on a stop without a host sync per step (trainer/launch/stop_agreement.py). "

@@ -18,7 +18,10 @@ torchrun's default 30 (``_grace_by_cause``).
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import signal
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,9 +40,8 @@ USAGE = "usage: python -m trainer.torchrun LOG_DIR [torchrun's options] TRAINING
 
 def _quiet_elastic_logs() -> None:
     """torchrun's agent logs each failed worker at ERROR level; the summary below replaces that."""
-    import logging
 
-    import torch.distributed.run  # noqa: F401  (sets up torch's log handlers first)
+    import torch.distributed.run  # noqa: F401  (sets up torch's log handlers first)  # lazy: no torch before a job starts (trainer/__init__.py)
 
     for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -64,8 +66,8 @@ def _stop_on_sigusr1() -> None:
     SIGTERM does: torchrun's agent handles SIGTERM, SIGINT, SIGHUP and SIGQUIT only, so SIGUSR1 killed it
     (its default action) and left its ranks training on, orphaned. Raised as torchrun's own
     ``SignalException``, the agent passes SIGUSR1 on to every rank, which saves and stops."""
-    import signal
 
+    # lazy: no torch before a job starts (trainer/__init__.py)
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     def stop(signum, frame):
@@ -100,6 +102,7 @@ def _grace_by_cause() -> None:
       same request again (a scheduler signals every process of a job, and the launching train.py
       passes its own on): it is ignored; a second Ctrl-C ends the ranks at once, as it ends one process.
     """
+    # lazy: no torch before a job starts (trainer/__init__.py)
     from torch.distributed.elastic.multiprocessing.api import PContext
 
     close = PContext.close
@@ -117,7 +120,6 @@ def _grace_by_cause() -> None:
 @contextmanager
 def _while_the_ranks_stop(pcontext):
     """The agent's handling of further signals while its ranks stop (see ``_grace_by_cause``)."""
-    import signal
 
     def again(signum, frame) -> None:
         if signum != signal.SIGINT:
@@ -145,7 +147,7 @@ def _while_the_ranks_stop(pcontext):
 def _print_help() -> None:
     """This module's docstring, then torchrun's own options (LOG_DIR, the first argument, is torchrun's
     ``--log-dir``: without this, ``--help`` was taken for it and torchrun's parser refused the line)."""
-    from torch.distributed.run import get_args_parser
+    from torch.distributed.run import get_args_parser  # lazy: no torch before a job starts (trainer/__init__.py)
 
     about = __doc__.split("\n", 1)[1].strip()
     print(f"{USAGE}\n\n{about}\n\ntorchrun's options, after LOG_DIR:\n")
@@ -165,9 +167,12 @@ def main(argv: List[str]) -> int:
     _quiet_elastic_logs()
     _stop_on_sigusr1()
     _grace_by_cause()
+    # lazy: no torch before a job starts (trainer/__init__.py)
     from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    # lazy: no torch before a job starts (trainer/__init__.py)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun
+    from torch.distributed.run import main as torchrun  # lazy: no torch before a job starts (trainer/__init__.py)
 
     try:
         torchrun(["--log-dir", str(log_dir), "--redirects", "2", *argv[1:]])
@@ -201,8 +206,6 @@ def main(argv: List[str]) -> int:
 def _write_first_failure(log_dir: Path, rank: int, answer: str) -> None:
     """The reason the job failed, for the launching process to record: the other ranks were stopped by
     torchrun's SIGTERM, and the rank that writes metrics.json may be one of those."""
-    import json
-
     paragraph = " ".join(line.strip() for line in answer.splitlines() if line.strip())
     paragraph = paragraph[len("error: ") :] if paragraph.startswith("error: ") else paragraph
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -211,8 +214,6 @@ def _write_first_failure(log_dir: Path, rank: int, answer: str) -> None:
 
 def first_failure(log_dir: str) -> Optional[str]:
     """What ``_write_first_failure`` recorded for the last launch into ``log_dir``, if anything."""
-    import json
-
     try:
         return json.loads((Path(log_dir) / FIRST_FAILURE).read_text())["error"]
     except (OSError, ValueError, KeyError):
@@ -222,7 +223,6 @@ def first_failure(log_dir: str) -> Optional[str]:
 def _how_it_ended(exitcode: int) -> str:
     if exitcode >= 0:
         return f"exited with status {exitcode}"
-    import signal
 
     try:
         name = signal.Signals(-exitcode).name

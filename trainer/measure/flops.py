@@ -13,9 +13,13 @@ null and ``peak_flops_source`` says "unknown".
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from typing import Any, Callable, Optional, Tuple
+
+import torch
+from lightning_fabric.utilities.throughput import get_available_flops, measure_flops
 
 log = logging.getLogger(__name__)
 
@@ -23,10 +27,6 @@ log = logging.getLogger(__name__)
 def meta_copy(module):
     """A copy of ``module`` whose parameters and buffers are empty tensors on the meta device: its
     structure, hooks and forward as they are, none of its memory."""
-    import copy
-
-    import torch
-
     memo = {}
     for p in module.parameters():
         memo[id(p)] = torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
@@ -40,9 +40,6 @@ def training_flops_per_sample(module, size: int, rebuild: Optional[Callable[[], 
     model, counted on a ``meta_copy``: measuring builds no model of its own), or None where they
     cannot be counted. ``rebuild``: the run's builder, for a model that cannot be copied (a user's
     module holding a lock or an open file): built on the meta device then."""
-    import torch
-    from lightning_fabric.utilities.throughput import measure_flops
-
     batch = 2  # not 1: BatchNorm in training mode refuses one value per channel (ResNet's last 1x1 maps)
     try:
         try:
@@ -105,13 +102,11 @@ def peak_flops(accelerator: str, precision: str, tf32: bool = False) -> Tuple[Op
     key = precision_key(precision, tf32)
     if accelerator != "cuda":
         return None, "unknown: no peak FLOP/s for CPUs"
-    import torch
 
     name = torch.cuda.get_device_name(torch.cuda.current_device())
     model = hopper_model(name)
     if model:
         return _HOPPER[model][key], f"{model} datasheet, dense {key}"
-    from lightning_fabric.utilities.throughput import get_available_flops
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(key, torch.float32)
     with warnings.catch_warnings():

@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Optional
+
+import torch
+
+from trainer.measure import sysstats
+from trainer.measure.sysstats import usable_cores as from_affinity_and_quota
 
 
 @dataclass(frozen=True)
@@ -74,8 +80,6 @@ def machine_record() -> dict:
 
 def usable_cores() -> int:
     """CPU cores this run can keep busy: its affinity mask cut to its cgroup's CPU quota (see sysstats)."""
-    from trainer.measure.sysstats import usable_cores as from_affinity_and_quota
-
     return from_affinity_and_quota()
 
 
@@ -94,10 +98,6 @@ def bf16_slowdown(module, image_size: int) -> float:
     """How many times slower a training step of ``module`` runs under bf16 autocast than in fp32 on
     this CPU: a short probe (batch 2 at ``image_size``, forward and backward, the better of 2 after
     a warm-up each; a second or two where bf16 is emulated). The weights are left as they were."""
-    import time
-
-    import torch
-
     saved = {k: v.clone() for k, v in module.state_dict().items()}
     x = torch.randn(2, 3, image_size, image_size)
     was_training = module.training
@@ -123,10 +123,6 @@ def bf16_slowdown(module, image_size: int) -> float:
 
 @lru_cache(maxsize=None)
 def detect(accelerator: str = "auto") -> Hardware:
-    import torch
-
-    from trainer.measure import sysstats
-
     cpus, limit = sysstats.allowed_cpus(), sysstats.cgroup_cpu_limit()  # read once for both
     cores = sysstats.usable_cores(cpus, limit)
     quota = sysstats.quota_limit(cpus, limit)

@@ -9,11 +9,15 @@ allowed, the process-lifetime ``ru_maxrss`` is the fallback (and said so in metr
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import resource
 import sys
 from typing import Optional
 
+import psutil
 import pytorch_lightning as pl
+import torch
 
 
 def _status_kb(field: str) -> Optional[int]:
@@ -40,8 +44,6 @@ def mem_available_mb() -> float:
 
 
 def rss_mb() -> Optional[float]:
-    import psutil
-
     try:
         return psutil.Process().memory_info().rss / 2**20
     except psutil.Error:
@@ -54,12 +56,8 @@ def _release_free_memory() -> None:
     Without it, a sweep's second job in the same process reuses the first job's freed memory,
     its RSS does not grow, and its peak would read as near zero.
     """
-    import gc
-
     gc.collect()
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
@@ -104,8 +102,6 @@ class PeakMemory(pl.Callback):
         self.start()
 
     def on_train_end(self, trainer, pl_module) -> None:
-        import torch
-
         peak = self.peak_mb()
         reserved = torch.cuda.max_memory_reserved() / 2**20 if self.accelerator == "cuda" else None
         if trainer.world_size > 1:
@@ -123,8 +119,6 @@ class PeakMemory(pl.Callback):
 
     def start(self) -> None:
         if self.accelerator == "cuda":
-            import torch
-
             torch.cuda.reset_peak_memory_stats()
             self.method = "cuda max_memory_allocated"
         elif reset_cpu_peak():
@@ -135,7 +129,5 @@ class PeakMemory(pl.Callback):
 
     def peak_mb(self) -> float:
         if self.accelerator == "cuda":
-            import torch
-
             return round(torch.cuda.max_memory_allocated() / 2**20, 1)
         return round(max(0.0, cpu_peak_mb() - self.baseline_mb), 1)

@@ -296,7 +296,7 @@ class GpuReader:
     """NVML readings of one GPU (the rank's own), plus this process's reserved memory on it."""
 
     def __init__(self, cuda_index: int, nvml=None) -> None:
-        import torch
+        import torch  # lazy: no torch before a job starts (trainer/__init__.py)
 
         self.cuda_index = cuda_index
         self.nvml = nvml
@@ -304,7 +304,7 @@ class GpuReader:
         self.note: Optional[str] = None
         if self.nvml is None:
             try:
-                import pynvml
+                import pynvml  # lazy: optional ([gpu] extra)
 
                 pynvml.nvmlInit()
                 self.nvml = pynvml
@@ -326,7 +326,7 @@ class GpuReader:
             self.note = f"no NVML device for cuda:{cuda_index} ({e})"
 
     def read(self) -> Dict[str, float]:
-        import torch
+        import torch  # lazy: no torch before a job starts (trainer/__init__.py)
 
         out: Dict[str, float] = {}
         try:

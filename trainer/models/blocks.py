@@ -16,15 +16,14 @@ from __future__ import annotations
 from typing import List
 
 from torch import nn
+from torchvision.models.resnet import BasicBlock, Bottleneck
+from torchvision.models.vision_transformer import EncoderBlock
 
 CONTAINER_NAMES = ("blocks", "layers")
 BLOCK_CLASS_SUFFIXES = ("Block", "Bottleneck")
 
 
 def repeated_blocks(model: nn.Module) -> List[nn.Module]:
-    from torchvision.models.resnet import BasicBlock, Bottleneck
-    from torchvision.models.vision_transformer import EncoderBlock
-
     known = (BasicBlock, Bottleneck, EncoderBlock)
     blocks = [m for m in model.modules() if isinstance(m, known)]
     if not blocks:

@@ -7,11 +7,19 @@
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import logging
 
 import pytorch_lightning as pl
 import torch
+from hydra.errors import InstantiationException
+from hydra.utils import get_object, instantiate
+from lightning_utilities.core.overrides import is_overridden
+from omegaconf import OmegaConf
+from torchvision.models.vision_transformer import VisionTransformer
 
+from trainer.data.mixing import batch_mixing
 from trainer.errors import ConfigError
 from trainer.models.classifier import ImageClassifier
 
@@ -19,9 +27,6 @@ log = logging.getLogger(__name__)
 
 
 def build_module(cfg) -> pl.LightningModule:
-    from hydra.errors import InstantiationException
-    from hydra.utils import instantiate
-
     target = cfg.model.get("_target_")
     model_cfg = cfg.model
     if "num_classes" in model_cfg and not _takes(target, "num_classes"):
@@ -48,8 +53,7 @@ def build_module(cfg) -> pl.LightningModule:
         _refuse_classifier_ingredients(cfg, target)
         return obj
     if isinstance(obj, torch.nn.Module):
-        from trainer.data.mixing import batch_mixing
-        from trainer.models.losses import TrainingLoss
+        from trainer.models.losses import TrainingLoss  # here: trainer.models.losses imports this module at its top
 
         return ImageClassifier(
             obj,
@@ -67,6 +71,7 @@ def build_module(cfg) -> pl.LightningModule:
 
 def _apply_recipe_ingredients(net: torch.nn.Module, cfg, what: str) -> None:
     """drop_path_rate and zero_init_residual on the freshly built network (regularize.py)."""
+    # here: trainer.models.regularize imports this module at its top
     from trainer.models.regularize import apply_drop_path, zero_init_residual
 
     eval_size = cfg.data.get("eval_image_size")
@@ -86,8 +91,6 @@ def _apply_recipe_ingredients(net: torch.nn.Module, cfg, what: str) -> None:
 
 def _fixed_input_size(net: torch.nn.Module) -> bool:
     """torchvision's ViT checks that every image has its one size (timm's ViT unless dynamic_img_size)."""
-    from torchvision.models.vision_transformer import VisionTransformer
-
     if any(isinstance(m, VisionTransformer) for m in net.modules()):
         return True
     return any(getattr(m, "strict_img_size", False) for m in net.modules())
@@ -104,8 +107,6 @@ CLASSIFIER_KEYS = {
 
 
 def _refuse_classifier_ingredients(cfg, target) -> None:
-    from omegaconf import OmegaConf
-
     given = [f"{k}={OmegaConf.select(cfg, k)}" for k, off in CLASSIFIER_KEYS.items() if OmegaConf.select(cfg, k) != off]
     if given:
         raise ConfigError(
@@ -118,10 +119,6 @@ def _refuse_classifier_ingredients(cfg, target) -> None:
 def _peek(path: str):
     """``hydra.utils.get_object`` without the ERROR line it logs for a bad path: these lookups only
     peek, and ``build_module`` reports a bad ``model._target_`` in one paragraph of its own."""
-    import logging
-
-    from hydra.utils import get_object
-
     hydra_log = logging.getLogger("hydra.utils")
     was = hydra_log.disabled
     hydra_log.disabled = True
@@ -133,8 +130,6 @@ def _peek(path: str):
 
 def _takes(target, argument: str) -> bool:
     """Whether the class or function named by ``target`` accepts ``argument`` (or any keyword)."""
-    import inspect
-
     try:
         fn = _peek(str(target))
         params = inspect.signature(fn).parameters.values()
@@ -144,8 +139,6 @@ def _takes(target, argument: str) -> bool:
 
 
 def _importable(name: str) -> bool:
-    import importlib.util
-
     return importlib.util.find_spec(name) is not None
 
 
@@ -155,8 +148,6 @@ _CLASSIFIER_PREFIXES = ("optim.", "sched.", "loss.")
 
 def user_lightning_module_class(cfg):
     """The class ``model._target_`` names, if it is a LightningModule of the user's own (else None)."""
-    import inspect
-
     try:
         target = _peek(str(cfg.model.get("_target_")))
     except Exception:
@@ -223,8 +214,6 @@ def _unsharded_problem(cls, cfg):
     submodules its steps call, and which parameters it reads outside them (sharded, they become
     DTensors), only its author knows.
     """
-    from lightning_utilities.core.overrides import is_overridden
-
     if cfg.get("strategy") != "fsdp2" or is_overridden("configure_model", cls, pl.LightningModule):
         return None
     return (

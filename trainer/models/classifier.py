@@ -11,6 +11,9 @@ import logging
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from pytorch_lightning.strategies import FSDPStrategy, ModelParallelStrategy
+from torch.amp.grad_scaler import OptState
+from torch.distributed.fsdp import fully_shard
 
 from trainer.data.seeding import sample_seed
 from trainer.models.losses import TrainingLoss
@@ -84,13 +87,10 @@ class ImageClassifier(pl.LightningModule):
 
     def configure_model(self):
         """strategy=fsdp2: shard each repeated block, then the root, with FSDP2's ``fully_shard``."""
-        from pytorch_lightning.strategies import ModelParallelStrategy
-
         if not isinstance(self.trainer.strategy, ModelParallelStrategy) or getattr(self, "_sharded", False):
             return
-        from torch.distributed.fsdp import fully_shard
 
-        from trainer.models.blocks import repeated_blocks
+        from trainer.models.blocks import repeated_blocks  # here: trainer.models.blocks imports this module at its top
 
         mesh = self.device_mesh["data_parallel"]
         blocks = repeated_blocks(self.net)
@@ -123,8 +123,6 @@ class ImageClassifier(pl.LightningModule):
 
         Everything else takes Lightning's own path.
         """
-        from pytorch_lightning.strategies import FSDPStrategy
-
         if not gradient_clip_val:
             return
         scaled_fused = self._unscale_once(optimizer)
@@ -145,16 +143,12 @@ class ImageClassifier(pl.LightningModule):
         overflow. Lightning's FSDP precision unscales only optimizers that do not unscale themselves; a
         fused one then looks for inf in this rank's shards alone (the sharded scaler all-reduces what it
         found in ``unscale_``), so ranks could disagree about skipping a step and their scales drift."""
-        from pytorch_lightning.strategies import FSDPStrategy
-
         if isinstance(self.trainer.strategy, FSDPStrategy):
             self._unscale_once(optimizer)
 
     def _unscale_once(self, optimizer) -> bool:
         """Under an fp16 loss scaler, a fused optimizer's gradients unscaled (once a step; no host sync).
         True where there is such a scaler and optimizer: the gradients are unscaled now."""
-        from torch.amp.grad_scaler import OptState
-
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         if scaler is None or not getattr(optimizer, "_step_supports_amp_scaling", False):
             return False

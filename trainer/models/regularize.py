@@ -18,6 +18,9 @@ import functools
 from typing import List
 
 from torch import nn
+from torchvision.models.resnet import BasicBlock, Bottleneck
+from torchvision.models.vision_transformer import EncoderBlock
+from torchvision.ops import stochastic_depth
 
 from trainer.errors import ConfigError
 from trainer.models.blocks import repeated_blocks
@@ -25,9 +28,6 @@ from trainer.models.blocks import repeated_blocks
 
 def _branch_ends(block: nn.Module) -> List[nn.Module]:
     """The last module of each residual branch of a torchvision block (its output is added to the skip)."""
-    from torchvision.models.resnet import BasicBlock, Bottleneck
-    from torchvision.models.vision_transformer import EncoderBlock
-
     if isinstance(block, Bottleneck):
         return [block.bn3]
     if isinstance(block, BasicBlock):
@@ -38,8 +38,6 @@ def _branch_ends(block: nn.Module) -> List[nn.Module]:
 
 
 def _drop_branch(rate: float, module: nn.Module, inputs, output):
-    from torchvision.ops import stochastic_depth
-
     return stochastic_depth(output, rate, "row", training=module.training)
 
 
@@ -65,7 +63,7 @@ def apply_drop_path(net: nn.Module, rate: float, what: str = "the model") -> int
         for end in _branch_ends(block):
             end.register_forward_hook(functools.partial(_drop_branch, block_rate))
         for name in _timm_drop_paths(block):
-            from timm.layers import DropPath
+            from timm.layers import DropPath  # lazy: timm is imported only where it is used
 
             setattr(block, name, DropPath(block_rate))
     return n
@@ -74,8 +72,6 @@ def apply_drop_path(net: nn.Module, rate: float, what: str = "the model") -> int
 def zero_init_residual(net: nn.Module, what: str = "the model") -> int:
     """Each residual block's last normalization weight set to 0 (the block starts as the identity);
     returns how many blocks were set."""
-    from torchvision.models.resnet import BasicBlock, Bottleneck
-
     done = 0
     for block in repeated_blocks(net):
         if isinstance(block, Bottleneck):

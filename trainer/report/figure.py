@@ -35,7 +35,7 @@ def chart(jobs: List[Job], columns: List[str], rows: List[dict], goal: Optional[
     written on each bar; with a target (``goal``) a second panel of val_acc against training time,
     one line per row (the row's first job), the target dashed. Returned rather than saved so that
     what it shows can be read back from its data (``save_png`` writes it)."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: keeps matplotlib out of python -m trainer.report's start-up
 
     curves = None
     if goal is not None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from trainer.config import SCHEMA_KEYS, TrainSchema
+
 # keys that say which repetition a job is (and how the repeats were made), not what it runs: jobs
 # differing only in them fold into one row
 REPEAT_KEYS = ("seed", "repeat", "repeat_seeds")
@@ -90,8 +92,6 @@ def find_metrics(dirs: Sequence[str]) -> List[Path]:
     A dir that holds a metrics.json is a run dir: nothing below it is searched, because what lies
     there is the run's own (W&B keeps a copy of metrics.json under ``wandb/*/files/``, one per
     attempt, which would otherwise be rows of their own)."""
-    import os
-
     found: List[Path] = []
     for d in dirs:
         p = Path(d)
@@ -113,7 +113,7 @@ def _natural_key(path: Path):
 
 def _parse_value(text: str) -> Any:
     try:
-        import yaml
+        import yaml  # lazy: keeps yaml out of python -m trainer.report's start-up
 
         return yaml.safe_load(text)
     except Exception:
@@ -159,9 +159,7 @@ _DEFAULTS_CACHE: Dict[str, Any] = {}
 
 def _schema_defaults() -> Dict[str, Any]:
     if not _DEFAULTS_CACHE:
-        from omegaconf import OmegaConf
-
-        from trainer.config import SCHEMA_KEYS, TrainSchema
+        from omegaconf import OmegaConf  # lazy: keeps omegaconf out of python -m trainer.report's start-up
 
         schema = OmegaConf.structured(TrainSchema)
         for key in SCHEMA_KEYS:

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from trainer.console import TABLE_WIDTH, ab_table
 from trainer.measure import time_to_target as ttt
 from trainer.measure.metrics import atomic_write_text
 from trainer.report.figure import chart, save_png
@@ -61,8 +62,6 @@ def write_report(
     except Exception as e:  # the chart is a convenience; the table is the product
         log.warning("could not draw ab_report.png: %s", e)
     if echo:
-        from trainer.console import TABLE_WIDTH, ab_table
-
         verdicts = verdict_lines(jobs)
         base_job = base.name if base else None
         said = "".join("\n" + textwrap.fill(line, TABLE_WIDTH) for line in judgement_notes(rows, base_job))

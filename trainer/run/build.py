@@ -10,16 +10,32 @@ import sys
 import warnings
 from typing import Any, Dict
 
+import pytorch_lightning as pl
+import torch
 from omegaconf import OmegaConf, open_dict, read_write
 
 from trainer import config as config_mod
 from trainer import tracking
+from trainer.callbacks import BadSampleCounter, NaNGuard, ProfilerCallback, StepLoss, StopAtAccuracy, SystemMonitor
+from trainer.callbacks.checkpointing import PreemptionCallback, ResumableState, checkpoint_callbacks
+from trainer.callbacks.ema import EMA
+from trainer.console import quiet_known_warnings
+from trainer.data.datamodule import ImageDataModule
+from trainer.data.progressive import resize_batch, schedule
 from trainer.errors import ConfigError
+from trainer.launch.checkpoint_files import AtomicCheckpointIO, resolve_ckpt_path
+from trainer.launch.processes import processes_per_node
+from trainer.measure import hardware
 from trainer.measure.flops import peak_flops as peak_flops_of
 from trainer.measure.flops import training_flops_per_sample
 from trainer.measure.memory import PeakMemory
+from trainer.models import build_module
+from trainer.models.build import check_user_module, user_lightning_module_class
+from trainer.models.classifier import ImageClassifier
 from trainer.run.parts import Callbacks, Parts, previous_result, save_config
 from trainer.run.record import MetricsJournal
+from trainer.switches import model_transforms, switchboard
+from trainer.switches.batch_finder import find_batch_size
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +51,6 @@ def build(parts: Parts) -> None:
 
 def _plan(parts: Parts) -> None:
     """Check the config, see the hardware, decide precision and strategy, set process-wide state."""
-    import pytorch_lightning as pl
-
-    from trainer.console import quiet_known_warnings
-    from trainer.launch.checkpoint_files import resolve_ckpt_path
-    from trainer.measure import hardware
-    from trainer.switches import switchboard
-
     cfg = parts.cfg
     given = switchboard.launched_plan()  # a launched rank: its launcher checked the config and resolved it
     if given is None:
@@ -76,12 +85,6 @@ def _trackers(parts: Parts) -> None:
 
 def _data_and_model(parts: Parts) -> None:
     """The datamodule (it counts the classes), the model for that many classes, its model-side flags."""
-    from trainer.data.datamodule import ImageDataModule
-    from trainer.launch.processes import processes_per_node
-    from trainer.models import build_module
-    from trainer.models.build import check_user_module, user_lightning_module_class
-    from trainer.switches import model_transforms, switchboard
-
     cfg, overrides = parts.cfg, parts.overrides
     user_class = user_lightning_module_class(cfg)
     if user_class is not None:
@@ -114,8 +117,6 @@ def _network_normalizes(module, cfg) -> bool:
     built-in classifier hands the batch to its network untouched unless it mixes batches (mixup and
     cutmix blend float images), and progressive_resize resizes the batch before the step (float). A
     subclass with steps of its own may do float maths on the batch first: it gets float batches."""
-    from trainer.models.classifier import ImageClassifier
-
     own_steps = any(
         getattr(type(module), step, None) is not getattr(ImageClassifier, step)
         for step in ("training_step", "validation_step", "forward")
@@ -142,14 +143,8 @@ def _settle(parts: Parts) -> None:
 
     Then the job's config is complete, and it is saved once as ``.hydra/config.yaml``.
     """
-    import pytorch_lightning as pl
-
-    from trainer.switches import switchboard
-
     cfg, plan = parts.cfg, parts.plan
     if cfg.data.batch_size == "auto":
-        from trainer.switches.batch_finder import find_batch_size
-
         batch_size, parts.notes["batch_size_reason"] = find_batch_size(
             parts.module, parts.datamodule, cfg, plan.accelerator, plan.amp_dtype
         )
@@ -171,12 +166,6 @@ def _settle_value(parts: Parts, key: str, value: Any) -> None:
 
 def _trainer(parts: Parts) -> None:
     """The strategy object (it needs the model), the callbacks, and Lightning's Trainer."""
-    import pytorch_lightning as pl
-
-    from trainer.launch.checkpoint_files import AtomicCheckpointIO
-    from trainer.models import build_module
-    from trainer.switches import switchboard
-
     cfg, plan = parts.cfg, parts.plan
     parts.timer.flops_per_sample = training_flops_per_sample(
         parts.module, cfg.data.image_size, rebuild=lambda: build_module(cfg)
@@ -219,14 +208,6 @@ def _show_progress_bar(cfg) -> bool:
 
 def build_callbacks(parts: Parts) -> Callbacks:
     """Every callback of the job, in one place (the order is the order Lightning calls them in)."""
-    import pytorch_lightning as pl
-
-    from trainer.callbacks import BadSampleCounter, NaNGuard, ProfilerCallback, StepLoss, StopAtAccuracy, SystemMonitor
-    from trainer.callbacks.checkpointing import PreemptionCallback, ResumableState, checkpoint_callbacks
-    from trainer.callbacks.ema import EMA
-    from trainer.models.classifier import ImageClassifier
-    from trainer.switches import model_transforms
-
     cfg, out_dir = parts.cfg, parts.out_dir
     checkpoint_dir = os.path.join(out_dir, "checkpoints")
     found = Callbacks(
@@ -270,9 +251,6 @@ def build_callbacks(parts: Parts) -> Callbacks:
 
 def _check_input_size(module, datamodule, cfg) -> None:
     """One sample through the model before training: a too-small image fails here, clearly."""
-    import pytorch_lightning as pl
-    import torch
-
     if type(module).forward is pl.LightningModule.forward:
         return  # a LightningModule without forward (Lightning does not need one): its own steps decide
     x = datamodule.example_batch(1)[0].repeat(2, 1, 1, 1)
@@ -292,10 +270,6 @@ def _check_input_size(module, datamodule, cfg) -> None:
 
 def _progressive_sizes(parts: Parts) -> None:
     """progressive_resize: each epoch's training size, checked against the model and said before training."""
-    import torch
-
-    from trainer.data.progressive import resize_batch, schedule
-
     cfg, p = parts.cfg, parts.cfg.progressive
     full = cfg.data.image_size
     if not cfg.trainer.max_epochs:

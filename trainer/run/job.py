@@ -8,6 +8,7 @@ parts (``trainer.run.build``), fits them (``fit`` below) and records the result
 
 from __future__ import annotations
 
+import gc
 import logging
 from contextlib import contextmanager
 from typing import Any, Dict, List, Optional
@@ -15,6 +16,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import OmegaConf
 
 from trainer import tracking
+from trainer.callbacks import EpochTimer
 from trainer.errors import UserFacingError
 from trainer.launch import stopping
 from trainer.launch.run_dirs import refuse_finished_run_dir
@@ -23,6 +25,7 @@ from trainer.rank import is_launched_rank
 from trainer.run.build import build
 from trainer.run.parts import Parts, flags_of
 from trainer.run.record import preempted_of, record
+from trainer.switches.model_transforms import compile_scope
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +40,6 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
     Raises ConfigError for bad input (before anything is built) and re-raises training errors,
     after metrics.json records them.
     """
-    from trainer.callbacks import EpochTimer
-
     freeze_long_lived_objects()
     # as composed: nothing of the job writes its config but the values it settles (build._settle_value)
     OmegaConf.set_readonly(cfg, True)
@@ -79,8 +80,6 @@ def freeze_long_lived_objects() -> None:
     a pause in the middle of a timed epoch. Frozen, they cost nothing; the job's own objects are
     collected as before. Objects alive at this point live for the whole process anyway.
     """
-    import gc
-
     global _FROZEN
     if not _FROZEN:
         gc.collect()
@@ -91,8 +90,6 @@ def freeze_long_lived_objects() -> None:
 @contextmanager
 def _compile_scope(parts: Parts):
     """compile=true: the job's own compile cache and shape settings (``model_transforms.compile_scope``)."""
-    from trainer.switches.model_transforms import compile_scope
-
     with compile_scope(parts.cfg, parts.out_dir) as cache:
         if cache:
             parts.notes["compile_cache"] = cache["state"]

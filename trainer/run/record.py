@@ -11,13 +11,21 @@ import time
 from typing import Any, Dict, List, Optional
 
 import pytorch_lightning as pl
+import torch
 from omegaconf import OmegaConf
 
+from trainer import doctor
+from trainer.callbacks import ProfilerCallback, StopAtAccuracy, profile_page
+from trainer.callbacks.epoch_timer import VALIDATION_KEYS
+from trainer.data import dali
+from trainer.data.storage import is_remote
 from trainer.launch.processes import allocator_loaded
+from trainer.measure import loader_rates
 from trainer.measure import metrics as metrics_mod
 from trainer.measure.flops import mfu
 from trainer.rank import global_rank
 from trainer.run.parts import Callbacks, Parts, save_config
+from trainer.switches.model_transforms import CompileAfterSetup
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +60,6 @@ def record(parts: Parts, status: str, error: Optional[str]) -> Dict[str, Any]:
 
 def _profile_page(parts: Parts, final: Dict[str, Any]) -> None:
     """profile=true: the offline summary page, now that the doctor has spoken (rank 0)."""
-    from trainer.callbacks import profile_page
-
     if not parts.cfg.profile:
         return
     verdict = (final.get("diagnosis") or {}).get("verdict")
@@ -137,8 +143,6 @@ class MetricsJournal(pl.Callback):
 
 def _compile_warmup(found: "Callbacks | None") -> Optional[float]:
     """compile=true: the seconds the compiler's per-process warm-up took (in the first epoch's ``setup_s``)."""
-    from trainer.switches.model_transforms import CompileAfterSetup
-
     compile_step = found.find(CompileAfterSetup) if found else None
     seconds = compile_step.warmup_s if compile_step is not None else None
     return round(seconds, 3) if seconds is not None else None
@@ -146,21 +150,11 @@ def _compile_warmup(found: "Callbacks | None") -> Optional[float]:
 
 def _stopped_at_acc(found: "Callbacks | None") -> Optional[int]:
     """The epoch whose val_acc reached ``stop_at_acc`` and stopped training (None: it did not stop early)."""
-    from trainer.callbacks import StopAtAccuracy
-
     stop = next((c for c in (found.all if found else []) if isinstance(c, StopAtAccuracy)), None)
     return stop.stopped_epoch if stop is not None else None
 
 
 def _diagnose(parts: Parts, result: Dict[str, Any]) -> Dict[str, Any]:
-    import torch
-
-    from trainer import doctor
-    from trainer.callbacks import ProfilerCallback
-    from trainer.data import dali
-    from trainer.data.storage import is_remote
-    from trainer.measure import loader_rates
-
     trainer, timer, module, monitor = parts.trainer, parts.timer, parts.module, parts.callbacks.monitor
     if monitor is not None and not monitor.samples:
         monitor.sample()
@@ -196,8 +190,6 @@ def _diagnose(parts: Parts, result: Dict[str, Any]) -> Dict[str, Any]:
 def _last_val_acc(timer, trainer) -> Optional[float]:
     """The last validation's val_acc as the epoch records hold it (either name a model logs, the mean
     over ranks), or what the trainer last logged where no epoch recorded one."""
-    from trainer.callbacks.epoch_timer import VALIDATION_KEYS
-
     recorded = [e["val_acc"] for e in timer.history() if e.get("val_acc") is not None]
     if recorded:
         return recorded[-1]

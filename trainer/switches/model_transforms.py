@@ -36,15 +36,24 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import time
 from contextlib import contextmanager, nullcontext
+from types import SimpleNamespace
 from typing import Any, Dict, Iterator, List, Optional
 
 import pytorch_lightning as pl
 import torch
 from torch import nn
+from torch._dynamo import config as dynamo_config
+from torch._dynamo import maybe_mark_dynamic
+from torch._dynamo.utils import counters
+from torch._inductor.utils import clear_caches
+from torch.utils.checkpoint import checkpoint
 
 from trainer.data.gpu_transforms import normalize_uint8
 from trainer.errors import ConfigError
+from trainer.models.blocks import repeated_blocks
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +81,6 @@ def apply_activation_checkpointing(module: nn.Module, cfg) -> int:
     if not cfg.activation_checkpointing or cfg.strategy == "fsdp":  # fsdp: see fsdp_checkpoint_policy
         return 0
 
-    from trainer.models.blocks import repeated_blocks
-
     blocks = repeated_blocks(module)
     if not blocks:
         raise ConfigError(
@@ -93,8 +100,6 @@ def _checkpointed_forward(block, forward, *args, **kwargs):
     """``block``'s own ``forward`` (its class's), recomputed in the backward pass instead of keeping its
     activations: torch's ``checkpoint``, while gradients are on. Not on the meta device, where only the
     model's FLOPs are counted (``measure.flops``): MFU counts the model's math, not the recomputation."""
-    from torch.utils.checkpoint import checkpoint
-
     on_meta = bool(args) and isinstance(args[0], torch.Tensor) and args[0].is_meta
     if torch.is_grad_enabled() and not on_meta:
         return checkpoint(forward, block, *args, use_reentrant=False, **kwargs)
@@ -150,8 +155,6 @@ def _convert_args(module, args):
 def apply_model_input(module: nn.Module, cfg, normalize: bool = False) -> None:
     """``channels_last=true``: the weights converted, and with ``normalize`` (the built-in
     classifier, see ``ModelInput``) the uint8 batch normalized: by each network's forward."""
-    import functools
-
     if cfg.channels_last:
         module.to(memory_format=torch.channels_last)
     if not (cfg.channels_last or normalize):
@@ -197,7 +200,6 @@ def apply_compile(module: nn.Module, cfg) -> List[str]:
         return []
     mode = None if cfg.compile_mode == "default" else cfg.compile_mode
     backend = getattr(cfg, "compile_backend", "inductor") or "inductor"
-    from torch._dynamo import maybe_mark_dynamic
 
     def batch_dynamic_in_eval(net: nn.Module, compiled):
         def call(*args, **kwargs):
@@ -246,9 +248,6 @@ def warm_up_compiler(device: torch.device, backend: str = "inductor") -> float:
     from the same state as a compile=false one. Its throwaway kernels go to the shared on-disk cache
     (not the job's own, ``compile_scope``), so that no job pays to generate them again.
     """
-    import time
-    from types import SimpleNamespace
-
     start = time.perf_counter()
     with (
         _inductor_cache_dir(_shared_cache_dir[-1] if _shared_cache_dir else None),
@@ -268,8 +267,6 @@ def compiled_graphs() -> int:
     """How many graphs dynamo has compiled in this process since its last reset (its own counter;
     0 where this torch does not keep it). A training step during which it grows compiled."""
     try:
-        from torch._dynamo.utils import counters
-
         return int(counters["stats"]["unique_graphs"])
     except Exception:
         return 0
@@ -284,8 +281,6 @@ def _inductor_cache_dir(directory: Optional[str]) -> Iterator[None]:
     """Inductor's on-disk cache dir (None: its default) for the block; Inductor reads
     ``TORCHINDUCTOR_CACHE_DIR`` at each use (Triton's dir lies under it), and its in-memory caches of
     what it loaded are cleared on both switches, as torch's own ``temporary_cache_dir`` does."""
-    import os
-
     saved = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if directory is None:
         os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
@@ -326,9 +321,6 @@ def compile_scope(cfg, out_dir: str) -> Iterator[Dict[str, Any]]:
     if not cfg.compile:
         yield {}
         return
-    import os
-
-    from torch._dynamo import config as dynamo_config
 
     if cfg.compile_cache == "shared":
         # as it is: the user's, or Inductor's default (one per CPU capability: trainer/__init__.py)
@@ -355,8 +347,6 @@ def _clear_inductor_caches() -> None:
     """Inductor's in-memory caches of what it loaded from the cache dir (what torch's own
     ``temporary_cache_dir`` clears when it switches dirs)."""
     try:
-        from torch._inductor.utils import clear_caches
-
         clear_caches()
     except Exception:
         pass

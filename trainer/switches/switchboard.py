@@ -9,6 +9,7 @@ before any model or data is built.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -16,9 +17,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 import torch
+from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
+from torch.nn.parallel import DistributedDataParallel
 
 from trainer.errors import ConfigError
+from trainer.measure import hardware
 from trainer.measure.hardware import Hardware
+from trainer.models.blocks import repeated_blocks
+from trainer.models.build import refuse_unsharded_user_module
+from trainer.switches.model_transforms import fsdp_checkpoint_policy
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +137,6 @@ def resolve(cfg, hw: Hardware) -> Plan:
 def _refuse_with_sharding(cfg) -> None:
     """Flags whose work a sharded strategy cannot do (or would undo): refused before anything is built."""
     if cfg.strategy == "fsdp2":
-        from trainer.models.build import refuse_unsharded_user_module
-
         refuse_unsharded_user_module(cfg)  # a module that cannot be sharded, before its ranks start
     if cfg.strategy == "fsdp2" and cfg.channels_last:
         # FSDP1 (strategy=fsdp) keeps each parameter's strides in its flat parameter (torch >= 2.6), so
@@ -203,10 +208,6 @@ def _no_buffer_sync_per_forward() -> dict:
     ``broadcast_buffers`` (a FutureWarning in every run that names it, the default included) for
     ``forward_sync_buffers``, whose ``False`` still syncs the buffers once at the start, where the
     ranks' buffers are equal anyway."""
-    import inspect
-
-    from torch.nn.parallel import DistributedDataParallel
-
     if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
         return {"forward_sync_buffers": False}
     return {"broadcast_buffers": False}  # torch < 2.13
@@ -215,8 +216,6 @@ def _no_buffer_sync_per_forward() -> dict:
 def build_strategy(cfg, plan: Plan, hw: Hardware, module: torch.nn.Module) -> Any:
     """The Lightning strategy object for ``strategy=`` (needs the model: FSDP wraps its repeated blocks)."""
     if cfg.strategy == "ddp":
-        from pytorch_lightning.strategies import DDPStrategy
-
         kwargs = {
             "static_graph": cfg.ddp.static_graph,
             "gradient_as_bucket_view": cfg.ddp.gradient_as_bucket_view,
@@ -228,11 +227,6 @@ def build_strategy(cfg, plan: Plan, hw: Hardware, module: torch.nn.Module) -> An
             kwargs["bucket_cap_mb"] = cfg.ddp.bucket_cap_mb
         return DDPStrategy(process_group_backend="nccl" if plan.accelerator == "cuda" else "gloo", **kwargs)
     if cfg.strategy == "fsdp":
-        from pytorch_lightning.strategies import FSDPStrategy
-
-        from trainer.models.blocks import repeated_blocks
-        from trainer.switches.model_transforms import fsdp_checkpoint_policy
-
         block_types = {type(b) for b in repeated_blocks(module)}
         return FSDPStrategy(
             sharding_strategy=cfg.fsdp.sharding_strategy,
@@ -241,8 +235,6 @@ def build_strategy(cfg, plan: Plan, hw: Hardware, module: torch.nn.Module) -> An
             use_orig_params=True,  # needed by torch.compile and by per-parameter optimizer groups
         )
     if cfg.strategy == "fsdp2":
-        from pytorch_lightning.strategies import ModelParallelStrategy
-
         n = plan.world_size(hw)
         # one consolidated checkpoint file (loads with any strategy) rather than a folder of shards
         return ModelParallelStrategy(data_parallel_size=n, tensor_parallel_size=1, save_distributed_checkpoint=False)
@@ -271,9 +263,7 @@ def set_intra_op_threads(workers: int, processes_per_node: int = 1) -> int:
     runs one thread of its own, so with workers the step's threads and theirs oversubscribed the
     cores: on a 2-core CPU one worker slowed the step more than it fed it. Set at every job's start,
     so a local sweep's next job gets its own count back."""
-    from trainer.measure.hardware import cores_per_process, usable_cores
-
-    cores = cores_per_process(usable_cores(), processes_per_node)
+    cores = hardware.cores_per_process(hardware.usable_cores(), processes_per_node)
     threads = max(1, cores - workers)
     torch.set_num_threads(threads)
     if workers:

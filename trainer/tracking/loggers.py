@@ -21,11 +21,15 @@ import os
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List
 
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+from trainer.console import swept_keys
 from trainer.errors import ConfigError
 from trainer.measure import metrics as metrics_mod
-from trainer.rank import global_rank
+from trainer.paths import SWEEP_PLAN
+from trainer.rank import global_rank, restart_count
 from trainer.tracking.redaction import redact_text, redacted_argv
 
 log = logging.getLogger("trainer.tracking")  # the package's one logger, whichever of its modules logs
@@ -52,10 +56,6 @@ def build(cfg, out_dir: str, overrides: List[str], resuming: bool) -> List[Any]:
     before its first checkpoint starts over in its dir (``slurm.resume_if_requeued``) and continues its
     tracker runs too: one run per job, not per attempt.
     """
-    from hydra.utils import instantiate
-
-    from trainer.rank import restart_count
-
     entries = OmegaConf.to_container(cfg.get("logger") or {}, resolve=True)
     restart = restart_count()
     started_over = restart if restart and not resuming else 0  # the Slurm restart that trains from epoch 0 again
@@ -151,8 +151,6 @@ def kind_of(entry: Dict[str, Any]) -> str:
 
 
 def _instantiate(instantiate, name: str, entry: Dict[str, Any], extra: Dict[str, Any]):
-    from hydra.errors import InstantiationException
-
     kind = kind_of(entry)
     try:
         return instantiate(entry, **extra)
@@ -264,9 +262,6 @@ def target_of(logger) -> Dict[str, str]:
 def _sweep_of(out_dir: str) -> tuple:
     """(the sweep's trackers.json, the keys it varies) when this job is one of a sweep's (its parent
     dir holds the sweep's plan), else ({}, [])."""
-    from trainer.console import swept_keys
-    from trainer.paths import SWEEP_PLAN
-
     parent = os.path.dirname(os.path.abspath(out_dir))
     plan = read_state(os.path.join(parent, SWEEP_PLAN))
     if not plan:

@@ -21,6 +21,8 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Iterator, List, Optional
 
+import yaml
+
 from trainer.measure import metrics as metrics_mod
 
 REDACTED = "***"
@@ -94,8 +96,6 @@ def _redacted_text_of(path: str) -> Optional[str]:
         if path.endswith(".json"):
             return json.dumps(redact(json.loads(text)), indent=2) + "\n"
         if path.endswith((".yaml", ".yml")):
-            import yaml
-
             return yaml.safe_dump(redact(yaml.safe_load(text)), sort_keys=False, allow_unicode=True)
     except ValueError:  # yaml's errors are ValueErrors too
         pass

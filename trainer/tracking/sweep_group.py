@@ -9,6 +9,7 @@ the parent run / group. These run in the sweep's own process, once per sweep, no
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import os
@@ -83,7 +84,7 @@ def sweep_end(sweep_dir: str, finished: bool = True) -> None:
     for name, entry in state.items():
         try:
             if entry.get("parent_run_id"):
-                from mlflow.tracking import MlflowClient
+                from mlflow.tracking import MlflowClient  # lazy: optional ([mlflow] extra)
 
                 client = MlflowClient(tracking_uri=entry["tracking_uri"])
                 mlflow_artifacts(client, entry["parent_run_id"], files, sweep_dir)
@@ -98,9 +99,8 @@ def sweep_end(sweep_dir: str, finished: bool = True) -> None:
 def _wandb_report_run(entry: Dict[str, Any], files: List[str], sweep_dir: str) -> None:
     """W&B has no files on a group: the report is a run of the group (job_type ab_report) holding the
     files and the table."""
-    import csv
 
-    import wandb
+    import wandb  # lazy: optional ([wandb] extra)
 
     with redacted_argv():
         run = wandb.init(

@@ -14,7 +14,14 @@ import time
 from pathlib import Path
 from typing import List
 
+from trainer import config
+from trainer.command_line import checked_argv, fail, recipes
+from trainer.config import FLAG_KEYS, check_overrides
+from trainer.config.compose import finish, prepare_hydra
+from trainer.console import quiet_known_warnings
 from trainer.errors import ConfigError, UserFacingError
+from trainer.paths import CONFIG_DIR
+from trainer.tune.probe import JOURNAL, Journal, Prober, check_header
 
 log = logging.getLogger("trainer.tune")
 
@@ -61,8 +68,6 @@ def check_argv(argv: List[str]) -> None:
 
 def check_run_dir(overrides: List[str]) -> None:
     """Before Hydra writes .hydra/ and tune.log there: the run dir is new, empty, or a tune's own."""
-    from trainer.tune.probe import JOURNAL, check_header
-
     given = [a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "hydra.run.dir" and "${" not in a]
     if not given:
         return  # Hydra's default: a new dir named by the time
@@ -92,10 +97,9 @@ def user_run_overrides(task_overrides: List[str]) -> List[str]:
 
 def own_candidates(tune) -> list:
     """``tune.only`` and ``tune.extra`` checked (a typo is said now, not after a failed probe); the user's own candidates."""
-    from omegaconf import OmegaConf
+    from omegaconf import OmegaConf  # lazy: keeps omegaconf out of python -m trainer.tune's start-up
 
-    from trainer.command_line import recipes
-    from trainer.config import check_overrides
+    # lazy: no torch before a job starts (trainer/__init__.py)
     from trainer.tune.candidates import NAMES, extra_candidates
 
     unknown = [n for n in (tune.only or []) if n not in NAMES and n not in (tune.extra or {})]
@@ -123,9 +127,7 @@ def own_candidates(tune) -> list:
 
 def base_settings(cfg) -> dict:
     """The starting configuration's flags and loader settings: what the candidates' conditions read."""
-    from omegaconf import OmegaConf
-
-    from trainer.config import FLAG_KEYS
+    from omegaconf import OmegaConf  # lazy: keeps omegaconf out of python -m trainer.tune's start-up
 
     settings = {k: OmegaConf.select(cfg, k) for k in FLAG_KEYS}
     for key in ("pin_memory", "prefetch_factor", "persistent_workers"):
@@ -159,23 +161,22 @@ def journal_settings(cfg) -> dict:
 
 
 def tune_task(cfg) -> None:
+    # lazy: no torch before a job starts (trainer/__init__.py)
     from hydra.core.hydra_config import HydraConfig
 
-    from trainer.command_line import fail
-    from trainer.config import validate
-    from trainer.config.compose import finish
     from trainer.measure import hardware
     from trainer.tune.candidates import CATALOGUE, Context
+
+    # lazy: no torch before a job starts (trainer/__init__.py)
     from trainer.tune.output import machine_name, write_best, write_report
-    from trainer.tune.probe import JOURNAL, Journal, Prober
-    from trainer.tune.search import Search
+    from trainer.tune.search import Search  # lazy: no torch before a job starts (trainer/__init__.py)
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     user = user_run_overrides(list(hc.overrides.task))
     try:
         cfg = finish(cfg, hc.overrides.task)
-        validate(cfg)
+        config.validate(cfg)  # through the module: a test counts the calls
         tune = cfg.tune  # its ranges are checked by validate, from the schema (config.TuneConfig)
         extras = own_candidates(tune)
         hw = hardware.detect(cfg.accelerator)
@@ -219,11 +220,6 @@ def tune_task(cfg) -> None:
 
 
 def main() -> None:
-    from trainer.command_line import checked_argv, fail
-    from trainer.config.compose import prepare_hydra
-    from trainer.console import quiet_known_warnings
-    from trainer.paths import CONFIG_DIR
-
     quiet_known_warnings()
     try:
         argv = checked_argv(sys.argv[1:], first=check_argv, then=check_run_dir)
@@ -231,7 +227,7 @@ def main() -> None:
         fail(str(e))
     # the tune's log file is tune.log, and its run dir is a tune's (not a training run's)
     sys.argv[1:] = argv + ["hydra.job.name=tune"]
-    import hydra
+    import hydra  # lazy: keeps hydra out of python -m trainer.tune's start-up
 
     prepare_hydra()
     hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")(tune_task)()

@@ -11,8 +11,14 @@ a CPU, cuDNN flags without CUDA), rather than measured to no purpose.
 from __future__ import annotations
 
 import importlib.util
+import shlex
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
+
+import yaml
+
+from trainer.data.dali import installed
+from trainer.launch import processes
 
 INPUT, TRANSFER, COMPUTE, MEMORY, EPOCHS, EXTRA = (
     "input pipeline",
@@ -185,8 +191,6 @@ def _torch_loader(skip: Callable) -> Callable:
 
 
 def _dali(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
-    from trainer.data.dali import installed
-
     if ctx.data_name not in IMAGE_FILES:
         return f"data={ctx.data_name} is not a folder of image files, which is what DALI's file reader reads"
     if (cfg.get("data.random_erasing") or 0) > 0:
@@ -261,21 +265,15 @@ NAMES = [c.name for c in CATALOGUE]
 
 def extra_candidates(extra: Dict[str, str]) -> List[Candidate]:
     """``tune.extra.NAME='k=v k2=v2'``: the user's own candidates, tried after the built-in ones."""
-    import shlex
-
     return [Candidate(name, EXTRA, tuple(shlex.split(str(value)))) for name, value in (extra or {}).items()]
 
 
 def allocators_installed() -> tuple:
-    from trainer.launch.processes import find_allocator
-
-    return tuple(name for name in ("jemalloc", "tcmalloc") if find_allocator(name))
+    return tuple(name for name in ("jemalloc", "tcmalloc") if processes.find_allocator(name))
 
 
 def settings_of(overrides: List[str]) -> Dict[str, Any]:
     """key -> value of a list of ``key=value`` overrides, values parsed like YAML scalars."""
-    import yaml
-
     out: Dict[str, Any] = {}
     for ov in overrides:
         key, _, value = ov.partition("=")

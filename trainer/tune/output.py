@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+import logging
 import platform
 import shlex
 import time
 from pathlib import Path
 from typing import Any, List
+
+import matplotlib
+import matplotlib.pyplot as plt
 
 from trainer.measure.metrics import atomic_write_text
 from trainer.report.rows import NOT_JUDGED, SEEDED_REPEATS, TIMING_ONLY
@@ -99,8 +104,6 @@ def objective_text(outcome: Outcome) -> str:
 
 
 def _yaml_str(text: str) -> str:
-    import json
-
     return json.dumps(text)  # a JSON string is a YAML string, quoted where it must be
 
 
@@ -136,8 +139,6 @@ def write_report(
     try:
         _png(out[2], outcome)
     except Exception as e:  # the chart is a convenience: the table and best.yaml are the result
-        import logging
-
         logging.getLogger("trainer.tune").warning("tune_report.png was not drawn (%s: %s)", type(e).__name__, e)
         return out[:2]
     return out
@@ -168,10 +169,7 @@ def _probes_text(outcome: Outcome, tune_cfg: Any) -> str:
 
 def _png(path: Path, outcome: Outcome) -> None:
     """Each probe's speed-up over the configuration it was tried on, coloured by what was decided."""
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     steps = [s for s in outcome.steps if s.speedup is not None]
     colors = {"kept": "#2e7d32", "dropped": "#9e9e9e", "final": "#1f4e9c"}

@@ -30,6 +30,8 @@ from typing import Any, Dict, List, Optional
 
 from trainer.errors import ConfigError
 from trainer.launch import preloaded
+from trainer.measure import metrics as metrics_io
+from trainer.measure.metrics import atomic_write_text
 from trainer.measure.time_to_target import reaches
 
 log = logging.getLogger("trainer.tune")
@@ -89,8 +91,6 @@ def fixed_cost(epoch: Dict[str, Any]) -> float:
 
 
 def _from_metrics(kind: str, config: List[str], run_dir: Path, wall_s: float, stderr: str) -> Result:
-    from trainer.measure import metrics as metrics_io
-
     path = run_dir / "metrics.json"
     if not path.exists():
         return Result(
@@ -244,8 +244,6 @@ class Journal:
 
 def _write_journal(path: Path, header: str, records: List[Dict[str, Any]]) -> None:
     """A journal file of ``header`` and ``records``, written whole and atomically (a kill leaves the old one)."""
-    from trainer.measure.metrics import atomic_write_text
-
     atomic_write_text(str(path), "\n".join([header, *(json.dumps(r) for r in records)]) + "\n")
 
 

@@ -29,6 +29,8 @@ from typing import Any, Dict, Iterable, Optional
 import torch
 
 from trainer.data.augment import Augmentation
+from trainer.data.prefetch import move_to_device
+from trainer.data.sampler import EpochShuffleSampler, deal_to_ranks
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +72,6 @@ class Loaders:
 
     def to_device(self, batch, device: torch.device):
         """A host batch -> the device (non_blocking where the memory is pinned)."""
-        from trainer.data.prefetch import move_to_device
-
         return move_to_device(batch, device)
 
     def example(self, samples: list, device: torch.device):
@@ -196,8 +196,6 @@ class Loaders:
     def training_order(self, length: int):
         """This rank's sampler over a training set of ``length`` draws: the epoch's permutation, dealt
         to the ranks, cut at a step limit, starting where a resume continues (module docstring)."""
-        from trainer.data.sampler import EpochShuffleSampler, deal_to_ranks
-
         sampler = EpochShuffleSampler(length, self.setup.seed, self.setup.repeats)
         stop = self.step_limit_samples(length, train=True)
         self._order = deal_to_ranks(sampler, self.rank, self.world, stop, self.distributed)

@@ -9,6 +9,7 @@ from typing import List
 import torch
 from torch.utils.data import DistributedSampler
 
+from trainer.data.dali import DaliLoader
 from trainer.data.loaders.base import Loaders, LoaderSetup
 from trainer.data.seeding import sample_seed
 
@@ -44,8 +45,6 @@ class DaliLoaders(Loaders):
         )
 
     def _loader(self, order_of, per_epoch: int, train: bool):
-        from trainer.data.dali import DaliLoader
-
         if self.trainer is not None:
             device = self.trainer.strategy.root_device
         else:  # used on its own: the accelerator's current device

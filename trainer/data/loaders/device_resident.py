@@ -4,22 +4,20 @@ no copy. The order is the torch loader's, so a resume continues exactly as there
 
 from __future__ import annotations
 
+import torch
 from torch.utils.data import DataLoader
 
 from trainer.data.loaders.base import Loaders
+from trainer.data.synthetic import DeviceResidentImages, batch_as_is
 
 
 class DeviceResidentLoaders(Loaders):
     name = "device-resident"
 
     def _device(self):
-        import torch
-
         return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
 
     def _data_loader(self, dataset, sampler, train: bool) -> DataLoader:
-        from trainer.data.synthetic import DeviceResidentImages, batch_as_is
-
         return DataLoader(
             DeviceResidentImages(dataset, self._device()),
             batch_size=self.setup.cfg.batch_size,

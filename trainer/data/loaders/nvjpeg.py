@@ -15,6 +15,7 @@ import zlib
 
 import torch
 
+from trainer.data.device_decode import DeviceDecoder, EncodedBatch, encoded_collate
 from trainer.data.loaders.base import LoaderSetup
 from trainer.data.loaders.torch_workers import TorchLoaders
 from trainer.data.seeding import own_rngs, sample_seed, seed_rngs
@@ -24,8 +25,6 @@ class NvjpegLoaders(TorchLoaders):
     """The torch loader (its name in metrics.json), whose batches are decoded in their transfer."""
 
     def __init__(self, setup: LoaderSetup) -> None:
-        from trainer.data.device_decode import DeviceDecoder
-
         super().__init__(setup)
         c = setup.cfg
         self.decoders = {
@@ -33,13 +32,9 @@ class NvjpegLoaders(TorchLoaders):
         }
 
     def collate(self, train: bool):
-        from trainer.data.device_decode import encoded_collate
-
         return functools.partial(encoded_collate, train=train)
 
     def to_device(self, batch, device: torch.device):
-        from trainer.data.device_decode import EncodedBatch
-
         if not isinstance(batch, EncodedBatch):
             return super().to_device(batch, device)
         decode = self.decoders[batch.train]
@@ -51,6 +46,4 @@ class NvjpegLoaders(TorchLoaders):
             return decode(batch, device)
 
     def example(self, samples: list, device: torch.device):
-        from trainer.data.device_decode import encoded_collate
-
         return self.to_device(encoded_collate(samples), device)

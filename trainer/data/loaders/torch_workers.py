@@ -15,8 +15,12 @@ from typing import Dict, Optional
 from torch.utils.data import DataLoader, IterableDataset
 
 from trainer.data.epoch_ahead import EpochAheadLoader
+from trainer.data.folder import skip_none_collate
 from trainer.data.loaders.base import Loaders
+from trainer.data.prefetch import DevicePrefetchLoader
+from trainer.data.sampler import RepeatedSamples
 from trainer.data.seeding import SeededSamples
+from trainer.data.shards import BlockImages, BlockSampler
 
 
 class TorchLoaders(Loaders):
@@ -26,7 +30,6 @@ class TorchLoaders(Loaders):
         """How a batch is put together from samples (None: the DataLoader's default)."""
         if self.setup.cfg.name == "synthetic":
             return None
-        from trainer.data.folder import skip_none_collate
 
         return skip_none_collate
 
@@ -41,8 +44,6 @@ class TorchLoaders(Loaders):
         if sampler is None:
             sampler = self.training_order(len(dataset))
             if self.setup.repeats > 1:
-                from trainer.data.sampler import RepeatedSamples
-
                 dataset = RepeatedSamples(dataset, self.setup.repeats)
         if self.setup.workers == 0 and self.setup.cfg.name != "synthetic" and not isinstance(dataset, IterableDataset):
             # transforms drawn in this process from a seed of (epoch, sample): the same after a resume
@@ -78,7 +79,6 @@ class TorchLoaders(Loaders):
         device = self.prefetch_device()
         if device is None:
             return EpochAheadLoader(dataset, **kwargs) if train else DataLoader(dataset, **kwargs)
-        from trainer.data.prefetch import DevicePrefetchLoader
 
         kwargs["pin_memory"] = kwargs["pin_memory"] or device.type == "cuda"  # an asynchronous copy needs it
         return DevicePrefetchLoader(
@@ -108,8 +108,6 @@ class TorchLoaders(Loaders):
 
     def _block_sampler(self, dataset, train: bool):
         """data=parquet / webdataset: each rank and loader worker reads its own blocks (``shards``)."""
-        from trainer.data.shards import BlockImages, BlockSampler
-
         if not isinstance(dataset, BlockImages):
             return None
         c = self.setup.cfg
