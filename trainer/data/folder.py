@@ -12,9 +12,17 @@ import math
 import os
 from typing import Optional, Tuple
 
+import torch
+from torch.utils.data import Subset, default_collate
+from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.transforms import v2
+
 from trainer.data.augment import CROP_RATIO, Augmentation, transforms_for
-from trainer.data.decoders import DECODE_ERRORS
-from trainer.errors import ConfigError
+from trainer.data.decoders import DECODE_ERRORS, Loader
+from trainer.data.device_decode import BytesLoader
+from trainer.data.storage import explain, is_remote, local_path, open_root
+from trainer.errors import ConfigError, TrainingStopped
 
 CROP_SCALE = Augmentation().crop_scale  # RandomResizedCrop's range of area fractions (data.crop_min_scale's default)
 VAL_RESIZE = (
@@ -52,8 +60,6 @@ def needed_side(image_size: int, scale=CROP_SCALE, ratio=CROP_RATIO, val_side: O
 def crop_range(transform):
     """(scale, ratio) of the RandomResizedCrop in a transform as built, (None, None) without one:
     what needed_side must cover is what the transform really draws."""
-    from torchvision.transforms import v2
-
     for step in getattr(transform, "transforms", [transform]):
         if isinstance(step, v2.RandomResizedCrop):
             return tuple(step.scale), tuple(step.ratio)
@@ -78,8 +84,6 @@ def _no_transform(*args, **kwargs):
 
 
 def _safe_image_folder_class():
-    from torchvision.datasets import ImageFolder
-
     class SafeImageFolder(ImageFolder):
         """ImageFolder that turns an undecodable file into a clear stop, or a skipped sample.
 
@@ -95,8 +99,6 @@ def _safe_image_folder_class():
             except DECODE_ERRORS as e:
                 path = self.samples[index][0]
                 if self.on_bad_sample == "stop":
-                    from trainer.errors import TrainingStopped
-
                     raise TrainingStopped(
                         f"cannot decode {path} ({type(e).__name__}: {e}); stopped (data.on_bad_sample=stop). "
                         "Remove or replace the file, or set data.on_bad_sample=skip to skip such files and count them."
@@ -108,8 +110,6 @@ def _safe_image_folder_class():
 
 
 def skip_none_collate(batch):
-    from torch.utils.data import default_collate
-
     return default_collate([b for b in batch if b is not None])
 
 
@@ -120,8 +120,6 @@ def check_layout(path: str, key: str) -> None:
     same images again and again; a single class folder trains a model that cannot be wrong; images
     directly in DIR are not a class.
     """
-    from torchvision.datasets.folder import IMG_EXTENSIONS
-
     entries = list(os.scandir(path))
     classes = sorted(e.name for e in entries if e.is_dir())
     loose = [e.name for e in entries if e.is_file() and e.name.lower().endswith(IMG_EXTENSIONS)]
@@ -164,10 +162,6 @@ def _image_folder(path: str, transform, key: str, on_bad_sample: str = "skip", l
 
 def _remote_image_folder(fs, path: str, transform, key: str, on_bad_sample: str, loader, root: str):
     """An image folder in an object store: the same classes, order and split as a local copy of it."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS
-
-    from trainer.data.storage import explain
-
     base = _safe_image_folder_class()
 
     class RemoteImageFolder(base):
@@ -209,6 +203,48 @@ def _remote_image_folder(fs, path: str, transform, key: str, on_bad_sample: str,
     return dataset
 
 
+class _LocalFolders:
+    """Class-folder trees on this machine's disk (or a mounted one)."""
+
+    fs = None
+
+    def __init__(self, root: str, key: str, on_bad_sample: str) -> None:
+        self.base, self.key, self.on_bad_sample = local_path(root), key, on_bad_sample
+        if not os.path.isdir(self.base):
+            raise ConfigError(
+                f"'{key}' points at {self.base}, which does not exist or is not a folder. Set {key}=DIR to a folder of class subfolders of images."
+            )
+
+    isdir = staticmethod(os.path.isdir)
+    join = staticmethod(os.path.join)
+
+    def check(self, path: str) -> None:
+        check_layout(path, self.key)
+
+    def make(self, path: str, transform, loader):
+        return _image_folder(path, transform, self.key, self.on_bad_sample, loader)
+
+
+class _RemoteFolders:
+    """Class-folder trees in an object store (an fsspec URL), read file by file."""
+
+    def __init__(self, root: str, storage_options, key: str, on_bad_sample: str) -> None:
+        self.fs, self.base = open_root(root, storage_options, key)
+        self.root, self.key, self.on_bad_sample = root, key, on_bad_sample
+
+    def isdir(self, path: str) -> bool:
+        return self.fs.isdir(path)
+
+    def join(self, *parts: str) -> str:
+        return "/".join(parts)
+
+    def check(self, path: str) -> None:
+        pass  # no symlinks in an object store; the class checks run in find_classes
+
+    def make(self, path: str, transform, loader):
+        return _remote_image_folder(self.fs, path, transform, self.key, self.on_bad_sample, loader, self.root)
+
+
 def build_image_folders(
     root: str,
     image_size: int,
@@ -229,66 +265,38 @@ def build_image_folders(
     ``decoder="nvjpeg"`` the datasets deliver encoded files and no transform runs in the loader:
     ``device_decode`` decodes and transforms each batch on the device.
     """
-    # why longer: the local and the object-store cases set the same four helpers (isdir, join, make,
-    # check) side by side, and one layout walk below uses them; split, the pairing would be lost
-    from trainer.data.decoders import Loader
-    from trainer.data.storage import is_remote, local_path, open_root
-
     if not root:
         raise ConfigError(
             f"'{key}' is not set. data=imagefolder needs data.root=DIR, a folder of class subfolders of images."
         )
-    fs = None
     if is_remote(root):
-        fs, base = open_root(root, storage_options, key)
-        isdir = fs.isdir
-        join = lambda *parts: "/".join(parts)  # noqa: E731
-
-        def make(path, transform):
-            return _remote_image_folder(fs, path, transform, key, on_bad_sample, loader, root)
-
-        def check(path):
-            pass  # no symlinks in an object store; the class checks run in find_classes
+        tree = _RemoteFolders(root, storage_options, key, on_bad_sample)
     else:
-        base = local_path(root)
-        if not os.path.isdir(base):
-            raise ConfigError(
-                f"'{key}' points at {base}, which does not exist or is not a folder. Set {key}=DIR to a folder of class subfolders of images."
-            )
-        isdir, join = os.path.isdir, os.path.join
-
-        def make(path, transform):
-            return _image_folder(path, transform, key, on_bad_sample, loader)
-
-        def check(path):
-            check_layout(path, key)
-
+        tree = _LocalFolders(root, key, on_bad_sample)
     if decoder == "nvjpeg":
-        from trainer.data.device_decode import BytesLoader
-
-        loader = BytesLoader(cache_in_memory, fs=fs)
-        make_transform = _no_transform
+        loader, make_transform = BytesLoader(cache_in_memory, fs=tree.fs), _no_transform
     else:
         min_side = decode_min_side(decode_scale, image_size, augment, keep_uint8)
-        loader = Loader(decoder, cache_in_memory, fs=fs, min_side=min_side)
-        make_transform = transforms_for
-    from torch.utils.data import Subset
+        loader, make_transform = Loader(decoder, cache_in_memory, fs=tree.fs, min_side=min_side), transforms_for
 
-    train_dir, val_dir = join(base, "train"), join(base, "val")
-    if isdir(train_dir):
-        check(train_dir)
-        if isdir(val_dir):
-            check(val_dir)
-        train = make(train_dir, make_transform(image_size, True, augment, keep_uint8))
-        val = make(val_dir, make_transform(image_size, False, augment, keep_uint8)) if isdir(val_dir) else None
+    def make(path: str, train: bool):
+        return tree.make(path, make_transform(image_size, train, augment, keep_uint8), loader)
+
+    train_dir, val_dir = tree.join(tree.base, "train"), tree.join(tree.base, "val")
+    if tree.isdir(train_dir):
+        tree.check(train_dir)
+        if tree.isdir(val_dir):
+            tree.check(val_dir)
+        train = make(train_dir, True)
+        val = make(val_dir, False) if tree.isdir(val_dir) else None
         if val is not None and val.classes != train.classes:
             raise ConfigError(f"'{key}': {train_dir} and {val_dir} have different class folders; they must match.")
         return train, val, train.classes
-    check(base)  # once: the train and val views below read the same folder
-    full_train = make(base, make_transform(image_size, True, augment, keep_uint8))
+    tree.check(tree.base)  # once: the train and val views below read the same folder
+    full_train = make(tree.base, True)
     if val_split <= 0:
         return full_train, None, full_train.classes
-    full_val = make(base, make_transform(image_size, False, augment, keep_uint8))
+    full_val = make(tree.base, False)
     train_idx, val_idx = split_per_class(full_train.targets, val_split, seed)
     return Subset(full_train, train_idx), Subset(full_val, val_idx), full_train.classes
 
@@ -299,8 +307,6 @@ def split_per_class(targets, val_split: float, seed: int):
     A per-class split keeps every class in both halves; ``trainer.pack`` uses the same rule, so a
     packed dataset's val set is the image folder's.
     """
-    import torch
-
     g = torch.Generator().manual_seed(seed)
     by_class: dict = {}
     for idx, target in enumerate(targets):

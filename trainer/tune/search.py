@@ -26,7 +26,7 @@ step 4 is not needed; the search, the second look and the final measurement are 
 says at the start when the budget cannot hold the probes this needs.
 
 why longer: the search is one loop (probe, keep or drop, second look, accuracy check, final
-measurement) over one state; its steps read best as one module.
+measurement) over one state (``_Walk``); its steps read best as one module.
 """
 
 from __future__ import annotations
@@ -86,6 +86,29 @@ class Outcome:
     objective: str = "epoch_time"
     target: Optional[float] = None  # time_to_target: the val_acc to reach, and how it was chosen
     target_how: str = ""
+
+
+@dataclass
+class _Walk:
+    """The greedy search's state: the incumbent (the configuration kept so far) and how it got there."""
+
+    incumbent: List[Result]  # the incumbent's measurements (the baseline's probe at first)
+    config: List[str] = field(default_factory=list)  # its overrides on top of the user's
+    kept: List[str] = field(default_factory=list)  # the candidates kept, in order
+    path: List[List[str]] = field(default_factory=lambda: [[]])  # every configuration kept, from the baseline's
+    tried: Dict[str, int] = field(default_factory=dict)  # name -> len(kept) when tried (to retry after later keeps)
+    dropped: List[str] = field(default_factory=list)
+    budget_hit: bool = False
+
+    def verdict(self) -> str:
+        """The incumbent's newest measured verdict ("unknown": no whole epoch timed, nothing measured)."""
+        measured = (r.bottleneck for r in reversed(self.incumbent) if r.ok and r.bottleneck not in (None, "unknown"))
+        return next(measured, None) or "compute"
+
+    def keep(self, name: str, config: List[str], result: Result) -> None:
+        self.config, self.incumbent = config, [result]
+        self.kept.append(name)
+        self.path.append(list(config))
 
 
 def merge(config: List[str], overrides: tuple) -> List[str]:
@@ -264,8 +287,23 @@ class Search:
         return None
 
     def run(self) -> Outcome:
-        # why longer: one greedy search whose loop state (config, incumbent, kept, tried, dropped) every
-        # branch reads and changes; split, those five values would be passed back and forth each turn
+        """The baseline, the greedy search from it, a row for each candidate never tried, then the guard."""
+        base_verify, base = self._baselines()
+        walk = _Walk(incumbent=[base])
+        while True:
+            if not self._budget_left():
+                walk.budget_hit = True
+                break
+            verdict = walk.verdict()
+            cand = self._choose(verdict, walk)
+            if cand is None:
+                break
+            self._try(cand, verdict, walk, base)
+        self._add_untried(walk)
+        return self._guard(base, base_verify, walk.path, walk.budget_hit)
+
+    def _baselines(self) -> tuple:
+        """(the baseline's training, its probe); under time_to_target its training is both, and sets the target."""
         base_verify = self.probe("verify", "baseline", [])
         if not base_verify.ok:
             raise RuntimeError(
@@ -278,7 +316,6 @@ class Search:
             self.cfg.verify_epochs,
             self.full_samples,
         )
-
         if self.objective == "time_to_target":
             self._set_target(base_verify)
             base = base_verify  # its training, validated every epoch, is its time to the target
@@ -289,103 +326,94 @@ class Search:
         first = self._add(self._step(0, "baseline", "", "", [], base))
         first.decision, first.why = "baseline", "the configuration as given"
         log.info("probe 0 baseline: %.3f s/epoch; %s", self._epoch_s([base]) or 0.0, base.verdict or "no verdict")
+        return base_verify, base
 
-        config: List[str] = []
-        incumbent: List[Result] = [base]
-        kept: List[str] = []
-        path = [[]]
-        tried: Dict[str, int] = {}  # name -> len(kept) when tried (to retry after later keeps)
-        dropped: List[str] = []
-        budget_hit = False
-        while True:
-            if not self._budget_left():
-                budget_hit = True
-                break
-            # the newest measured verdict ("unknown": no whole epoch timed, nothing measured)
-            verdict = (
-                next(
-                    (r.bottleneck for r in reversed(incumbent) if r.ok and r.bottleneck not in (None, "unknown")), None
-                )
-                or "compute"
-            )
-            cand = self._next(verdict, config, kept, set(tried))
-            if cand is None:  # all tried: once more, those dropped before a later keep
-                retry = [name for name in dropped if tried[name] < len(kept)]
-                cand = self._next(verdict, config, kept, set(tried) - set(retry))
-                if cand is None:
-                    break
-                dropped.remove(cand.name)
-            tried[cand.name] = len(kept)
-            trial = merge(config, cand.overrides)
-            n = len(self.steps)
-            result = self._measure(cand.name, trial)
-            step = self._add(self._step(n, cand.name, cand.group, verdict, trial, result))
-            if not result.ok:
-                step.decision, step.why = "failed", f"the probe failed: {result.error}"
-                log.info("probe %d %s: failed (%s)", n, " ".join(cand.overrides), result.error)
-                continue
-            speed, ci = self._compare(incumbent, [result])
+    def _choose(self, verdict: str, walk: "_Walk") -> Optional[Candidate]:
+        """The next candidate for the incumbent's verdict; when all were tried, once more one dropped before a
+        later keep (channels_last may pay only with amp on); None when nothing is left."""
+        cand = self._next(verdict, walk.config, walk.kept, set(walk.tried))
+        if cand is None:
+            retry = [name for name in walk.dropped if walk.tried[name] < len(walk.kept)]
+            cand = self._next(verdict, walk.config, walk.kept, set(walk.tried) - set(retry))
+            if cand is None:
+                return None
+            walk.dropped.remove(cand.name)
+        walk.tried[cand.name] = len(walk.kept)
+        return cand
+
+    def _try(self, cand: Candidate, verdict: str, walk: "_Walk", base: Result) -> None:
+        """Probe ``cand`` on the incumbent: dropped unless its interval lies above 1.0, then kept only if
+        that holds again with the incumbent measured once more right after it."""
+        trial = merge(walk.config, cand.overrides)
+        n = len(self.steps)
+        result = self._measure(cand.name, trial)
+        step = self._add(self._step(n, cand.name, cand.group, verdict, trial, result))
+        if not result.ok:
+            step.decision, step.why = "failed", f"the probe failed: {result.error}"
+            log.info("probe %d %s: failed (%s)", n, " ".join(cand.overrides), result.error)
+            return
+        speed, ci = self._compare(walk.incumbent, [result])
+        step.speedup, step.speedup_ci = speed, ci
+        step.vs_baseline = self._compare([base], [result])[0]
+        # a time to target measured once may have no interval yet: the incumbent measured again gives one
+        promising = ci[0] > 1.0 if ci else (self.target is not None and (speed or 0.0) > 1.0)
+        if not promising:
+            step.decision = "dropped"
+            step.why = self._why_dropped(result, ci)
+            walk.dropped.append(cand.name)
+        else:
+            self._second_look(cand, trial, result, step, walk)
+        log.info(
+            "probe %d [%s] %s: %.3f s/epoch, %.2fx%s -> %s [%.1f of %g min]",
+            n,
+            cand.group,
+            " ".join(cand.overrides),
+            step.epoch_time_s or 0.0,
+            step.speedup or 0.0,
+            _fmt_ci(step.speedup_ci),
+            step.decision,
+            self.spent_s() / 60,
+            self.cfg.budget_min,
+        )
+
+    def _second_look(self, cand: Candidate, trial: List[str], result: Result, step: Step, walk: "_Walk") -> None:
+        """The incumbent measured again right after a promising candidate (a drift of the machine cannot fake
+        a speed-up): kept when the interval over both of the incumbent's measurements still lies above 1.0."""
+        again = self._measure("incumbent-again", walk.config)
+        # time_to_target: an incumbent that misses the target measured again confirms nothing
+        # (its time would be left out of the comparison, which then rests on the first alone)
+        again_missed = again.ok and self.target is not None and again.to_target(self.target) is None
+        counted = again.ok and not again_missed
+        speed, ci = step.speedup, step.speedup_ci
+        if counted:
+            walk.incumbent.append(again)
+            speed, ci = self._compare(walk.incumbent, [result])
             step.speedup, step.speedup_ci = speed, ci
-            step.vs_baseline = self._compare([base], [result])[0]
-            # a time to target measured once may have no interval yet: the incumbent measured again gives one
-            promising = ci[0] > 1.0 if ci else (self.target is not None and (speed or 0.0) > 1.0)
-            if not promising:
-                step.decision = "dropped"
-                step.why = self._why_dropped(result, ci)
-                dropped.append(cand.name)
-            else:
-                again = self._measure("incumbent-again", config)  # right after: drift cannot fake a speed-up
-                # time_to_target: an incumbent that misses the target measured again confirms nothing
-                # (its time would be left out of the comparison, which then rests on the first alone)
-                again_missed = again.ok and self.target is not None and again.to_target(self.target) is None
-                counted = again.ok and not again_missed
-                if counted:
-                    incumbent.append(again)
-                    speed, ci = self._compare(incumbent, [result])
-                    step.speedup, step.speedup_ci = speed, ci
-                if counted and ci is not None and ci[0] > 1.0:
-                    step.decision, step.why = "kept", f"{speed:.2f}x{self._unit()} over the incumbent, measured twice"
-                    config, incumbent = trial, [result]
-                    self.kept_results[_key(trial)] = result
-                    kept.append(cand.name)
-                    path.append(list(config))
-                else:
-                    step.decision = "dropped"
-                    step.why = (
-                        "not confirmed: measuring the incumbent again failed"
-                        if not again.ok
-                        else f"not confirmed: the incumbent measured again did not reach val_acc {self.target:.3f}"
-                        if again_missed
-                        else "not confirmed when the incumbent was measured again"
-                        + (f" (interval {ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
-                    )
-                    dropped.append(cand.name)
-            log.info(
-                "probe %d [%s] %s: %.3f s/epoch, %.2fx%s -> %s [%.1f of %g min]",
-                n,
-                cand.group,
-                " ".join(cand.overrides),
-                step.epoch_time_s or 0.0,
-                step.speedup or 0.0,
-                _fmt_ci(step.speedup_ci),
-                step.decision,
-                self.spent_s() / 60,
-                self.cfg.budget_min,
-            )
+        if counted and ci is not None and ci[0] > 1.0:
+            step.decision, step.why = "kept", f"{speed:.2f}x{self._unit()} over the incumbent, measured twice"
+            self.kept_results[_key(trial)] = result
+            walk.keep(cand.name, trial, result)
+            return
+        step.decision = "dropped"
+        step.why = (
+            "not confirmed: measuring the incumbent again failed"
+            if not again.ok
+            else f"not confirmed: the incumbent measured again did not reach val_acc {self.target:.3f}"
+            if again_missed
+            else "not confirmed when the incumbent was measured again"
+            + (f" (interval {ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+        )
+        walk.dropped.append(cand.name)
 
-        # candidates never tried: say why (the reason on the final configuration)
+    def _add_untried(self, walk: "_Walk") -> None:
+        """A row for each candidate never tried, with why (the reason on the final configuration)."""
         for cand in self.candidates:
-            if cand.name not in tried:
-                why = self._eligible(cand, config, kept) or (
-                    "the budget ran out first" if budget_hit else "not reached"
+            if cand.name not in walk.tried:
+                why = self._eligible(cand, walk.config, walk.kept) or (
+                    "the budget ran out first" if walk.budget_hit else "not reached"
                 )
-                self._add(
-                    Step(
-                        len(self.steps), cand.name, cand.group, "", list(merge(config, cand.overrides)), "skipped", why
-                    )
-                )
-
-        return self._guard(base, base_verify, path, budget_hit)
+                config = list(merge(walk.config, cand.overrides))
+                self._add(Step(len(self.steps), cand.name, cand.group, "", config, "skipped", why))
 
     def _unit(self) -> str:
         return "" if self.target is None else " time to target"
