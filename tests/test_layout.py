@@ -9,6 +9,7 @@ answer before a job starts still import no torch.
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import re
@@ -46,12 +47,20 @@ LIGHT = (
     "trainer.cli",
     "trainer.pack",
     "trainer.torchrun",
+    # imported on those paths after the start: composing the config (--cfg job), a job's exit
+    # (leave_process_group) and its launch, tune's journal
+    "trainer.config.compose",
+    "trainer.launch.processes",
+    "trainer.launch.preloaded",
+    "trainer.tune.probe",
 )
 
 _COMMAND = re.compile(r"python -m (trainer[\w.]*)")
 _TARGET = re.compile(r"(?:_target_\s*[:=]|\(\):)\s*['\"]?(trainer\.[\w.]+)")
 _IMPORT = re.compile(r"from (trainer[\w.]*) import (\w+)")
 _FILE = re.compile(r"(?<![\w/])(trainer/[\w/]+\.py)")
+# docs/architecture.md's tables: `data/datamodule.py` `ImageDataModule._workers` (a file under trainer/, a name in it)
+_FILE_NAME = re.compile(r"`((?:trainer/)?[\w/]+\.py)` `([A-Za-z_][\w.]*)`")
 
 
 def _texts(paths):
@@ -62,7 +71,12 @@ def documented_paths() -> dict:
     """What the README, docs and configs tell users about: commands, targets, imports, files."""
     import tomllib  # Python 3.11+: here, so that collecting this file works on 3.10
 
-    found = {"commands": set(COMMANDS), "targets": set(), "imports": set(), "files": set()}
+    found = {"commands": set(COMMANDS), "targets": set(), "imports": set(), "files": set(), "names": set()}
+    for text in _texts(DOCS):
+        found["names"] |= {
+            (file if file.startswith("trainer/") else f"trainer/{file}", name)
+            for file, name in _FILE_NAME.findall(text)
+        }
     for text in _texts(DOCS + CONFIGS):
         found["commands"] |= set(_COMMAND.findall(text))
         found["targets"] |= set(_TARGET.findall(text))
@@ -100,6 +114,7 @@ def test_the_scan_finds_what_users_are_told():
     assert {"trainer.pack", "trainer.report", "trainer.tune"} <= found["commands"]
     assert {"trainer.cli:main", "trainer.report:main", "trainer.pack:main", "trainer.tune.app:main"} <= found["scripts"]
     assert "trainer/launch/slurm.py" in found["files"]  # named in docs and in scripts/slurm/train.sbatch
+    assert ("trainer/data/datamodule.py", "ImageDataModule._workers") in found["names"]  # docs/architecture.md
 
 
 def test_every_documented_path_resolves():
@@ -127,6 +142,11 @@ def test_every_documented_path_resolves():
     for file in sorted(found["files"]):
         if not (ROOT / file).is_file():
             missing.append(file)
+    for file, name in sorted(found["names"]):
+        try:
+            _resolve(file[: -len(".py")].replace("/", ".").removesuffix(".__init__") + "." + name)
+        except (ImportError, AttributeError) as e:
+            missing.append(f"{file} {name} ({e})")
     assert missing == []
 
 
@@ -193,3 +213,63 @@ def test_what_answers_before_a_job_imports_no_torch():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def unexplained_imports_in_functions(source: str) -> list:
+    """The line numbers of imports inside a function that do not say why they are there: a comment on
+    the line or on the line above (``# lazy: ...``, ``# here: ...``), a ``try`` around them (an
+    optional dependency), or a place in a group of imports whose first one says it."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    parent = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        ancestors, up = [], node
+        while up in parent:
+            up = parent[up]
+            ancestors.append(up)
+        functions = [a for a in ancestors if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        if not functions:
+            continue
+        inside = ancestors[: ancestors.index(functions[0])]
+        said = (
+            any(isinstance(a, ast.Try) for a in inside)
+            or "#" in lines[node.end_lineno - 1]
+            or lines[node.lineno - 2].strip().startswith("#")
+        )
+        siblings = getattr(parent[node], "body", [])
+        at = siblings.index(node) if node in siblings else 0
+        grouped = at > 0 and isinstance(siblings[at - 1], (ast.Import, ast.ImportFrom))
+        if not said and not (grouped and siblings[at - 1].lineno not in found):
+            found.append(node.lineno)
+    return found
+
+
+def test_imports_inside_functions_say_why():
+    """Imports sit at the top of a module; one inside a function says why on its line (trainer/__init__.py)."""
+    unexplained = {
+        str(path.relative_to(ROOT)): lines
+        for path in sorted((ROOT / "trainer").rglob("*.py"))
+        if (lines := unexplained_imports_in_functions(path.read_text()))
+    }
+    assert unexplained == {}
+
+
+def test_an_unexplained_import_in_a_function_is_found():
+    source = (
+        "import os\n\n\n"
+        "def f():\n"
+        "    # lazy: keeps torch out of the start-up\n"
+        "    import torch\n"
+        "    import torch.nn\n\n"
+        "    try:\n"
+        "        import simplejpeg\n"
+        "    except ImportError:\n"
+        "        pass\n"
+        "    import json\n"
+        "    return json\n"
+    )
+    assert unexplained_imports_in_functions(source) == [13]
+
