@@ -53,6 +53,12 @@ LIGHT = (
     "trainer.launch.processes",
     "trainer.launch.preloaded",
     "trainer.tune.probe",
+    # processes that never train: the tuner's own (its probes train), the built-in set's cutting processes
+    "trainer.tune.search",
+    "trainer.tune.output",
+    "trainer.tune.candidates",
+    "trainer.data.builtin",
+    "trainer.measure.hardware",
 )
 
 _COMMAND = re.compile(r"python -m (trainer[\w.]*)")

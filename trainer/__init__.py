@@ -21,17 +21,19 @@ pyproject.toml's ``[tool.importlinter]`` states the layers and ``make lint`` che
 - ``config``: the schema, its checks, composing a job's config;
 - ``errors``, ``paths``, ``rank``: what every layer may use.
 
-Imports sit at the top of each module, except where an import inside a function keeps a command's
-start-up short, and then the line says so. Heavy libraries (torch, Lightning) are imported lazily
-by the modules that run before a job starts, so that ``train.py --help``, tab completion, a refused
+Imports sit at the top of each module, except where an import inside a function keeps a process
+light, and then the line says so. Heavy libraries (torch, Lightning) are imported lazily by the
+modules that run before a job starts, so that ``train.py --help``, tab completion, a refused
 command line and ``python -m trainer.report`` answer in well under a second instead of paying
 torch's import (about 2-3 s on 2 cores): ``cli``, ``command_line``, ``config`` (and
 ``config.compose``), ``launch.run_dirs``, ``launch.processes`` and ``launch.preloaded`` (a job's
 exit path and its launch), ``sweep`` (Hydra's callback), ``console``, ``rank``, ``paths``,
-``errors``, ``measure.metrics``, ``report``, ``tune.app`` and ``tune.probe``; their lazy imports say
-``# lazy: no torch before a job starts``, or which other library they keep out of which command's
-start-up. The rest are optional dependencies (``# lazy: optional ([extra] extra)``, or a ``try``
-that says what to install) and the few imports that would close a cycle (``# here: ...``).
+``errors``, ``measure.metrics``, ``report``, ``tune.app`` and ``tune.probe``; and by those of the
+processes that never train: the tuner's own (``tune.search``, ``tune.candidates``,
+``tune.output``; its probes train) and the built-in set's cutting processes (``data.builtin``,
+``measure.hardware``). Their lazy imports say ``# lazy: ...`` and what they keep out of where. The
+rest are optional dependencies (``# lazy: optional ([extra] extra)``, or a ``try`` that says what
+to install) and private APIs inside the ``try`` that survives their absence.
 """
 
 import getpass

@@ -21,11 +21,11 @@ from trainer.config.compose import finish, prepare_hydra
 from trainer.console import quiet_known_warnings
 from trainer.errors import ConfigError, UserFacingError
 from trainer.launch import stopping
-from trainer.launch.processes import exit_launched_rank, inside_launcher, launch, leave_process_group
+from trainer.launch.processes import exit_launched_rank, inside_launcher, launch, leave_process_group, needs_launch
 from trainer.launch.run_dirs import OutputTaken, refuse_finished_run_dir
 from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 from trainer.launch.torchrun import first_failure
-from trainer.measure import metrics
+from trainer.measure import hardware, metrics
 from trainer.paths import CONFIG_DIR
 
 log = logging.getLogger("trainer")
@@ -139,8 +139,6 @@ def task(cfg) -> None:
     try:
         cfg = finish(cfg, job.overrides)
         _prepare_job_dir(cfg, job, resume=action == "resume")
-        from trainer.launch.processes import needs_launch
-
         if needs_launch(cfg):
             _launch_job(cfg, job)
         else:
@@ -182,10 +180,9 @@ def _prepare_job_dir(cfg, job: JobContext, resume: bool) -> None:
 
 def _launch_job(cfg, job: JobContext) -> None:
     """Start the job's ranks (or the job under another allocator); rank 0 of them writes metrics.json."""
-    # lazy: no torch before a job starts (trainer/__init__.py)
+    # lazy: keeps omegaconf out of train.py's start-up, and torch until a job starts (trainer/__init__.py)
     from omegaconf import OmegaConf
 
-    from trainer.measure import hardware
     from trainer.switches import switchboard
 
     # check the config and resolve the switches once here, not once per rank: the ranks get the plan
@@ -215,7 +212,7 @@ def _launch_job(cfg, job: JobContext) -> None:
 
 def _run_job(cfg, job: JobContext) -> None:
     """Train in this process; say how it went (a preempted single run exits with the requeue code)."""
-    # lazy: no torch before a job starts (trainer/__init__.py)
+    # lazy: keeps omegaconf (Slurm's requeue) out of train.py's start-up, and torch until a job starts
     from trainer.launch.slurm import leave_for_requeue
     from trainer.run import run
 

@@ -32,8 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf, open_dict
 
 from trainer import console, tracking
@@ -44,7 +43,7 @@ from trainer.console import job_label, swept_keys
 from trainer.errors import ConfigError
 from trainer.launch import run_dirs, stopping
 from trainer.launch.stopping import PREEMPTED_EXIT_CODE
-from trainer.measure import metrics
+from trainer.measure import hardware, metrics
 from trainer.measure.metrics import atomic_write_text
 from trainer.measure.sysstats import process_alive
 from trainer.measure.time_to_target import AUTO, DEFAULT_TOLERANCE
@@ -90,7 +89,10 @@ def running() -> bool:
 
 def plan_jobs(task_overrides: List[str]) -> Optional[List[List[str]]]:
     """Each job's overrides, in Hydra's basic sweeper's order (None where Hydra cannot expand them here)."""
-    try:
+    try:  # Hydra's private sweeper: in the try, since a plan is a convenience
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
         parsed = OverridesParser.create().parse_overrides(overrides=list(task_overrides))
         return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
     except Exception as e:  # a plan is a convenience for the stop report; the sweep runs without it
@@ -172,8 +174,6 @@ def expect_slow_jobs(config, jobs: Optional[List[List[str]]]) -> None:
     _state["slow"] = {}
     if not jobs:
         return
-    from trainer.measure import hardware  # lazy: no torch before a job starts (trainer/__init__.py)
-
     cpu_bf16 = {}
     swept = swept_keys((_read(_state["sweep_dir"]) or {}).get("overrides") or []) if _state["sweep_dir"] else []
     for num, overrides in enumerate(jobs):
@@ -341,13 +341,7 @@ def finish_stopped(signal_name: str) -> int:
     return PREEMPTED_EXIT_CODE
 
 
-try:
-    from hydra.experimental.callback import Callback as _HydraCallback
-except ImportError:  # pragma: no cover - hydra is a dependency
-    _HydraCallback = object  # type: ignore[misc,assignment]
-
-
-class SweepCallback(_HydraCallback):
+class SweepCallback(Callback):
     """Hydra's callback for runs and sweeps (configs/train.yaml): guards their output dirs before Hydra
     writes anything there, records a sweep's plan and routes stop signals to it, warns about
     launchers that run jobs in parallel, and writes the A/B report when the sweep ends."""
@@ -355,7 +349,7 @@ class SweepCallback(_HydraCallback):
     def on_run_start(self, config, **kwargs) -> None:
         run_dir = _select(config, "hydra.run.dir")
         if run_dir:
-            _refuse_taken(lambda run_dirs: run_dirs.refuse_finished_run_dir(run_dir, config.get("ckpt_path")))
+            _refuse_taken(lambda: run_dirs.refuse_finished_run_dir(run_dir, config.get("ckpt_path")))
 
     def on_multirun_start(self, config, **kwargs) -> None:
         task_overrides = list(_select(config, "hydra.overrides.task") or [])
@@ -364,7 +358,7 @@ class SweepCallback(_HydraCallback):
         _state["report"] = report_settings(config)
         if sweep_dir and not is_launched_rank():
             if not resumable(sweep_dir, task_overrides):  # a stopped sweep of the same command is finished instead
-                _refuse_taken(lambda run_dirs: run_dirs.refuse_used_sweep_dir(sweep_dir, config.get("ckpt_path")))
+                _refuse_taken(lambda: run_dirs.refuse_used_sweep_dir(sweep_dir, config.get("ckpt_path")))
             start(sweep_dir, task_overrides)
             _open_trackers(config, sweep_dir)
             expect_slow_jobs(config, (_read(sweep_dir) or {}).get("jobs"))
@@ -417,7 +411,7 @@ def _refuse_taken(check) -> None:
     if is_launched_rank():
         return  # a launched rank runs in its parent's dir, which was checked
     try:
-        check(run_dirs)
+        check()
     except run_dirs.OutputTaken as e:
         print(f"\nerror: {e}\n", file=sys.stderr)
         sys.exit(e.exit_code)

@@ -131,7 +131,6 @@ class PreemptionCallback(pl.Callback):
         take_over_from_lightning(trainer)  # before fit installs Lightning's handlers
 
     def on_fit_start(self, trainer, pl_module) -> None:
-
         # ours for the whole fit (Lightning's are turned off); from here a stop waits for a step boundary
         self._installed = stopping.install()
         stopping.stop_during_setup(False)
@@ -211,7 +210,6 @@ def checkpoint_callbacks(cfg, dirpath: str) -> List[pl.Callback]:
     Periodic checkpoints are ranked by step, so ``keep_last_k`` keeps the newest k; every one of
     them also refreshes last.ckpt.
     """
-
     # every callback refreshes the one last.ckpt (no "last-v1.ckpt" versions): it is always the newest state
     common = dict(
         dirpath=dirpath, save_weights_only=cfg.save_weights_only, save_last=True, enable_version_counter=False

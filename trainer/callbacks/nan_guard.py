@@ -22,6 +22,7 @@ import os
 import pytorch_lightning as pl
 import torch
 
+from trainer.callbacks.host_reads import HostReads
 from trainer.errors import TrainingStopped
 from trainer.launch.checkpoint_files import checkpoint_candidates
 
@@ -30,9 +31,6 @@ log = logging.getLogger(__name__)
 
 class NaNGuard(pl.Callback):
     def __init__(self, mode: str, checkpoint_dir: str | None) -> None:
-        # here: trainer.callbacks.host_reads imports this module at its top
-        from trainer.callbacks.host_reads import HostReads
-
         self.mode = mode
         self.checkpoint_dir = checkpoint_dir
         self.skipped = 0

@@ -24,8 +24,6 @@ import json
 import os
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-import matplotlib
-import matplotlib.pyplot as plt
 from torch.autograd import DeviceType
 
 SUMMARY = "summary.json"
@@ -201,6 +199,8 @@ def write_page(profiler_dir: str, verdict: Optional[str], title: str) -> Optiona
 
 def chart_png(summary: Dict[str, Any]) -> bytes:
     fig = chart_figure(summary)
+    import matplotlib.pyplot as plt  # lazy: after chart_figure chose the Agg backend
+
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", bbox_inches="tight")
     plt.close(fig)
@@ -210,7 +210,11 @@ def chart_png(summary: Dict[str, Any]) -> bytes:
 def chart_figure(summary: Dict[str, Any]):
     """The breakdown as one stacked horizontal bar: a segment per category with time, in CATEGORIES
     order, each as wide as its share of the profiled steps' time (in %)."""
+    # lazy: the Agg backend chosen before pyplot is imported (no display on a training node)
+    import matplotlib
+
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # after the backend is chosen
 
     total = summary["step_time_us"] or 1.0
     parts = [(label, summary["breakdown_us"].get(key, 0.0) / total) for key, label in CATEGORIES]

@@ -20,6 +20,8 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from trainer.callbacks import profile_page
+
 log = logging.getLogger(__name__)
 
 
@@ -94,9 +96,6 @@ class ProfilerCallback(pl.Callback):
             except Exception as e:  # a convenience for the doctor; the trace files are the product
                 log.warning("could not read the copy share from the profile: %s", e)
         if trainer.is_global_zero:
-            # here: trainer.callbacks.profile_page imports this module at its top
-            from trainer.callbacks import profile_page
-
             try:  # the offline page's numbers (the page itself is written when the doctor has spoken)
                 profile_page.save(profile_page.summarize(prof, trainer.strategy.root_device.type), self.out_dir)
             except Exception as e:  # a convenience; the trace files are the product

@@ -60,10 +60,8 @@ def check_overrides(overrides: List[str], recipes: List[str]) -> None:
     Raises ConfigError for an unknown key, a value of the wrong type, a value outside its allowed
     set or range, or an unknown recipe. Sweep values (``amp=false,true``) are checked one by one.
     """
-    # lazy: keeps hydra out of train.py's start-up
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     # lazy: keeps hydra and omegaconf out of train.py's start-up
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException

@@ -7,8 +7,8 @@ modules; never ``launch``, ``callbacks``, ``run`` (a contract in pyproject.toml)
 ``doctor``, ``tracking``, ``report`` or the commands: the data is used on its own too.
 
 ``ImageDataModule`` is imported from here when first asked for, not with the package: ``python -m
-trainer.pack``, ``data.storage`` and ``dali.installed`` are used before torch is, and the datamodule
-imports torch and Lightning.
+trainer.pack`` and ``data.storage`` are used before torch is, and the datamodule imports torch and
+Lightning.
 """
 
 __all__ = ["ImageDataModule"]

@@ -23,6 +23,7 @@ import math
 from typing import List, Sequence, Tuple
 
 import torch
+import torchvision  # noqa: F401  (registers torch.ops.torchvision)
 
 
 def random_resized_boxes(

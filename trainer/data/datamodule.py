@@ -24,8 +24,9 @@ from trainer.data.cache import cached_copy
 from trainer.data.dali import check, notes_on_other_keys
 from trainer.data.decoders import SCALED_DECODERS
 
-# imported here, not lazily: Lightning records the arguments of DataLoader subclasses that exist
-# when it asks for a loader, so that it can re-create them with a distributed sampler
+# EpochAheadLoader and DevicePrefetchLoader are imported with the datamodule, though unused by name here:
+# Lightning records the arguments of DataLoader subclasses that exist when it asks for a loader, so that it
+# can re-create them with a distributed sampler
 from trainer.data.epoch_ahead import (
     EpochAheadLoader,  # noqa: F401
     drop_all,

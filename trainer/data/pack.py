@@ -102,7 +102,7 @@ def _remove_stale_temp_dirs(parent: Path) -> None:
 
 def _image_folder(path: Path):
     """torchvision's ImageFolder of ``path``; no images is a PackError."""
-    from torchvision.datasets import ImageFolder  # lazy: no torch before a job starts (trainer/__init__.py)
+    from torchvision.datasets import ImageFolder  # lazy: keeps torch out of python -m trainer.pack's start-up
 
     try:
         dataset = ImageFolder(str(path))
@@ -177,7 +177,7 @@ def _pack_one(src: Path, out: Path, size: int, class_to_idx: Optional[Dict[str, 
 
 def _samples(src: Path, val_split: float, seed: int):
     """(classes, {"train": [(path, label)], "val": [...]}) of an image folder, split as data=imagefolder splits it."""
-    from trainer.data.folder import split_per_class  # lazy: no torch before a job starts (trainer/__init__.py)
+    from trainer.data.folder import split_per_class  # lazy: keeps torch out of python -m trainer.pack's start-up
 
     if is_split_layout(src):
         train = _image_folder(src / "train")
@@ -197,7 +197,6 @@ def _samples(src: Path, val_split: float, seed: int):
 
 def _read_checked(path: str) -> bytes:
     """The file's bytes, once PIL has checked that they are an image (a corrupt file stops the pack)."""
-
     from PIL import Image, UnidentifiedImageError  # lazy: keeps PIL out of python -m trainer.pack's start-up
 
     data = Path(path).read_bytes()

@@ -334,50 +334,37 @@ def build_cifar10(folder: str, image_size: int, augment, keep_uint8: bool) -> tu
     return sets[0], sets[1], list(sets[0].classes)
 
 
-def _cifar_class():
-    class CifarImages(CIFAR10):
-        """torchvision's CIFAR10 (its loading of the pickled batches), read from ``folder``, with two changes.
+class CifarImages(CIFAR10):
+    """torchvision's CIFAR10 (its loading of the pickled batches), read from ``folder``, with two changes.
 
-        Files are checked for presence, not for their MD5: torchvision hashes every batch file each time
-        the set is opened; here the archive's MD5 is checked once, at download, and a user's own files
-        are read as they are (a truncated or foreign file fails to unpickle, with a message). The
-        re-hash at every start bought nothing, and the MD5s would refuse the small files in the real
-        format that the tests write.
+    Files are checked for presence, not for their MD5: torchvision hashes every batch file each time
+    the set is opened; here the archive's MD5 is checked once, at download, and a user's own files
+    are read as they are (a truncated or foreign file fails to unpickle, with a message). The
+    re-hash at every start bought nothing, and the MD5s would refuse the small files in the real
+    format that the tests write.
 
-        A sample is a uint8 CxHxW tensor, not a PIL image: the trainer's transforms take both, and
-        the tensor is a view of the array, with no copy into PIL.
-        """
+    A sample is a uint8 CxHxW tensor, not a PIL image: the trainer's transforms take both, and
+    the tensor is a view of the array, with no copy into PIL.
+    """
 
-        def __init__(self, folder: str, train: bool, transform=None) -> None:
-            self.base_folder = os.path.basename(os.path.normpath(folder))  # a folder of any name
-            super().__init__(os.path.dirname(os.path.normpath(folder)), train=train, transform=transform)
-            self.targets = [int(t) for t in self.targets]
+    def __init__(self, folder: str, train: bool, transform=None) -> None:
+        self.base_folder = os.path.basename(os.path.normpath(folder))  # a folder of any name
+        super().__init__(os.path.dirname(os.path.normpath(folder)), train=train, transform=transform)
+        self.targets = [int(t) for t in self.targets]
 
-        def _check_integrity(self) -> bool:
-            return _cifar_problem(os.path.join(self.root, self.base_folder)) is None
+    def _check_integrity(self) -> bool:
+        return _cifar_problem(os.path.join(self.root, self.base_folder)) is None
 
-        def _load_meta(self) -> None:
-            with open(os.path.join(self.root, self.base_folder, self.meta["filename"]), "rb") as f:
-                self.classes = list(pickle.load(f, encoding="latin1")[self.meta["key"]])
-            self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+    def _load_meta(self) -> None:
+        with open(os.path.join(self.root, self.base_folder, self.meta["filename"]), "rb") as f:
+            self.classes = list(pickle.load(f, encoding="latin1")[self.meta["key"]])
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
 
-        def __getitem__(self, index: int):
-            image = torch.from_numpy(self.data[index]).permute(2, 0, 1)
-            return (self.transform(image) if self.transform is not None else image), self.targets[index]
-
-    CifarImages.__module__, CifarImages.__qualname__ = __name__, "CifarImages"
-    return CifarImages
-
-
-def __getattr__(name: str):
-    """``CifarImages`` made on first use (torchvision is imported only then), and found by pickle by its name."""
-    if name == "CifarImages":
-        globals()[name] = _cifar_class()
-        return globals()[name]
-    raise AttributeError(name)
+    def __getitem__(self, index: int):
+        image = torch.from_numpy(self.data[index]).permute(2, 0, 1)
+        return (self.transform(image) if self.transform is not None else image), self.targets[index]
 
 
 def cifar_images(folder: str, train: bool, transform=None):
     """torchvision's CIFAR10 reading ``folder`` (``CifarImages``): the five training batches, or test_batch."""
-    cls = globals().get("CifarImages") or __getattr__("CifarImages")
-    return cls(folder, train, transform)
+    return CifarImages(folder, train, transform)

@@ -25,7 +25,7 @@ import logging
 import tarfile
 from typing import List, Optional, Tuple
 
-from torchvision.datasets.folder import IMG_EXTENSIONS
+from torchvision.datasets.folder import IMG_EXTENSIONS  # what an image folder (and so trainer.pack) takes
 
 from trainer.data.decoders import Loader
 from trainer.data.folder import decode_min_side, transforms_for

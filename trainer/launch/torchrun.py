@@ -40,8 +40,8 @@ USAGE = "usage: python -m trainer.torchrun LOG_DIR [torchrun's options] TRAINING
 
 def _quiet_elastic_logs() -> None:
     """torchrun's agent logs each failed worker at ERROR level; the summary below replaces that."""
-
-    import torch.distributed.run  # noqa: F401  (sets up torch's log handlers first)  # lazy: no torch before a job starts (trainer/__init__.py)
+    # lazy (no torch before a job starts, trainer/__init__.py); imported for torch's log handlers, set up first
+    import torch.distributed.run  # noqa: F401
 
     for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -66,7 +66,6 @@ def _stop_on_sigusr1() -> None:
     SIGTERM does: torchrun's agent handles SIGTERM, SIGINT, SIGHUP and SIGQUIT only, so SIGUSR1 killed it
     (its default action) and left its ranks training on, orphaned. Raised as torchrun's own
     ``SignalException``, the agent passes SIGUSR1 on to every rank, which saves and stops."""
-
     # lazy: no torch before a job starts (trainer/__init__.py)
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
@@ -169,10 +168,8 @@ def main(argv: List[str]) -> int:
     _grace_by_cause()
     # lazy: no torch before a job starts (trainer/__init__.py)
     from torch.distributed.elastic.multiprocessing.api import SignalException
-
-    # lazy: no torch before a job starts (trainer/__init__.py)
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun  # lazy: no torch before a job starts (trainer/__init__.py)
+    from torch.distributed.run import main as torchrun
 
     try:
         torchrun(["--log-dir", str(log_dir), "--redirects", "2", *argv[1:]])

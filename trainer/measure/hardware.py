@@ -15,8 +15,6 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Optional
 
-import torch
-
 from trainer.measure import sysstats
 from trainer.measure.sysstats import usable_cores as from_affinity_and_quota
 
@@ -98,6 +96,8 @@ def bf16_slowdown(module, image_size: int) -> float:
     """How many times slower a training step of ``module`` runs under bf16 autocast than in fp32 on
     this CPU: a short probe (batch 2 at ``image_size``, forward and backward, the better of 2 after
     a warm-up each; a second or two where bf16 is emulated). The weights are left as they were."""
+    import torch  # lazy: keeps torch out of the doctor, the tuner's own process and the built-in set's cutting processes
+
     saved = {k: v.clone() for k, v in module.state_dict().items()}
     x = torch.randn(2, 3, image_size, image_size)
     was_training = module.training
@@ -123,6 +123,8 @@ def bf16_slowdown(module, image_size: int) -> float:
 
 @lru_cache(maxsize=None)
 def detect(accelerator: str = "auto") -> Hardware:
+    import torch  # lazy: keeps torch out of the doctor, the tuner's own process and the built-in set's cutting processes
+
     cpus, limit = sysstats.allowed_cpus(), sysstats.cgroup_cpu_limit()  # read once for both
     cores = sysstats.usable_cores(cpus, limit)
     quota = sysstats.quota_limit(cpus, limit)

@@ -22,6 +22,8 @@ from torchvision.models.vision_transformer import VisionTransformer
 from trainer.data.mixing import batch_mixing
 from trainer.errors import ConfigError
 from trainer.models.classifier import ImageClassifier
+from trainer.models.losses import TrainingLoss
+from trainer.models.regularize import apply_drop_path, zero_init_residual
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +55,6 @@ def build_module(cfg) -> pl.LightningModule:
         _refuse_classifier_ingredients(cfg, target)
         return obj
     if isinstance(obj, torch.nn.Module):
-        from trainer.models.losses import TrainingLoss  # here: trainer.models.losses imports this module at its top
-
         return ImageClassifier(
             obj,
             cfg.optim,
@@ -71,9 +71,6 @@ def build_module(cfg) -> pl.LightningModule:
 
 def _apply_recipe_ingredients(net: torch.nn.Module, cfg, what: str) -> None:
     """drop_path_rate and zero_init_residual on the freshly built network (regularize.py)."""
-    # here: trainer.models.regularize imports this module at its top
-    from trainer.models.regularize import apply_drop_path, zero_init_residual
-
     eval_size = cfg.data.get("eval_image_size")
     if eval_size and eval_size != cfg.data.image_size and _fixed_input_size(net):
         raise ConfigError(

@@ -16,6 +16,7 @@ from torch.amp.grad_scaler import OptState
 from torch.distributed.fsdp import fully_shard
 
 from trainer.data.seeding import sample_seed
+from trainer.models.blocks import repeated_blocks
 from trainer.models.losses import TrainingLoss
 from trainer.models.optimizers import build_optimizer, build_scheduler
 
@@ -89,8 +90,6 @@ class ImageClassifier(pl.LightningModule):
         """strategy=fsdp2: shard each repeated block, then the root, with FSDP2's ``fully_shard``."""
         if not isinstance(self.trainer.strategy, ModelParallelStrategy) or getattr(self, "_sharded", False):
             return
-
-        from trainer.models.blocks import repeated_blocks  # here: trainer.models.blocks imports this module at its top
 
         mesh = self.device_mesh["data_parallel"]
         blocks = repeated_blocks(self.net)

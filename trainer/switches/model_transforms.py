@@ -47,8 +47,6 @@ import torch
 from torch import nn
 from torch._dynamo import config as dynamo_config
 from torch._dynamo import maybe_mark_dynamic
-from torch._dynamo.utils import counters
-from torch._inductor.utils import clear_caches
 from torch.utils.checkpoint import checkpoint
 
 from trainer.data.gpu_transforms import normalize_uint8
@@ -267,6 +265,8 @@ def compiled_graphs() -> int:
     """How many graphs dynamo has compiled in this process since its last reset (its own counter;
     0 where this torch does not keep it). A training step during which it grows compiled."""
     try:
+        from torch._dynamo.utils import counters  # a private API: in the try, which answers 0 without it
+
         return int(counters["stats"]["unique_graphs"])
     except Exception:
         return 0
@@ -347,6 +347,8 @@ def _clear_inductor_caches() -> None:
     """Inductor's in-memory caches of what it loaded from the cache dir (what torch's own
     ``temporary_cache_dir`` clears when it switches dirs)."""
     try:
+        from torch._inductor.utils import clear_caches  # a private API: in the try, which passes without it
+
         clear_caches()
     except Exception:
         pass

@@ -77,7 +77,7 @@ def build(cfg, out_dir: str, overrides: List[str], resuming: bool) -> List[Any]:
             extra = _product_defaults(
                 name, entry, cfg, out_dir, job_name, previous.get(name) or {}, sweep.get(name) or {}
             )
-            logger = _instantiate(instantiate, name, entry, extra)
+            logger = _instantiate(name, entry, extra)
             if started_over and kind_of(entry) == "csv":
                 _set_aside_csv(logger, started_over)
             state[name] = _open(name, logger, resumed=bool(previous.get(name)), started_over=started_over)
@@ -150,7 +150,7 @@ def kind_of(entry: Dict[str, Any]) -> str:
     return ""
 
 
-def _instantiate(instantiate, name: str, entry: Dict[str, Any], extra: Dict[str, Any]):
+def _instantiate(name: str, entry: Dict[str, Any], extra: Dict[str, Any]):
     kind = kind_of(entry)
     try:
         return instantiate(entry, **extra)

@@ -99,7 +99,6 @@ def sweep_end(sweep_dir: str, finished: bool = True) -> None:
 def _wandb_report_run(entry: Dict[str, Any], files: List[str], sweep_dir: str) -> None:
     """W&B has no files on a group: the report is a run of the group (job_type ab_report) holding the
     files and the table."""
-
     import wandb  # lazy: optional ([wandb] extra)
 
     with redacted_argv():

@@ -20,6 +20,7 @@ from trainer.config import FLAG_KEYS, check_overrides
 from trainer.config.compose import finish, prepare_hydra
 from trainer.console import quiet_known_warnings
 from trainer.errors import ConfigError, UserFacingError
+from trainer.measure import hardware
 from trainer.paths import CONFIG_DIR
 from trainer.tune.probe import JOURNAL, Journal, Prober, check_header
 
@@ -161,15 +162,12 @@ def journal_settings(cfg) -> dict:
 
 
 def tune_task(cfg) -> None:
-    # lazy: no torch before a job starts (trainer/__init__.py)
+    # lazy: keeps hydra and the search's modules out of python -m trainer.tune's start-up (--help, a refusal)
     from hydra.core.hydra_config import HydraConfig
 
-    from trainer.measure import hardware
     from trainer.tune.candidates import CATALOGUE, Context
-
-    # lazy: no torch before a job starts (trainer/__init__.py)
     from trainer.tune.output import machine_name, write_best, write_report
-    from trainer.tune.search import Search  # lazy: no torch before a job starts (trainer/__init__.py)
+    from trainer.tune.search import Search
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)

@@ -17,7 +17,6 @@ from typing import Any, Callable, Dict, List, Optional
 
 import yaml
 
-from trainer.data.dali import installed
 from trainer.launch import processes
 
 INPUT, TRANSFER, COMPUTE, MEMORY, EPOCHS, EXTRA = (
@@ -195,6 +194,8 @@ def _dali(ctx: Context, cfg: Dict[str, Any]) -> Optional[str]:
         return f"data={ctx.data_name} is not a folder of image files, which is what DALI's file reader reads"
     if (cfg.get("data.random_erasing") or 0) > 0:
         return "DALI has no operator that draws random erasing's boxes as torchvision does"
+    from trainer.data.dali import installed  # lazy: the DALI module imports torch; the tuner's own process does not
+
     return None if installed() else "NVIDIA DALI is not installed (pip install 'trainer-switchboard[dali]')"
 
 

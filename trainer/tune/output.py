@@ -19,9 +19,6 @@ import time
 from pathlib import Path
 from typing import Any, List
 
-import matplotlib
-import matplotlib.pyplot as plt
-
 from trainer.measure.metrics import atomic_write_text
 from trainer.report.rows import NOT_JUDGED, SEEDED_REPEATS, TIMING_ONLY
 from trainer.tune.search import Outcome, Step
@@ -169,7 +166,11 @@ def _probes_text(outcome: Outcome, tune_cfg: Any) -> str:
 
 def _png(path: Path, outcome: Outcome) -> None:
     """Each probe's speed-up over the configuration it was tried on, coloured by what was decided."""
+    # lazy: matplotlib (about 0.3 s) only where the chart is drawn, its backend chosen first
+    import matplotlib
+
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # after the backend is chosen
 
     steps = [s for s in outcome.steps if s.speedup is not None]
     colors = {"kept": "#2e7d32", "dropped": "#9e9e9e", "final": "#1f4e9c"}

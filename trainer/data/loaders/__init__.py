@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from trainer.data.dali import samples_of
 from trainer.data.loaders.base import Loaders, LoaderSetup
+from trainer.data.loaders.dali import DaliLoaders
+from trainer.data.loaders.device_resident import DeviceResidentLoaders
+from trainer.data.loaders.nvjpeg import NvjpegLoaders
+from trainer.data.loaders.torch_workers import TorchLoaders
 
 __all__ = ["LoaderSetup", "Loaders", "loaders_for"]
 
@@ -18,21 +22,10 @@ def loaders_for(setup: LoaderSetup, train_set, val_set) -> Loaders:
     """The loader object for ``setup``, over data sets already built."""
     c = setup.cfg
     if c.get("loader", "torch") == "dali":
-        # here: trainer.data.loaders.dali imports this module at its top
-        from trainer.data.loaders.dali import DaliLoaders
-
         return DaliLoaders(setup, samples_of(train_set), samples_of(val_set) if val_set is not None else [])
     if c.name == "synthetic" and c.get("device_resident"):
-        # here: trainer.data.loaders.device_resident imports this module at its top
-        from trainer.data.loaders.device_resident import DeviceResidentLoaders
-
         return DeviceResidentLoaders(setup)
     if setup.decoder == "nvjpeg" and c.name in ("imagefolder", "builtin", "imagenette"):  # it decodes image files
-        # here: trainer.data.loaders.nvjpeg imports this module at its top
-        from trainer.data.loaders.nvjpeg import NvjpegLoaders
-
         return NvjpegLoaders(setup)
-    # here: trainer.data.loaders.torch_workers imports this module at its top
-    from trainer.data.loaders.torch_workers import TorchLoaders
 
     return TorchLoaders(setup)
