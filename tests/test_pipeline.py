@@ -234,6 +234,19 @@ def test_batched_crops_call_the_native_roi_align(monkeypatch):
     assert out.shape == (3, 3, 8, 8) and "torchvision.roi_align.default" in counted.ops
 
 
+def test_batched_crops_work_with_their_module_imported_alone():
+    """The native op exists once torchvision is imported: the module imports it itself, whoever calls it."""
+    code = (
+        "import torch\n"
+        "from trainer.data.batched_crops import resized_crops\n"
+        "images = [torch.zeros(3, 20, 30, dtype=torch.uint8)]\n"
+        "boxes = torch.tensor([[0.0, 0.0, 20.0, 30.0]], dtype=torch.float64)\n"
+        "print(tuple(resized_crops(images, boxes, torch.zeros(1, dtype=torch.bool), 8).shape))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "(1, 3, 8, 8)", r.stderr[-2000:]
+
+
 def test_batched_crops_match_torchvisions_per_image_transforms():
     """The batched resample of a crop box is torchvision's resized crop: the same pixels up to rounding
     where the crop is upscaled or kept, and close where it is shrunk (a box filter where torchvision
