@@ -291,3 +291,14 @@ def test_one_run_never_calls_back_up_a_layer():
     assert traced["up_a_layer"] == []
     into_run = [row for row in traced["up_a_layer_through_a_library"] if row["to"].startswith("trainer.run.")]
     assert into_run == []
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """A module's ``_name`` is its own: another module that needs it needs a public name."""
+    crossing = []
+    for path in sorted((ROOT / "trainer").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("trainer"):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                crossing += [f"{path.relative_to(ROOT)}: from {node.module} import {name}" for name in private]
+    assert crossing == []

@@ -555,7 +555,7 @@ def test_what_counts_as_a_credential_and_that_no_key_of_the_product_does(compose
     assert tracking.redact_text("+data.storage_options.token='a b'") == "+data.storage_options.token=***"
     for overrides in ([], ["logger=many"], ["logger=wandb"], ["+recipe=resnet50"], ["+recipe=vit"]):
         flat = tracking.params_of(compose(*overrides), {})
-        flat.update(tracking._flatten(OmegaConf.to_container(compose(*overrides).logger, resolve=False)))
+        flat.update(tracking.flatten(OmegaConf.to_container(compose(*overrides).logger, resolve=False)))
         assert flat and not [k for k in flat if tracking.looks_secret(k)], overrides
 
 

@@ -39,8 +39,8 @@ from trainer.tracking.loggers import NO_SERVER, PACKAGES, STATE, build, unreacha
 from trainer.tracking.record import (
     ARTIFACTS,
     EPOCH_STEP,
-    _flatten,
     finish,
+    flatten,
     flush,
     log_epoch_metrics,
     log_metrics,
@@ -61,7 +61,7 @@ __all__ = [
     "ARTIFACTS",
     "EPOCH_STEP",
     "params_of",
-    "_flatten",
+    "flatten",
     "log_params",
     "log_metrics",
     "log_epoch_metrics",

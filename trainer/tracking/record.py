@@ -37,18 +37,19 @@ def params_of(cfg, requested: Dict[str, Any]) -> Dict[str, Any]:
     names), and ``requested.<flag>`` where the run settled a flag to another value (batch_size=auto)."""
     container = OmegaConf.to_container(cfg, resolve=True)
     container.pop("logger", None)  # the trackers' own settings are not the run's parameters
-    params = _flatten(container)
+    params = flatten(container)
     for key, value in requested.items():
         if params.get(key) != value:
             params[f"requested.{key}"] = value
     return params
 
 
-def _flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """A nested config as one level of dotted keys (``optim.lr``): what the trackers take as params."""
     flat: Dict[str, Any] = {}
     for key, value in tree.items():
         if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
