@@ -1,9 +1,16 @@
 """Follow one small run through the package's parts: which part calls which, and how often control
 goes back up a layer (a lower part calling code of a part above it, through a function it was handed).
 
-The layers are pyproject.toml's (``[tool.importlinter]``): imports only go down, so a call that goes
-up is a hidden coupling no import checker sees (a closure or callback handed down). Calls that
-Lightning makes into our callbacks and LightningModule are its own hooks and counted apart.
+The layers are pyproject.toml's (``[tool.importlinter]``): imports only go down, and parts on one
+line never import each other, so a call that goes up, or across to a part beside its caller, is a
+hidden coupling no import checker sees (a closure or callback handed down). A call whose frame
+below is a library's (Lightning's hooks, ``nn.Module.__call__``, a context manager) is counted
+apart, with the nearest of our frames below the library's: what handed the library the call.
+
+What it sees is what this one run runs (its threads too, not its worker processes): code on
+paths it does not take is not followed. Known and not taken here: with ``data.device_prefetch``
+on a GPU, ``data.prefetch`` adds its waits to the step clock of ``callbacks.step_clock`` that
+``run.build`` hands it (a call up a layer).
 
     python scripts/trace_run_parts.py                   # prints the summary
     python scripts/trace_run_parts.py --save            # and writes scripts/results/run_parts/trace.json
@@ -19,6 +26,7 @@ import collections
 import json
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,13 +83,16 @@ def trace(overrides: list) -> dict:
     cfg = compose_for_run(overrides)
     with tempfile.TemporaryDirectory() as out:
         sys.setprofile(profile)
+        threading.setprofile(profile)
         try:
             run(cfg, out, overrides)
         finally:
             sys.setprofile(None)
+            threading.setprofile(None)
 
     crossings = [c for c in calls if c[0] is not None and c[0] != c[1]]
     up = [c for c in crossings if height[c[1]] > height[c[0]]]
+    across = collections.Counter((c[2], c[3]) for c in crossings if height[c[1]] == height[c[0]])
     hooks = [c for c in calls if c[0] is None]
     # a library calling code of a part above the one that called the library (a function handed down through it)
     up_through = [c for c in hooks if c[4] is not None and c[4] != c[1] and height[c[1]] > height[c[4]]]
@@ -96,6 +107,7 @@ def trace(overrides: list) -> dict:
         "calls_up_a_layer": len(up),
         "distinct_calls_up_a_layer": len(pairs),
         "up_a_layer": [{"from": a, "to": b, "times": n} for (a, b), n in pairs.most_common()],
+        "across_a_layer": [{"from": a, "to": b, "times": n} for (a, b), n in across.most_common()],
         "entered_from_another_part": dict(entered.most_common()),
         "entered_run_build_from_outside": sum(
             1 for c in calls if c[3].startswith("trainer.run.build.") and not c[2].startswith("trainer.run.build.")
@@ -127,11 +139,14 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="more overrides for the traced run")
     args = ap.parse_args()
     result = trace(TINY + args.overrides)
-    lists = ("up_a_layer", "entered_from_another_part", "up_a_layer_through_a_library")
+    lists = ("up_a_layer", "across_a_layer", "entered_from_another_part", "up_a_layer_through_a_library")
     summary = {k: v for k, v in result.items() if k not in lists}
     print(json.dumps(summary, indent=2))
     print("up a layer (distinct):")
     for row in result["up_a_layer"]:
+        print(f"  {row['times']:5d}  {row['from']} -> {row['to']}")
+    print("across, to a part beside the caller's (distinct):")
+    for row in result["across_a_layer"]:
         print(f"  {row['times']:5d}  {row['from']} -> {row['to']}")
     print("up a layer through a library (distinct; the nearest of our frames below the library's):")
     for row in result["up_a_layer_through_a_library"]:
