@@ -7,10 +7,9 @@ hidden coupling no import checker sees (a closure or callback handed down). A ca
 below is a library's (Lightning's hooks, ``nn.Module.__call__``, a context manager) is counted
 apart, with the nearest of our frames below the library's: what handed the library the call.
 
-What it sees is what this one run runs (its threads too, not its worker processes): code on
-paths it does not take is not followed. Known and not taken here: with ``data.device_prefetch``
-on a GPU, ``data.prefetch`` adds its waits to the step clock of ``callbacks.step_clock`` that
-``run.build`` hands it (a call up a layer).
+What it sees is what this one run runs (its threads too, not its worker processes): code on paths
+it does not take (a GPU's, another data format's) is not followed; give their overrides to trace
+them where they run. A call up a layer through a library's frame is listed, not judged.
 
     python scripts/trace_run_parts.py                   # prints the summary
     python scripts/trace_run_parts.py --save            # and writes scripts/results/run_parts/trace.json

@@ -283,7 +283,7 @@ def test_an_unexplained_import_in_a_function_is_found():
 def test_one_run_never_calls_back_up_a_layer():
     """Followed through one tiny run (scripts/trace_run_parts.py), no part calls code of a part above it
     or beside it directly, and nothing calls into ``run`` from below, even through Lightning (no callback
-    calls back into run). What the run does not take is not seen (the script's docstring names one)."""
+    calls back into run). What the run does not take is not seen: a GPU's paths, other data formats."""
     spec = importlib.util.spec_from_file_location("trace_run_parts", ROOT / "scripts" / "trace_run_parts.py")
     tracer = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tracer)

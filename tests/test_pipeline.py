@@ -408,16 +408,17 @@ class _SleepyItems(torch.utils.data.Dataset):
 )
 def test_the_prefetch_wait_is_attributed_by_what_the_producer_was_doing(loader_s, transfer_s, step_s, expect):
     from trainer.callbacks.step_clock import StepClock
-    from trainer.data.prefetch import DevicePrefetchLoader
+    from trainer.data.prefetch import DevicePrefetchLoader, PrefetchWaits
 
     def transfer(batch, device):
         time.sleep(transfer_s)
         return batch
 
-    clock = StepClock()
+    clock, waits = StepClock(), PrefetchWaits()
+    clock.reads(waits)  # the loader records its waits, the clock reads them
     clock.active = True
     loader = DevicePrefetchLoader(
-        _SleepyItems(12, loader_s), batch_size=1, device=torch.device("cpu"), transfer=transfer, clock=clock
+        _SleepyItems(12, loader_s), batch_size=1, device=torch.device("cpu"), transfer=transfer, waits=waits
     )
     batches, fetch = iter(loader), 0.0
     for i in range(12):
@@ -458,21 +459,30 @@ def test_prefetch_transfer_on_cuda_is_what_the_device_waited_not_what_the_host_w
     60% of the idle time plus the stall; with the GPU busy throughout (no idle, no stall) it is
     nothing, whatever the host waited. Data wait stays the host's wait on the loader (4 ms)."""
     from trainer.callbacks.step_clock import StepClock
+    from trainer.data.prefetch import PrefetchWaits
 
-    clock = StepClock()
+    clock, waits = StepClock(), PrefetchWaits()
+    clock.reads(waits)
     clock.active, clock.cuda_device = True, torch.device("cuda", 0)  # read only as "steps run on CUDA"
-    share = clock.add_prefetch_wait((0.0, 0.010), (0.004, 0.012))
+    share = waits.add_host_wait((0.0, 0.010), (0.004, 0.012))
     assert share == pytest.approx(0.6)
-    clock.add_device_wait((_DeviceTime(0.0), _DeviceTime(0.004)), share, (_DeviceTime(0.004), _DeviceTime(0.006)))
+    waits.add_device_wait((_DeviceTime(0.0), _DeviceTime(0.004)), share, (_DeviceTime(0.004), _DeviceTime(0.006)))
     clock.fetch_s = 0.010
     assert clock.transfer_s() == pytest.approx(0.6 * 0.004 + 0.002)
     assert clock.data_wait_s() == pytest.approx(0.004)
 
-    busy = StepClock()
+    busy, busy_waits = StepClock(), PrefetchWaits()
+    busy.reads(busy_waits)
     busy.active, busy.cuda_device = True, torch.device("cuda", 0)
-    share = busy.add_prefetch_wait((0.0, 0.010), (0.0, 0.010))
-    busy.add_device_wait((_DeviceTime(1.0), _DeviceTime(1.0)), share, (_DeviceTime(1.0), _DeviceTime(1.0)))
+    share = busy_waits.add_host_wait((0.0, 0.010), (0.0, 0.010))
+    busy_waits.add_device_wait((_DeviceTime(1.0), _DeviceTime(1.0)), share, (_DeviceTime(1.0), _DeviceTime(1.0)))
     assert busy.transfer_s() == 0.0  # the host's 10 ms cost the device nothing
+
+    clock.active = False  # validation: the loader's waits are not recorded
+    waits.add_host_wait((0.0, 0.010), (0.0, 0.010))
+    assert waits.copy_wait_s == pytest.approx(0.006)
+    clock.reset()  # a new epoch: the waits start again
+    assert waits.copy_wait_s == 0.0 and waits.device_waits == []
 
 
 def test_a_prefetch_thread_lets_go_of_the_loader_between_epochs_and_passes_errors_on():

@@ -552,17 +552,18 @@ def test_prefetch_transfer_counts_only_the_time_the_gpu_waited_for_its_batch(bus
     the host waits, and that is transfer; with 30 ms steps the GPU always has queued work while the
     host waits, and transfer is about nothing (it was counted in full when the host's wait was)."""
     from trainer.callbacks.step_clock import StepClock
-    from trainer.data.prefetch import DevicePrefetchLoader
+    from trainer.data.prefetch import DevicePrefetchLoader, PrefetchWaits
 
     def slow_copy(batch, device):
         time.sleep(0.010)
         return [t.to(device, non_blocking=True) for t in batch]  # a TensorDataset's batch: a list of one
 
     device = torch.device("cuda", torch.cuda.current_device())
-    clock = StepClock()
+    clock, waits = StepClock(), PrefetchWaits()
+    clock.reads(waits)
     clock.active, clock.cuda_device = True, device
     data = torch.utils.data.TensorDataset(torch.randn(24, 256))
-    loader = DevicePrefetchLoader(data, batch_size=1, device=device, transfer=slow_copy, clock=clock, pin_memory=True)
+    loader = DevicePrefetchLoader(data, batch_size=1, device=device, transfer=slow_copy, waits=waits, pin_memory=True)
     weights = torch.randn(2048, 2048, device=device)
     per_step = 100 if busy else 1  # tens of ms of fp32 matmuls per step on an H100, or almost nothing
     for (x,) in loader:

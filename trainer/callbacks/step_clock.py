@@ -25,24 +25,29 @@ compute stream's clock, read with CUDA events once per epoch (after the epoch's 
 - with it, a thread copies (and decodes) on a side stream while the steps run, and the steps wait
   for a batch in two ways: the compute stream idles while the host waits for the thread to hand
   the batch over, and it stalls on the batch's copy event. Both are timed with events on the
-  compute stream (``add_device_wait``); of the idle part, the share of the host's wait during which
-  the thread was copying or decoding counts (the rest of that wait was the loader's: data wait). A
-  host wait while the GPU still had queued work idles nothing and costs nothing.
+  compute stream (recorded by the loader, read here); of the idle part, the share of the host's
+  wait during which the thread was copying or decoding counts (the rest of that wait was the
+  loader's: data wait). A host wait while the GPU still had queued work idles nothing and costs
+  nothing.
 
 On the CPU the device's clock is the host's: transfer is the host time of ``batch_to_device``, or
 the copying share of the step loop's wait for a prefetched batch. Data wait is host time blocked
 on the loader in every case (the SPEC's ``data_wait_fraction``), less the part of a prefetched
-batch's wait that was copying (``add_prefetch_wait``). Only actions inside a training epoch and
-outside validation count (``active``).
+batch's wait that was copying (the loader records its waits in ``data.prefetch.PrefetchWaits``,
+which the clock reads). Only actions inside a training epoch and outside validation count
+(``active``, passed on to those waits).
 """
 
 from __future__ import annotations
 
 import time
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
 from pytorch_lightning.profilers import Profiler
+
+if TYPE_CHECKING:
+    from trainer.data.prefetch import PrefetchWaits
 
 FETCH_ACTION = "[_TrainingEpochLoop].train_dataloader_next"
 TRANSFER_SUFFIX = ".batch_to_device"
@@ -56,17 +61,32 @@ def _is_transfer(action_name: str) -> bool:
 class StepClock(Profiler):
     def __init__(self) -> None:
         super().__init__()
+        self.prefetch: Optional["PrefetchWaits"] = None  # the prefetching loader's waits (``reads``)
         self.active = False  # set by EpochTimer: inside a training epoch, not in validation
         self.cuda_device: Optional[torch.device] = None
         self.reset()
 
+    def reads(self, prefetch: "PrefetchWaits") -> None:
+        """Count the prefetching loader's waits too (data.device_prefetch): the loader records them."""
+        self.prefetch = prefetch
+        prefetch.active = self._active
+
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        self._active = value
+        if self.prefetch is not None:
+            self.prefetch.active = value
+
     def reset(self) -> None:
         self.fetch_s = 0.0
         self.transfer_host_s = 0.0
-        self.prefetch_copy_wait_s = 0.0  # host time the step loop waited while the prefetch thread copied
         self._events: List[Tuple[torch.cuda.Event, torch.cuda.Event]] = []
-        # prefetch on CUDA: (compute stream idle while the host waited, copying share of that wait, stall on the copy)
-        self._waits: List[Tuple[Tuple[torch.cuda.Event, torch.cuda.Event], float, Tuple[torch.cuda.Event, ...]]] = []
+        if self.prefetch is not None:
+            self.prefetch.clear()
         self._fetch_t0: Optional[float] = None
         self._transfer_t0: Optional[float] = None
         self._event0: Optional[torch.cuda.Event] = None
@@ -99,33 +119,22 @@ class StepClock(Profiler):
     def summary(self) -> str:
         return ""  # nothing to print at teardown: the numbers go into metrics.json via EpochTimer
 
-    # ---- fed by data.device_prefetch (trainer.data.prefetch), whose copies happen off the step loop
-    def add_prefetch_wait(self, waited: Tuple[float, float], copying: Tuple[float, float]) -> float:
-        """The step loop waited for a prefetched batch over ``waited`` while the thread copied or decoded
-        it over ``copying`` (host clock): that overlap is not data wait. Returns its share of the wait."""
-        copy_wait = max(0.0, min(waited[1], copying[1]) - max(waited[0], copying[0]))
-        if self.active:
-            self.prefetch_copy_wait_s += copy_wait
-        span = waited[1] - waited[0]
-        return copy_wait / span if span > 0 else 0.0
-
-    def add_device_wait(self, idle: tuple, copying_share: float, stall: tuple) -> None:
-        """CUDA, prefetch: events on the compute stream around the host's wait for a batch (``idle``) and
-        around its wait for the batch's copy event (``stall``); read at epoch end."""
-        if self.active:
-            self._waits.append((idle, copying_share, stall))
-
     # ---- read by EpochTimer once per epoch, after the device was synchronized
+    def _prefetch_copy_wait_s(self) -> float:
+        """Host time the step loop waited for a prefetched batch while the thread copied or decoded it."""
+        return self.prefetch.copy_wait_s if self.prefetch is not None else 0.0
+
     def data_wait_s(self) -> float:
-        return max(0.0, self.fetch_s - self.prefetch_copy_wait_s)
+        return max(0.0, self.fetch_s - self._prefetch_copy_wait_s())
 
     def transfer_s(self) -> float:
         """See the module docstring: the device's clock (CUDA events) on CUDA, the host's on the CPU."""
         if self.cuda_device is None:
-            return self.transfer_host_s + self.prefetch_copy_wait_s
+            return self.transfer_host_s + self._prefetch_copy_wait_s()
         in_line = sum(a.elapsed_time(b) for a, b in self._events)
+        device_waits = self.prefetch.device_waits if self.prefetch is not None else []
         waited = sum(
             share * idle[0].elapsed_time(idle[1]) + stall[0].elapsed_time(stall[1])
-            for idle, share, stall in self._waits
+            for idle, share, stall in device_waits
         )
         return (in_line + waited) / 1000.0

@@ -38,6 +38,7 @@ from trainer.data.packed import build_packed
 from trainer.data.parquet import build_parquet
 from trainer.data.prefetch import (
     DevicePrefetchLoader,  # noqa: F401
+    PrefetchWaits,
     close_all,
 )
 from trainer.data.progressive import resize_batch
@@ -81,7 +82,8 @@ class ImageDataModule(pl.LightningDataModule):
         self._loader_state = None  # a checkpoint's loader state, restored before the loader object exists
         # the EpochTimer's StepClock: with data.device_prefetch the step loop's wait for a batch is
         # split into data wait and transfer by the prefetcher (set by trainer.run)
-        self.step_clock = None
+        # the prefetching loader's waits, read by the step timer (data.device_prefetch)
+        self.prefetch_waits = PrefetchWaits()
         # progressive_resize: the training image size of each epoch (set by trainer.run); None: data.image_size
         self.train_sizes: list | None = None
         # set by trainer.run: the built-in classifier's network normalizes uint8 batches itself, inside
@@ -128,7 +130,7 @@ class ImageDataModule(pl.LightningDataModule):
             accelerator=self.accelerator,
             decoder=self.decoder,
             channels_last=self.channels_last,
-            step_clock=self.step_clock,
+            prefetch_waits=self.prefetch_waits,
         )
         self.loaders = loaders_for(setup, self.train_set, self.val_set)
         if self._loader_state is not None:

@@ -58,7 +58,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from lightning_fabric.utilities.apply_func import move_data_to_device
@@ -233,6 +233,36 @@ class _Producer:
                 loader._iterator = None  # persistent workers: the next iteration starts new ones
 
 
+class PrefetchWaits:
+    """What the step loop's waits for prefetched batches were made of, kept by the prefetching loader for
+    whoever times the steps (the epoch timer's ``StepClock`` sets ``active`` inside a training epoch and
+    reads them once per epoch): the data records, the timer reads, and nothing in the data calls the timer."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.clear()
+
+    def clear(self) -> None:
+        self.copy_wait_s = 0.0  # host time the step loop waited while the producer thread copied or decoded
+        # CUDA: (compute stream idle while the host waited, the copying share of that wait, stall on the copy)
+        self.device_waits: List[Tuple[Tuple[Any, Any], float, Tuple[Any, Any]]] = []
+
+    def add_host_wait(self, waited: Tuple[float, float], copying: Tuple[float, float]) -> float:
+        """The step loop waited for a prefetched batch over ``waited`` while the thread copied or decoded
+        it over ``copying`` (host clock): that overlap is not data wait. Returns its share of the wait."""
+        copy_wait = max(0.0, min(waited[1], copying[1]) - max(waited[0], copying[0]))
+        if self.active:
+            self.copy_wait_s += copy_wait
+        span = waited[1] - waited[0]
+        return copy_wait / span if span > 0 else 0.0
+
+    def add_device_wait(self, idle: tuple, copying_share: float, stall: tuple) -> None:
+        """CUDA: events on the compute stream around the host's wait for a batch (``idle``) and around
+        its wait for the batch's copy event (``stall``); read, after the epoch's synchronize, by the timer."""
+        if self.active:
+            self.device_waits.append((idle, copying_share, stall))
+
+
 class DevicePrefetchLoader(EpochAheadLoader):
     """A DataLoader whose iterator yields batches already on ``device``, prepared by a producer thread.
     As a training loader (``follows``), its next epoch's workers start when this epoch ends (``epoch_ahead``);
@@ -243,7 +273,7 @@ class DevicePrefetchLoader(EpochAheadLoader):
         *args,
         device: Optional[torch.device] = None,
         transfer: Optional[Callable[[Any, torch.device], Any]] = None,
-        clock=None,
+        waits: Optional[PrefetchWaits] = None,
         depth: int = 2,
         **kwargs,
     ):
@@ -251,7 +281,7 @@ class DevicePrefetchLoader(EpochAheadLoader):
         # same names as the arguments: Lightning re-creates the loader from them (distributed sampler)
         self.device = torch.device(device or "cpu")
         self.transfer = transfer or move_to_device
-        self.clock = clock  # the EpochTimer's StepClock, or None
+        self.waits = waits  # where the step loop's waits are recorded for the step timer, or None
         self.depth = depth
         self._producer: Optional[_Producer] = None
 
@@ -278,12 +308,12 @@ def _hand_out(loader: DevicePrefetchLoader, host_batches: Iterator[Any]) -> Iter
     """
     producer = _Producer(host_batches, loader.device, loader.transfer, loader.depth, loader)
     loader._producer = producer
-    device, clock = loader.device, loader.clock
+    device, waits = loader.device, loader.waits
     last, handed = loader.batches_per_epoch(), 0
     try:
         while True:
             # the compute stream's clock when the host starts waiting (StepClock: transfer on the device's clock)
-            idle_start = _event(device) if clock is not None and clock.active and device.type == "cuda" else None
+            idle_start = _event(device) if waits is not None and waits.active and device.type == "cuda" else None
             w0 = time.perf_counter()
             item = producer.queue.get()
             waited = (w0, time.perf_counter())
@@ -295,13 +325,13 @@ def _hand_out(loader: DevicePrefetchLoader, host_batches: Iterator[Any]) -> Iter
             # walked on every device, so that a batch type this cannot protect is refused the same way
             # on the CPU (where the tests run this loader) as on the GPU
             tensors = list(tensors_in(batch))
-            copying_share = clock.add_prefetch_wait(waited, copying) if clock is not None else 0.0
+            copying_share = waits.add_host_wait(waited, copying) if waits is not None else 0.0
             if ready is not None:
                 compute = torch.cuda.current_stream(device)
                 if idle_start is not None:
                     idle_end = _event(device)  # runs once the host is back: the GPU idled since idle_start, if at all
                     compute.wait_event(ready)  # the GPU waits for the copy, the host does not
-                    clock.add_device_wait((idle_start, idle_end), copying_share, (idle_end, _event(device)))
+                    waits.add_device_wait((idle_start, idle_end), copying_share, (idle_end, _event(device)))
                 else:
                     compute.wait_event(ready)
                 for t in tensors:

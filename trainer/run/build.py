@@ -93,7 +93,7 @@ def _data_and_model(parts: Parts) -> None:
     parts.datamodule = ImageDataModule(
         cfg.data, cfg.seed, parts.plan.accelerator, ranks_per_node, channels_last=bool(cfg.channels_last)
     )
-    parts.datamodule.step_clock = parts.timer.clock
+    parts.timer.clock.reads(parts.datamodule.prefetch_waits)
     num_classes = parts.datamodule.build()
     # the cores the loader workers leave (the workers count is final once the data is built)
     parts.notes["intra_op_threads"] = switchboard.set_intra_op_threads(parts.datamodule.num_workers, ranks_per_node)

@@ -47,7 +47,7 @@ class LoaderSetup:
     accelerator: str
     decoder: Optional[str]  # what decodes the training images (None: nothing is decoded)
     channels_last: bool = False  # the model's memory format (DALI hands such batches over as NHWC)
-    step_clock: Any = None  # the epoch timer's StepClock (data.device_prefetch splits data wait from transfer)
+    prefetch_waits: Any = None  # data.prefetch.PrefetchWaits: the prefetching loader's waits, read by the step timer
 
 
 class Loaders:

@@ -82,7 +82,7 @@ class TorchLoaders(Loaders):
 
         kwargs["pin_memory"] = kwargs["pin_memory"] or device.type == "cuda"  # an asynchronous copy needs it
         return DevicePrefetchLoader(
-            dataset, device=device, transfer=self.to_device, clock=self.setup.step_clock, **kwargs
+            dataset, device=device, transfer=self.to_device, waits=self.setup.prefetch_waits, **kwargs
         )
 
     def next_epoch(self) -> Optional[int]:
