@@ -98,6 +98,13 @@ def trace(overrides: list) -> dict:
     through_pairs = collections.Counter((c[2], c[3]) for c in up_through)
     entered = collections.Counter(c[1] for c in crossings)
     pairs = collections.Counter((c[2], c[3]) for c in up)
+
+    def callers_from_outside(module: str) -> collections.Counter:
+        """Which of our functions outside ``module`` called into it, how often."""
+        inside = module + "."
+        return collections.Counter(c[2] for c in calls if c[3].startswith(inside) and not c[2].startswith(inside))
+
+    into_switchboard = callers_from_outside("trainer.switches.switchboard")
     return {
         "overrides": overrides,
         "calls_into_the_package": len(calls),
@@ -108,27 +115,14 @@ def trace(overrides: list) -> dict:
         "up_a_layer": [{"from": a, "to": b, "times": n} for (a, b), n in pairs.most_common()],
         "across_a_layer": [{"from": a, "to": b, "times": n} for (a, b), n in across.most_common()],
         "entered_from_another_part": dict(entered.most_common()),
-        "entered_run_build_from_outside": sum(
-            1 for c in calls if c[3].startswith("trainer.run.build.") and not c[2].startswith("trainer.run.build.")
-        ),
-        "entered_the_switchboard_from_outside": sum(
-            1
-            for c in calls
-            if c[3].startswith("trainer.switches.switchboard.") and not c[2].startswith("trainer.switches.switchboard.")
-        ),
+        "entered_run_build_from_outside": sum(callers_from_outside("trainer.run.build").values()),
+        "entered_the_switchboard_from_outside": sum(into_switchboard.values()),
         "library_hooks_into_the_package": len(hooks),
         "calls_up_a_layer_through_a_library": len(up_through),
         "up_a_layer_through_a_library": [
             {"below": a, "to": b, "times": n} for (a, b), n in through_pairs.most_common()
         ],
-        "switchboard_entered_from": dict(
-            collections.Counter(
-                c[2]
-                for c in calls
-                if c[3].startswith("trainer.switches.switchboard.")
-                and not c[2].startswith("trainer.switches.switchboard.")
-            )
-        ),
+        "switchboard_entered_from": dict(into_switchboard),
     }
 
 

@@ -93,7 +93,7 @@ class StepClock(Profiler):
 
     # ---- Lightning's Profiler interface: called for every hook; anything else returns at once
     def start(self, action_name: str) -> None:
-        if not self.active:
+        if not self._active:  # the attribute, not the property: this runs for every Lightning hook
             return
         if action_name == FETCH_ACTION:
             self._fetch_t0 = time.perf_counter()
