@@ -244,6 +244,53 @@ def test_gradient_clipping_under_fp16_loss_scaling_with_a_fused_optimizer(compos
     assert all(0.5e-3 < norm <= 1.001e-3 for norm in seen), seen  # unscaled, then clipped to the norm asked for
 
 
+@pytest.mark.parametrize("algorithm", ["norm", "value"])
+def test_gradient_clipping_under_bf16_with_a_fused_optimizer(compose, algorithm):
+    """bf16 has no loss scaler, but Lightning's AMP plugin refuses to clip for any optimizer that could
+    unscale its own gradients (torch's fused kernels, which optim.fused=auto picks on CUDA): the ViT
+    recipe (AdamW, clipping at 1.0) with amp failed at its first step on a GPU. The classifier clips
+    them itself. Lightning's own bf16 plugin, on a CPU (torch has fused AdamW there too)."""
+    import pytorch_lightning as pl
+    from pytorch_lightning.plugins.precision import MixedPrecision
+
+    from trainer.models.classifier import ImageClassifier
+    from trainer.models.tiny import TinyCNN
+
+    cfg = compose("optim.name=adamw", "optim.fused=true", "sched.name=constant")
+    seen = []
+
+    class Grads(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, *args):  # after the step: what it stepped with
+            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+            seen.append(
+                (
+                    torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])).item(),
+                    max(g.abs().max().item() for g in grads),
+                )
+            )
+
+    torch.manual_seed(0)
+    model = ImageClassifier(TinyCNN(10, 8), cfg.optim, cfg.sched)
+    data = torch.utils.data.TensorDataset(torch.randn(48, 3, 16, 16), torch.randint(0, 10, (48,)))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        plugins=[MixedPrecision("bf16-mixed", "cpu")],
+        gradient_clip_val=1e-3,
+        gradient_clip_algorithm=algorithm,
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[Grads()],
+    )
+    trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8))
+    assert trainer.optimizers[0].defaults["fused"] is True and len(seen) == 4
+    if algorithm == "norm":
+        assert all(norm <= 1.001e-3 for norm, _ in seen), seen
+    else:
+        assert all(largest <= 1.001e-3 and norm > 2e-3 for norm, largest in seen), seen
+
+
 def test_fsdp1s_sharded_grad_scaler_steps_a_fused_adamw(compose):
     """strategy=fsdp with fp16 steps a fused AdamW: torch's ShardedGradScaler leaves its found-inf flag
     of shape (1,), which the fused step subtracted in place from its 0-d step counters ("output with

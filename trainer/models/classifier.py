@@ -115,20 +115,23 @@ class ImageClassifier(pl.LightningModule):
           (Lightning-AI/pytorch-lightning#19235): ``torch.nn.utils.clip_grad_norm_`` would see only
           this rank's shards, and the plugin has no reference to the root FSDP module, whose
           ``clip_grad_norm_`` reduces the norm across ranks. This module does (``trainer.strategy.model``).
-        - fp16 with a fused optimizer (``optim.fused=auto`` picks one there, so that the scaler's
-          overflow check stays on the device): Lightning leaves such an optimizer's gradients scaled
-          (it unscales them in its step) and its AMP plugin refuses to clip them; under FSDP it would
-          clip them scaled, 65536 times too hard. They are unscaled here first (``_unscale_once``).
+        - A fused optimizer (``optim.fused=auto`` picks one on CUDA) under amp: Lightning's AMP plugin
+          refuses to clip the gradients of any optimizer that can unscale them in its own step, bf16
+          too, where no scaler exists and the gradients are true ones (a ViT with amp on a GPU failed
+          at its first step). Under fp16 Lightning leaves them scaled, and under FSDP it would clip
+          them scaled, 65536 times too hard: they are unscaled here first (``_unscale_once``), and
+          then clipped here.
 
         Everything else takes Lightning's own path.
         """
         if not gradient_clip_val:
             return
-        scaled_fused = self._unscale_once(optimizer)
+        self._unscale_once(optimizer)
         if gradient_clip_algorithm == "norm" and isinstance(self.trainer.strategy, FSDPStrategy):
             self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
             return
-        if scaled_fused and not isinstance(self.trainer.strategy, FSDPStrategy):
+        unscales_itself = getattr(optimizer, "_step_supports_amp_scaling", False)  # torch's fused kernels
+        if unscales_itself and not isinstance(self.trainer.strategy, FSDPStrategy):
             params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
             if gradient_clip_algorithm == "value":
                 torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
