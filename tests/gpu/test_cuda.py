@@ -80,10 +80,13 @@ def test_tf32_and_cudnn_benchmark_on_the_gpu(train):
 
 
 def test_device_prefetch_copies_on_a_side_stream(train, monkeypatch):
+    """The prefetch thread copies each batch with the loader object's ``to_device`` on its own stream;
+    Lightning's transfer hook then gets batches already on the GPU."""
     from trainer.data import datamodule as dm_mod
+    from trainer.data.loaders import base
 
     streams, arrived = [], []
-    real_to_device = dm_mod.ImageDataModule.to_device
+    real_to_device = base.Loaders.to_device
     real_transfer = dm_mod.ImageDataModule.transfer_batch_to_device
 
     def to_device(self, batch, device):
@@ -95,7 +98,7 @@ def test_device_prefetch_copies_on_a_side_stream(train, monkeypatch):
         arrived.append(batch[0].device.type)  # what Lightning is about to move
         return real_transfer(self, batch, device, idx)
 
-    monkeypatch.setattr(dm_mod.ImageDataModule, "to_device", to_device)
+    monkeypatch.setattr(base.Loaders, "to_device", to_device)
     monkeypatch.setattr(dm_mod.ImageDataModule, "transfer_batch_to_device", transfer)
     m, _ = train(*GPU, HOST, "data.device_prefetch=true", "data.num_workers=1")
     assert m["status"] == "ok" and streams and not any(streams)  # every copy on the side stream
@@ -509,7 +512,9 @@ def test_nvjpeg_never_writes_into_memory_the_compute_stream_still_reads():
     H100). Victim tensors of the decoded images' size are read by kernels queued behind a long stall
     and freed before the decode: their sums must come out as written. The decode itself is observed
     (``DeviceDecoder.decode``): it must end while the victims' reads still wait (else the race could
-    not happen and the test proves nothing), and the batched crop after it is left out."""
+    not happen and the test proves nothing), and the batched crop after it is left out. The caller's
+    stream is a stream of its own, not the legacy default stream: on an H100 a decode called from the
+    default stream never ended before the reads queued there had run (0 of 10 tries)."""
     from torchvision.io import encode_jpeg
 
     from trainer.data.device_decode import DeviceDecoder, encoded_collate
@@ -525,21 +530,25 @@ def test_nvjpeg_never_writes_into_memory_the_compute_stream_still_reads():
     wrong = stalled = 0
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 matmuls: a long stall
+    caller = torch.cuda.Stream(device)
     try:
-        for _ in range(10):
-            victims = [torch.full((3 * side * side // 4,), 1.0, device=device) for _ in range(2 * n)]  # images' bytes
-            torch.cuda.synchronize(device)
-            for _ in range(20):  # tens of ms of work queued ahead of the reads
-                torch.mm(a, a, out=c)
-            sums = torch.stack([v.sum() for v in victims])  # queued behind the stall, on the same stream
-            read = torch.cuda.Event()
-            read.record()
-            del victims  # their blocks are free on the compute stream while those reads still wait
-            images = decoder.decode(batch, device)
-            stalled += not read.query()  # the reads had not run when the decode was done: the race was on
-            torch.cuda.synchronize(device)
-            wrong += int((sums != 3 * side * side // 4).sum())
-            assert len(images) == n and all(im.shape == (3, side, side) for im in images)
+        with torch.cuda.stream(caller):  # a stream of the caller's own (see the docstring)
+            for _ in range(10):
+                victims = [
+                    torch.full((3 * side * side // 4,), 1.0, device=device) for _ in range(2 * n)
+                ]  # images' bytes
+                torch.cuda.synchronize(device)
+                for _ in range(20):  # tens of ms of work queued ahead of the reads
+                    torch.mm(a, a, out=c)
+                sums = torch.stack([v.sum() for v in victims])  # queued behind the stall, on the same stream
+                read = torch.cuda.Event()
+                read.record()
+                del victims  # their blocks are free on the compute stream while those reads still wait
+                images = decoder.decode(batch, device)
+                stalled += not read.query()  # the reads had not run when the decode was done: the race was on
+                torch.cuda.synchronize(device)
+                wrong += int((sums != 3 * side * side // 4).sum())
+                assert len(images) == n and all(im.shape == (3, side, side) for im in images)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     assert stalled >= 5, stalled  # most tries decoded while the victims' reads still waited
