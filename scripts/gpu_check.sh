@@ -170,6 +170,15 @@ sweep() {  # sweep RECIPE TABLE ROWS ARGS...: one train.py sweep into $OUT/RECIP
 
 status=0
 results=()
+page() {  # page RECIPE ARGS...: the recipe's RESULTS.md and results.json from this run
+  local recipe=$1 dest="recipes/$1" flag=()
+  shift
+  if [ "$DRY_RUN" = 1 ]; then dest="$OUT/$recipe"; flag=(--dry-run); fi
+  stage "$recipe: RESULTS.md and results.json"
+  "$PYTHON" scripts/gpu_results.py --recipe "$recipe" "$@" --out "$dest" --tests "$TESTS_XML" "${flag[@]}" || status=1
+  results+=("$dest/results.json")
+}
+RESNET50_SWEEPS=()
 for recipe in $RECIPES; do
   sweeps=()
   for table in $TABLES; do
@@ -194,13 +203,10 @@ for recipe in $RECIPES; do
       *) echo "gpu_check.sh: unknown table '$table' (synthetic, jpeg, none)" >&2; exit 2 ;;
     esac
   done
-  if [ "${#sweeps[@]}" -gt 0 ]; then
-    dest="recipes/$recipe"
-    flag=()
-    if [ "$DRY_RUN" = 1 ]; then dest="$OUT/$recipe"; flag=(--dry-run); fi
-    stage "$recipe: RESULTS.md and results.json"
-    "$PYTHON" scripts/gpu_results.py --recipe "$recipe" --sweeps "${sweeps[@]}" --out "$dest" --tests "$TESTS_XML" "${flag[@]}" || status=1
-    results+=("$dest/results.json")
+  if [ "$recipe" = resnet50 ] && [ $((RUN_HEADLINE + RUN_CEILING)) -gt 0 ]; then
+    RESNET50_SWEEPS=("${sweeps[@]}")  # its page is written after the headline and the ceiling, with them
+  elif [ "${#sweeps[@]}" -gt 0 ]; then
+    page "$recipe" --sweeps "${sweeps[@]}"
   fi
 done
 extra=()
@@ -230,6 +236,15 @@ if [ "$RUN_OVERHEAD" = 1 ]; then
   oargs=(--device cuda --batch-size 256 --batches 400 --repeats 3)
   if [ "$DRY_RUN" = 1 ]; then oargs=(--device cpu --batch-size 8 --batches 3 --repeats 1 --short-epochs 1 --long-epochs 2); fi
   benchmark overhead "the trainer against a plain loop" scripts/bench_overhead.py bench_overhead_gpu.json "${oargs[@]}"
+fi
+if [ $((RUN_HEADLINE + RUN_CEILING)) -gt 0 ] && [[ " $RECIPES " == *" resnet50 "* ]]; then
+  # resnet50's page with the headline and the ceiling beside its tables (a run without tables keeps
+  # the page's earlier ones, headed with the run that measured them)
+  checks=()
+  if [ "$RUN_HEADLINE" = 1 ]; then checks+=(--headline "$OUT/headline/metrics.json"); fi
+  if [ "$RUN_CEILING" = 1 ]; then checks+=(--ceiling "$OUT/ceiling.json"); fi
+  if [ "${#RESNET50_SWEEPS[@]}" -gt 0 ]; then checks+=(--sweeps "${RESNET50_SWEEPS[@]}"); fi
+  page resnet50 "${checks[@]}"
 fi
 stage "summary"
 "$PYTHON" scripts/gpu_results.py --summary "${results[@]}" --tests "$TESTS_XML" "${extra[@]}" || status=1

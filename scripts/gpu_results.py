@@ -15,6 +15,12 @@ its rows and its best row.
     python scripts/gpu_results.py --recipe resnet50 --sweeps ... --out recipes/resnet50 \
         --environment-from recipes/resnet50/results.json --note "what the tables cannot say"
 
+A run without sweeps (the tests, the headline and the ceiling alone) keeps the tables already in
+``--out``, each headed with the earlier run that measured them:
+
+    python scripts/gpu_results.py --recipe resnet50 --out recipes/resnet50 --tests OUT/gpu_tests.xml \
+        --headline OUT/headline/metrics.json --ceiling OUT/ceiling.json
+
 ``--note`` (repeatable) adds a maintainer's note on the run (a row stopped by the check's time limit,
 what a short epoch hides) under "Notes on this run". ``--environment-from`` takes the device,
 driver, torch, date and commit from a results.json written where the sweeps ran, so the page can be
@@ -268,11 +274,29 @@ def write(
     tests: Optional[Path] = None,
     notes: Optional[List[str]] = None,
     environment_from: Optional[Path] = None,
+    headline: Optional[Path] = None,
+    ceiling: Optional[Path] = None,
 ) -> Path:
+    """The page and results.json of one run. ``headline`` / ``ceiling``: that run's headline metrics.json
+    and scripts/bench_ceiling.py result, read against their targets. A run without sweeps (tests and
+    those two alone, when GPU time is short) keeps the tables already in ``out``, each headed with the
+    run that measured it (``tables_from``), so the page never passes an earlier run's rows as this one's."""
     out.mkdir(parents=True, exist_ok=True)
     all_jobs = []
     sections = []
     tables: Dict[str, dict] = {}
+    before = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
+    carried = {} if sweeps else before.get("tables") or {}
+    tables_from = (before.get("tables_from") or before.get("environment")) if carried else None
+    for name, table in carried.items():
+        tables[name] = table
+        parts = [f"## {name}", "", f"From an earlier run: {_run_label(tables_from)}.", ""]
+        parts += [f"- {line}" for line in table.get("headline") or []] + [""]
+        parts += [report.to_markdown(COLUMNS, table["rows"]), ""]
+        if (out / f"{name}.png").exists():
+            parts += [f"![{name}]({name}.png)", ""]
+        parts += ["Command:", "", "```bash", table.get("command", "(not recorded)"), "```", ""]
+        sections.append("\n".join(parts))
     for sweep in sweeps:
         jobs = report.load_jobs([str(sweep)])
         if not jobs:
@@ -302,10 +326,15 @@ def write(
         sections.append("\n".join(parts))
     across = jpeg_targets(recipe, tables, dry_run)
     if across:
-        sections.insert(
-            0, "\n".join(["## Real JPEGs end to end: the targets", "", *[f"- {line}" for line in across], ""])
-        )
+        heading = "## Real JPEGs end to end: the targets" + (" (the earlier run's tables)" if carried else "")
+        sections.insert(0, "\n".join([heading, "", *[f"- {line}" for line in across], ""]))
+    checks = [line(path) if path.exists() else f"no result: {path}" for path, line in
+              ((headline, headline_line), (ceiling, ceiling_line)) if path is not None]  # fmt: skip
+    if checks:
+        sections.insert(0, "\n".join(["## The model's ceiling: the targets", "", *[f"- {c}" for c in checks], ""]))
     earlier = json.loads(environment_from.read_text()) if environment_from else {}
+    if not all_jobs and headline is not None and headline.exists():  # no sweep: the headline ran here
+        all_jobs = report.load_jobs([str(headline.parent)])
     env = earlier.get("environment") or environment(all_jobs)
     outcome = test_outcome(tests) if tests is not None or not earlier else earlier.get("tests", {"ran": False})
     kind = (
@@ -342,10 +371,18 @@ def write(
         "notes": list(notes or []),
         "targets": TARGETS.get(recipe, {}),
         "jpeg_targets": across,
+        "checks": checks,
         "tables": tables,
     }
+    if tables_from:
+        results["tables_from"] = tables_from
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     return path
+
+
+def _run_label(env: Optional[Dict[str, str]]) -> str:
+    env = env or {}
+    return f"{env.get('date', '?')}, commit {env.get('commit', '?')}, {env.get('device', '?')}"
 
 
 def _one_line(text: str) -> str:
@@ -454,8 +491,8 @@ def main(argv=None) -> int:
         "--summary", nargs="*", type=Path, metavar="RESULTS_JSON", help="print the summary of these results.json files"
     )
     p.add_argument("--overhead", type=Path, help="with --summary: scripts/bench_overhead.py's result JSON")
-    p.add_argument("--ceiling", type=Path, help="with --summary: scripts/bench_ceiling.py's result JSON")
-    p.add_argument("--headline", type=Path, help="with --summary: the headline run's metrics.json")
+    p.add_argument("--ceiling", type=Path, help="scripts/bench_ceiling.py's result JSON (the page, or --summary)")
+    p.add_argument("--headline", type=Path, help="the headline run's metrics.json (the page, or --summary)")
     args = p.parse_args(argv)
     if args.summary is not None:
         lines = summary(args.summary, test_outcome(args.tests) if args.tests else None)
@@ -468,9 +505,14 @@ def main(argv=None) -> int:
                 lines.append(line(path) if path.exists() else f"no result: {path}")
         print("\n".join(lines))
         return 0
-    if not (args.recipe and args.sweeps and args.out):
-        p.error("--recipe, --sweeps and --out are needed (or --summary)")
-    path = write(args.recipe, args.sweeps, args.out, args.dry_run, args.tests, args.note, args.environment_from)
+    if not (args.recipe and args.out and (args.sweeps or args.headline or args.ceiling or args.tests)):
+        p.error("--recipe and --out are needed, with --sweeps or a run's --tests, --headline, --ceiling (or --summary)")
+    if not args.sweeps and not (args.environment_from or args.headline):
+        p.error("a run without sweeps needs --headline or --environment-from: the machine it ran on")
+    path = write(
+        args.recipe, args.sweeps or [], args.out, args.dry_run, args.tests, args.note, args.environment_from,
+        args.headline, args.ceiling,
+    )  # fmt: skip
     print(f"wrote {path} and {path.parent / 'results.json'}")
     return 0
 

@@ -199,3 +199,53 @@ def test_the_summary_names_the_overhead_against_a_plain_loop(tmp_path, capsys):
         "overhead (ResNet-18, 32 px, batch 256, on NVIDIA H100 80GB HBM3): trainer/plain per epoch 1.021 "
         "[1.004-1.038] over 3 repeat(s): within 5%" in out
     ), out
+
+
+def test_a_run_without_tables_keeps_the_earlier_tables_headed_with_the_run_that_measured_them(tmp_path):
+    """A short GPU contact runs the tests, the headline and the ceiling alone: the recipe's page gets
+    them against their targets, and keeps its earlier tables under the earlier run's date and commit
+    (also when written again), never as this run's."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import gpu_results
+
+    out = tmp_path / "resnet50"
+    out.mkdir()
+    earlier = json.loads((ROOT / "recipes" / "resnet50" / "results.json").read_text())
+    earlier["environment"].update(date="2026-11-01 10:00 UTC", commit="abc1234")
+    earlier.pop("tables_from", None)
+    (out / "results.json").write_text(json.dumps(earlier))
+    here = {
+        "environment": {
+            "device": "NVIDIA H100 80GB HBM3 (cuda, 1 device)",
+            "date": "2026-11-28 01:40 UTC",
+            "commit": "def5678",
+        }
+    }
+    (tmp_path / "env.json").write_text(json.dumps(here))
+    headline = {
+        "status": "ok",
+        "samples_per_s": 5550.0,
+        "data_wait_fraction": 0.014,
+        "diagnosis": {"verdict": "compute"},
+    }
+    (tmp_path / "metrics.json").write_text(json.dumps(headline))
+    ceiling = {
+        "settings": {"model": "resnet50", "image_size": 224, "batch_size": 256, "amp": "bf16", "repeats": 2},
+        "machine": {"device": "NVIDIA H100 80GB HBM3"}, "median_ratio": 0.9906, "ratio_min": 0.9898,
+        "ratio_max": 0.9913, "plain_images_per_s": 5614.2, "trainer_images_per_s": 5561.3, "target_ratio": 1.0, "met": False,
+    }  # fmt: skip
+    (tmp_path / "ceiling.json").write_text(json.dumps(ceiling))
+    for _ in range(2):  # the second page is written from the first one's results.json
+        gpu_results.write(
+            "resnet50", [], out, environment_from=tmp_path / "env.json",
+            headline=tmp_path / "metrics.json", ceiling=tmp_path / "ceiling.json",
+        )  # fmt: skip
+        text = (out / "RESULTS.md").read_text()
+        assert "- commit: def5678" in text and "## The model's ceiling: the targets" in text
+        assert "5,550 images/s" in text and "100% of the device-resident row" in text and "met" in text
+        assert "trainer/plain images/s 0.991 (min-max 0.990-0.991, 2 repeat(s))" in text
+        assert "## jpeg\n\nFrom an earlier run: 2026-11-01 10:00 UTC, commit abc1234" in text
+        assert "the targets (the earlier run's tables)" in text
+        written = json.loads((out / "results.json").read_text())
+        assert written["tables_from"]["commit"] == "abc1234" and written["environment"]["commit"] == "def5678"
+        assert set(written["tables"]) == set(earlier["tables"]) and len(written["checks"]) == 2

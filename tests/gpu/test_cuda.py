@@ -511,10 +511,11 @@ def test_nvjpeg_never_writes_into_memory_the_compute_stream_still_reads():
     stream still read them were handed to it and overwritten (a NaN loss in the fp32 nvjpeg row on an
     H100). Victim tensors of the decoded images' size are read by kernels queued behind a long stall
     and freed before the decode: their sums must come out as written. The decode itself is observed
-    (``DeviceDecoder.decode``): it must end while the victims' reads still wait (else the race could
-    not happen and the test proves nothing), and the batched crop after it is left out. The caller's
-    stream is a stream of its own, not the legacy default stream: on an H100 a decode called from the
-    default stream never ended before the reads queued there had run (0 of 10 tries)."""
+    (``DeviceDecoder.decode``), and the batched crop after it is left out. The race is on only in tries
+    whose decode ends while the victims' reads still wait: torchvision's nvJPEG decode mostly waits for
+    all work queued on the device first (on an H100 with torchvision 0.26: 0 of 10 tries from the
+    legacy default stream, 2 of 10 from a stream of the caller's own, which this test uses). Too few
+    such tries prove nothing: the test then says so as a skip."""
     from torchvision.io import encode_jpeg
 
     from trainer.data.device_decode import DeviceDecoder, encoded_collate
@@ -528,12 +529,13 @@ def test_nvjpeg_never_writes_into_memory_the_compute_stream_still_reads():
     a = torch.randn(4096, 4096, device=device)
     c = torch.empty_like(a)
     wrong = stalled = 0
+    tries = 30
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 matmuls: a long stall
     caller = torch.cuda.Stream(device)
     try:
         with torch.cuda.stream(caller):  # a stream of the caller's own (see the docstring)
-            for _ in range(10):
+            for _ in range(tries):
                 victims = [
                     torch.full((3 * side * side // 4,), 1.0, device=device) for _ in range(2 * n)
                 ]  # images' bytes
@@ -551,8 +553,13 @@ def test_nvjpeg_never_writes_into_memory_the_compute_stream_still_reads():
                 assert len(images) == n and all(im.shape == (3, side, side) for im in images)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
-    assert stalled >= 5, stalled  # most tries decoded while the victims' reads still waited
-    assert wrong == 0, f"{wrong} of {10 * 2 * n} sums read memory the decoder wrote"
+    assert wrong == 0, f"{wrong} of {tries * 2 * n} sums read memory the decoder wrote"
+    if stalled < 3:  # the race was hardly on: nothing was proven either way
+        pytest.skip(
+            f"the decode ended before the victims' reads ran in {stalled} of {tries} tries only: torchvision's nvJPEG "
+            "decode mostly waits for the work already queued on the device (2 of 10 tries on an H100, torchvision "
+            "0.26), so the race could not be provoked often enough here"
+        )
 
 
 @pytest.mark.parametrize("busy", [False, True], ids=["gpu-idle", "gpu-busy"])
