@@ -25,8 +25,15 @@ cold. Per repeat, ``ratio = trainer images/s / plain images/s``: 1.00 is parity,
 is faster. The summary is the median ratio with its min-max.
 
     python scripts/bench_ceiling.py --device cuda                 # one GPU: ResNet-50, 224 px, batch 256
+    python scripts/bench_ceiling.py --device cuda --long-batches 120   # also: per step, or per epoch?
     python scripts/bench_ceiling.py --device cpu --model resnet18 --image-size 32 --batch-size 8 \\
         --batches 3 --epochs 2 --repeats 1 --backend aot_eager     # does it run? (a CPU rehearsal)
+
+A short epoch magnifies what a side pays once per epoch (its start, its end). ``--long-batches N``
+runs each side again at N steps per epoch, in the same repeat, and splits each side's epoch into a
+cost per step (the slope between the two lengths) and a fixed cost per epoch (the intercept): on one
+H100 the trainer's 40-step epochs were 0.991x the plain loop's, and whether that is per step or per
+epoch decides what to change.
 
 Results go to ``--out`` (default scripts/results/bench_ceiling.json): each run's epochs, the ratios,
 their median and spread, the settings and the machine.
@@ -47,6 +54,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "scripts" / "results" / "bench_ceiling.json"
@@ -215,28 +223,80 @@ def machine() -> dict:
     }
 
 
+def with_batches(args, batches: int):
+    """The same settings at another number of steps per epoch (the plain side reads them from argv)."""
+    longer = argparse.Namespace(**vars(args))
+    longer.batches = batches
+    argv, i = list(args.argv), 0
+    while i < len(argv):
+        if argv[i] == "--batches":
+            del argv[i : i + 2]
+        elif argv[i].startswith("--batches="):
+            del argv[i]
+        else:
+            i += 1
+    longer.argv = [*argv, "--batches", str(batches)]
+    return longer
+
+
+def step_and_fixed(short_run: dict, long_run: dict, short: int, long: int) -> Tuple[float, float]:
+    """(seconds per step, seconds per epoch outside its steps) from one side's epochs at two lengths: the
+    slope and the intercept of its epoch time (the medians of the epochs after the first)."""
+    t_short = statistics.median(short_run["epoch_s"][1:] or short_run["epoch_s"])
+    t_long = statistics.median(long_run["epoch_s"][1:] or long_run["epoch_s"])
+    step = (t_long - t_short) / (long - short)
+    return step, t_short - short * step
+
+
+def split_per_step(runs: list, args) -> dict:
+    """With --long-batches: each repeat's per-step ratio (plain's step time over the trainer's: above 1
+    the trainer's step is faster) and each side's fixed cost per epoch, medians and ranges."""
+    ratios, fixed = [], {"plain": [], "trainer": []}
+    steps = {"plain": [], "trainer": []}
+    for r in sorted({x["repeat"] for x in runs}):
+        per_side = {}
+        for side in ("plain", "trainer"):
+            short = next(x for x in runs if x["repeat"] == r and x["side"] == side and x["batches"] == args.batches)
+            long = next(x for x in runs if x["repeat"] == r and x["side"] == side and x["batches"] == args.long_batches)
+            per_side[side] = step_and_fixed(short, long, args.batches, args.long_batches)
+            steps[side].append(per_side[side][0])
+            fixed[side].append(per_side[side][1])
+        ratios.append(round(per_side["plain"][0] / per_side["trainer"][0], 4))
+    return {
+        "steps_per_epoch": [args.batches, args.long_batches],
+        "per_step_ratios": ratios,
+        "per_step_median_ratio": round(statistics.median(ratios), 4),
+        **{f"{side}_step_ms": round(1e3 * statistics.median(v), 3) for side, v in steps.items()},
+        **{f"{side}_fixed_ms_per_epoch": round(1e3 * statistics.median(v), 1) for side, v in fixed.items()},
+    }
+
+
 def benchmark(args) -> dict:
     work_dir = tempfile.mkdtemp(prefix="bench_ceiling-")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(work_dir, "inductor_cache")}
+    lengths = [args] + ([with_batches(args, args.long_batches)] if args.long_batches else [])
     runs, ratios = [], []
     try:
         for r in range(1, args.repeats + 1):
             order = ("plain", "trainer") if r % 2 else ("trainer", "plain")
             pair = {}
             for side in order:
-                run = run_side(side, args, work_dir, env)
-                runs.append({"repeat": r, **run})
-                pair[side] = run["images_per_s"]
-                print(
-                    f"  repeat {r}: {side:7s} {run['images_per_s']:9.1f} images/s "
-                    f"(epochs {run['epoch_s']} s, {run['wall_s']:.0f} s with start-up and compile)",
-                    flush=True,
-                )
+                for settings in lengths:
+                    run = run_side(side, settings, work_dir, env)
+                    runs.append({"repeat": r, "batches": settings.batches, **run})
+                    if settings is args:
+                        pair[side] = run["images_per_s"]
+                    print(
+                        f"  repeat {r}: {side:7s} {settings.batches:4d} steps {run['images_per_s']:9.1f} images/s "
+                        f"(epochs {run['epoch_s']} s, {run['wall_s']:.0f} s with start-up and compile)",
+                        flush=True,
+                    )
             ratios.append(round(pair["trainer"] / pair["plain"], 4))
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
-    plain = [x["images_per_s"] for x in runs if x["side"] == "plain"]
-    trainer = [x["images_per_s"] for x in runs if x["side"] == "trainer"]
+    plain = [x["images_per_s"] for x in runs if x["side"] == "plain" and x["batches"] == args.batches]
+    trainer = [x["images_per_s"] for x in runs if x["side"] == "trainer" and x["batches"] == args.batches]
+    split = split_per_step(runs, args) if args.long_batches else None
     return {
         "what": "train.py vs a hand-written loop on the same device-resident work (scripts/bench_ceiling.py)",
         "settings": {
@@ -262,6 +322,7 @@ def benchmark(args) -> dict:
         "trainer_images_per_s": round(statistics.median(trainer), 1),
         "target_ratio": args.target,
         "met": statistics.median(ratios) >= args.target,
+        **({"per_step": split} if split else {}),
     }
 
 
@@ -272,6 +333,13 @@ def parse_args(argv=None):
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--batches", type=int, default=40, help="steps per epoch (default 40)")
+    p.add_argument(
+        "--long-batches",
+        type=int,
+        default=0,
+        help="also run each side at this many steps per epoch, to split its epoch into a cost per step and a "
+        "fixed cost per epoch (slope and intercept; default off)",
+    )
     p.add_argument("--epochs", type=int, default=3, help="epochs per run; the first is not counted (default 3)")
     p.add_argument("--repeats", type=int, default=2, help="plain/trainer pairs (default 2)")
     p.add_argument("--no-amp", dest="amp", action="store_false", help="fp32 instead of bf16 autocast")
@@ -309,6 +377,13 @@ def main(argv=None) -> None:
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if result.get("per_step"):
+        split = result["per_step"]
+        print(
+            f"per step (from {split['steps_per_epoch'][0]}- and {split['steps_per_epoch'][1]}-step epochs): plain/trainer "
+            f"{split['per_step_median_ratio']:.3f} (plain {split['plain_step_ms']} ms, trainer {split['trainer_step_ms']} ms); "
+            f"fixed per epoch: plain {split['plain_fixed_ms_per_epoch']} ms, trainer {split['trainer_fixed_ms_per_epoch']} ms"
+        )
     print(f"wrote {args.out}")
 
 

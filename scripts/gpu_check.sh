@@ -21,7 +21,8 @@
 #                              compile=true` (two epochs), into <out>/headline: is it compute-bound?
 #   --ceiling                  also the trainer against a hand-written loop on the same device-resident work
 #                              (scripts/bench_ceiling.py: ResNet-50, bf16, channels_last, compile, fused SGD, batch
-#                              256; target 1.00x), into <out>/ceiling.json and scripts/results/bench_ceiling.json
+#                              256, 40- and 120-step epochs: its cost per step and per epoch; target 1.00x), into
+#                              <out>/ceiling.json and scripts/results/bench_ceiling.json
 #   --overhead                 also the trainer against a plain PyTorch loop where the host is the limit
 #                              (scripts/bench_overhead.py: ResNet-18, 32 px, batch 256, 3 repeats; target 5%)
 #   --packed                   the jpeg table also trains its all-on row from the same images packed
@@ -131,7 +132,7 @@ if [ -n "$JPEG_ROWS_ARG" ]; then JPEG_ROWS=$JPEG_ROWS_ARG; fi
 # so nothing is built past it).
 EPOCHS=3 SIZE=224 STORED=256 PER_CLASS=$((JPEG_IMAGES / 10)) MAX_BATCH=512 DRY=() JPEG_LIMITS=() BASE_VAL=5
 HEADLINE=("+recipe=resnet50" amp=true compile=true trainer.max_epochs=2)
-CEILING=(--device cuda)
+CEILING=(--device cuda --repeats 1 --long-batches 120)  # 40- and 120-step epochs: per step, or per epoch?
 if [ "$DRY_RUN" = 1 ]; then
   # the same sweeps, shrunk to a CPU: a tiny CNN on 32 px images, at most 3 steps per epoch, 2
   # epochs. The recipe's batch size stays (a command-line batch size would beat the bench rows'

@@ -436,7 +436,19 @@ def ceiling_line(path: Path) -> str:
         f"compile, on {r['machine'].get('device')}): trainer/plain images/s {r['median_ratio']:.3f} "
         f"(min-max {r['ratio_min']:.3f}-{r['ratio_max']:.3f}, {st['repeats']} repeat(s)); plain "
         f"{r['plain_images_per_s']:,.0f}, trainer {r['trainer_images_per_s']:,.0f}; target {r['target_ratio']:.2f}: "
-        f"{'met' if r['met'] else 'not met'}"
+        f"{'met' if r['met'] else 'not met'}" + _per_step(r.get("per_step"))
+    )
+
+
+def _per_step(split: Optional[dict]) -> str:
+    """bench_ceiling.py --long-batches: the trainer's cost per step and per epoch beside the plain loop's."""
+    if not split:
+        return ""
+    short, long = split["steps_per_epoch"]
+    return (
+        f"; per step (from {short}- and {long}-step epochs) plain/trainer {split['per_step_median_ratio']:.3f} "
+        f"({split['plain_step_ms']} vs {split['trainer_step_ms']} ms), fixed per epoch {split['plain_fixed_ms_per_epoch']} "
+        f"vs {split['trainer_fixed_ms_per_epoch']} ms"
     )
 
 

@@ -249,3 +249,29 @@ def test_a_run_without_tables_keeps_the_earlier_tables_headed_with_the_run_that_
         written = json.loads((out / "results.json").read_text())
         assert written["tables_from"]["commit"] == "abc1234" and written["environment"]["commit"] == "def5678"
         assert set(written["tables"]) == set(earlier["tables"]) and len(written["checks"]) == 2
+
+
+def test_the_ceiling_splits_each_side_into_a_cost_per_step_and_one_per_epoch():
+    """bench_ceiling.py --long-batches: each side's epochs at two lengths give its time per step (slope)
+    and per epoch (intercept); the plain side gets the longer epochs through its command line."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_ceiling
+    import gpu_results
+
+    args = bench_ceiling.parse_args(["--device", "cpu", "--batches", "40", "--long-batches", "120"])
+    longer = bench_ceiling.with_batches(args, 120)
+    assert longer.batches == 120 and args.batches == 40
+    assert bench_ceiling.parse_args(longer.argv).batches == 120 and "40" not in longer.argv
+    # plain: 45 ms a step and 25 ms an epoch; trainer: the same step and 40 ms an epoch
+    runs = [
+        {"repeat": 1, "side": "plain", "batches": 40, "epoch_s": [9.0, 40 * 0.045 + 0.025]},
+        {"repeat": 1, "side": "plain", "batches": 120, "epoch_s": [9.0, 120 * 0.045 + 0.025]},
+        {"repeat": 1, "side": "trainer", "batches": 40, "epoch_s": [9.0, 40 * 0.045 + 0.040]},
+        {"repeat": 1, "side": "trainer", "batches": 120, "epoch_s": [9.0, 120 * 0.045 + 0.040]},
+    ]
+    split = bench_ceiling.split_per_step(runs, args)
+    assert split["per_step_median_ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert split["plain_step_ms"] == pytest.approx(45.0) and split["trainer_fixed_ms_per_epoch"] == pytest.approx(40.0)
+    assert split["plain_fixed_ms_per_epoch"] == pytest.approx(25.0)
+    line = gpu_results._per_step(split)
+    assert "plain/trainer 1.000 (45.0 vs 45.0 ms), fixed per epoch 25.0 vs 40.0 ms" in line
