@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # GPU verification suite: one command for a maintainer on any CUDA machine.
 #
-# Measured on one H100 (torch 2.11, 16 cores, 2026-11-27): the GPU-marked tests more than 115 s with
+# Measured on one H100 (torch 2.11, 16 cores, 2026-11-28): the GPU-marked tests 154 s with
 # --test-workers 8 (76 tests); a compiled ResNet-50 row at batch 512 pays 55 s of compile cold and 16 s
 # for its first validation's evaluation graph (3-4 s each from a warm shared cache); the headline
-# run more than 95 s (start-up, pool, cold compile). Everything at its defaults takes longer than 15
-# minutes. With a short GPU reservation, run it in parts of about 6 minutes each, for example:
+# 106 s (start-up, pool, cold compile, two epochs); the ceiling about 220 s for two repeats of 40-step
+# epochs. Everything at its defaults takes longer than 15 minutes. With a short GPU reservation, run
+# it in parts of about 6 minutes each, for example:
 #   scripts/gpu_check.sh --recipes resnet50 --test-workers 8 --tables none --headline
 #   scripts/gpu_check.sh --recipes resnet50 --skip-tests --tables jpeg --packed --ceiling
 #
@@ -25,6 +26,10 @@
 #                              <out>/ceiling.json and scripts/results/bench_ceiling.json
 #   --overhead                 also the trainer against a plain PyTorch loop where the host is the limit
 #                              (scripts/bench_overhead.py: ResNet-18, 32 px, batch 256, 3 repeats; target 5%)
+#   --overlap                  also nvJPEG beside a stand-in step, decoded four ways (in the step's thread, in
+#                              a thread K batches per call, in a process of its own): can the decode overlap the
+#                              step? (scripts/bench_nvjpeg_overlap.py, into <out>/overlap.json and
+#                              scripts/results/bench_nvjpeg_overlap.json)
 #   --packed                   the jpeg table also trains its all-on row from the same images packed
 #                              (python -m trainer.pack, uint8 at 224 px: no decode at all)
 #   --test-workers N           run the GPU-marked tests in N pytest-xdist processes sharing the GPU
@@ -58,7 +63,7 @@ cd "$(dirname "$0")/.."
 
 DRY_RUN=0 RUN_TESTS=1 RUN_BENCH=1
 RECIPES="resnet50 vit" TABLES="synthetic jpeg" STEPS=20 JPEG_IMAGES=30720 BASELINE_STEPS=20 OUT=""
-SYNTHETIC_ROWS_ARG="" JPEG_ROWS_ARG="" TEST_WORKERS=1 RUN_OVERHEAD=0 RUN_HEADLINE=0 RUN_CEILING=0 PACKED=0
+SYNTHETIC_ROWS_ARG="" JPEG_ROWS_ARG="" TEST_WORKERS=1 RUN_OVERHEAD=0 RUN_HEADLINE=0 RUN_CEILING=0 PACKED=0 RUN_OVERLAP=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY_RUN=1 ;;
@@ -72,12 +77,13 @@ while [ $# -gt 0 ]; do
     --headline) RUN_HEADLINE=1 ;;
     --ceiling) RUN_CEILING=1 ;;
     --packed) PACKED=1 ;;
+    --overlap) RUN_OVERLAP=1 ;;
     --synthetic-rows) SYNTHETIC_ROWS_ARG="$2"; shift ;;
     --jpeg-rows) JPEG_ROWS_ARG="$2"; shift ;;
     --test-workers) TEST_WORKERS="$2"; shift ;;
     --overhead) RUN_OVERHEAD=1 ;;
     --out) OUT="$2"; shift ;;
-    -h|--help) sed -n '2,52p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; exit 0 ;;  # the comment block above
     *) echo "gpu_check.sh: unknown option '$1' (see --help)" >&2; exit 2 ;;
   esac
   shift
@@ -231,6 +237,11 @@ benchmark() {  # benchmark NAME WHAT SCRIPT KEPT_AS ARGS...: a scripts/ benchmar
 }
 if [ "$RUN_CEILING" = 1 ]; then
   benchmark ceiling "the trainer against a hand-written loop" scripts/bench_ceiling.py bench_ceiling.json "${CEILING[@]}"
+fi
+if [ "$RUN_OVERLAP" = 1 ]; then
+  oargs=()
+  if [ "$DRY_RUN" = 1 ]; then oargs=(--device cpu --batch 8 --steps 3 --step-ms 5 --ways compute,serial,thread-2); fi
+  benchmark overlap "where the nvJPEG decode can overlap the step" scripts/bench_nvjpeg_overlap.py bench_nvjpeg_overlap.json "${oargs[@]}"
 fi
 if [ "$RUN_OVERHEAD" = 1 ]; then
   # the host-bound regime the framework's per-step Python shows in; a dry run checks the plumbing on a CPU

@@ -452,6 +452,18 @@ def _per_step(split: Optional[dict]) -> str:
     )
 
 
+def overlap_line(path: Path) -> str:
+    """scripts/bench_nvjpeg_overlap.py's result in one line: each way's share of the step alone."""
+    r = json.loads(path.read_text())
+    ways = ", ".join(
+        f"{row['way']} {row['of_compute']:.2f}" if "of_compute" in row else f"{row['way']} failed" for row in r["rows"]
+    )
+    return (
+        f"nvJPEG overlap (batch {r['settings']['batch']}, a {r['settings']['step_ms']:.0f} ms stand-in step, on "
+        f"{r['machine']['device']}; decode alone {r['decode_alone_ms']} ms): share of the step alone: {ways}"
+    )
+
+
 def summary(paths: List[Path], tests_outcome: Optional[Dict[str, object]] = None) -> List[str]:
     """The check's summary: tests, and per recipe and table the best row, its speed-up, MFU, data wait,
     transfer and verdict, and the end-to-end targets across the JPEG tables."""
@@ -505,6 +517,7 @@ def main(argv=None) -> int:
     p.add_argument("--overhead", type=Path, help="with --summary: scripts/bench_overhead.py's result JSON")
     p.add_argument("--ceiling", type=Path, help="scripts/bench_ceiling.py's result JSON (the page, or --summary)")
     p.add_argument("--headline", type=Path, help="the headline run's metrics.json (the page, or --summary)")
+    p.add_argument("--overlap", type=Path, help="with --summary: scripts/bench_nvjpeg_overlap.py's result JSON")
     args = p.parse_args(argv)
     if args.summary is not None:
         lines = summary(args.summary, test_outcome(args.tests) if args.tests else None)
@@ -512,6 +525,7 @@ def main(argv=None) -> int:
             (args.headline, headline_line),
             (args.ceiling, ceiling_line),
             (args.overhead, overhead_line),
+            (args.overlap, overlap_line),
         ):
             if path is not None:
                 lines.append(line(path) if path.exists() else f"no result: {path}")

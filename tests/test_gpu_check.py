@@ -275,3 +275,18 @@ def test_the_ceiling_splits_each_side_into_a_cost_per_step_and_one_per_epoch():
     assert split["plain_fixed_ms_per_epoch"] == pytest.approx(25.0)
     line = gpu_results._per_step(split)
     assert "plain/trainer 1.000 (45.0 vs 45.0 ms), fixed per epoch 25.0 vs 40.0 ms" in line
+
+
+def test_the_nvjpeg_overlap_benchmark_rehearses_on_a_cpu(tmp_path):
+    """scripts/bench_nvjpeg_overlap.py (a GPU measurement: where the decode can overlap the step) runs its
+    ways end to end on a CPU with torchvision's CPU decoder: each way's images/s and share of compute."""
+    out = tmp_path / "overlap.json"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_nvjpeg_overlap.py"), "--device", "cpu", "--batch", "4",
+         "--steps", "2", "--step-ms", "1", "--ways", "compute,serial,thread-2", "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["way"] for row in rows] == ["compute", "serial", "thread-2"]
+    assert all(row["images_per_s"] > 0 for row in rows) and rows[0]["of_compute"] == 1.0
