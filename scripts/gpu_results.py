@@ -274,10 +274,10 @@ def write(
     tests: Optional[Path] = None,
     notes: Optional[List[str]] = None,
     environment_from: Optional[Path] = None,
-    headline: Optional[Path] = None,
-    ceiling: Optional[Path] = None,
+    headline_metrics: Optional[Path] = None,
+    ceiling_result: Optional[Path] = None,
 ) -> Path:
-    """The page and results.json of one run. ``headline`` / ``ceiling``: that run's headline metrics.json
+    """The page and results.json of one run. ``headline_metrics`` / ``ceiling_result``: that run's headline metrics.json
     and scripts/bench_ceiling.py result, read against their targets. A run without sweeps (tests and
     those two alone, when GPU time is short) keeps the tables already in ``out``, each headed with the
     run that measured it (``tables_from``), so the page never passes an earlier run's rows as this one's."""
@@ -329,12 +329,12 @@ def write(
         heading = "## Real JPEGs end to end: the targets" + (" (the earlier run's tables)" if carried else "")
         sections.insert(0, "\n".join([heading, "", *[f"- {line}" for line in across], ""]))
     checks = [line(path) if path.exists() else f"no result: {path}" for path, line in
-              ((headline, headline_line), (ceiling, ceiling_line)) if path is not None]  # fmt: skip
+              ((headline_metrics, headline_line), (ceiling_result, ceiling_line)) if path is not None]  # fmt: skip
     if checks:
         sections.insert(0, "\n".join(["## The model's ceiling: the targets", "", *[f"- {c}" for c in checks], ""]))
     earlier = json.loads(environment_from.read_text()) if environment_from else {}
-    if not all_jobs and headline is not None and headline.exists():  # no sweep: the headline ran here
-        all_jobs = report.load_jobs([str(headline.parent)])
+    if not all_jobs and headline_metrics is not None and headline_metrics.exists():  # no sweep: the headline ran here
+        all_jobs = report.load_jobs([str(headline_metrics.parent)])
     env = earlier.get("environment") or environment(all_jobs)
     outcome = test_outcome(tests) if tests is not None or not earlier else earlier.get("tests", {"ran": False})
     kind = (

@@ -49,18 +49,33 @@ def test_gpu_check_dry_run_writes_results(tmp_path):
     # the time (the recipes themselves are smoke-tested in test_e2e and the README test)
     # the GPU-marked tests are left out here: the suite itself collects them (skipped without CUDA),
     # and test_the_gpu_tests_outcome_is_read_from_pytests_report reads an outcome like theirs
+    # --headline runs the README's first command (synthetic data gathered where the model trains, amp,
+    # compile), --ceiling the trainer against a hand-written loop on the same work and --overlap nvJPEG
+    # beside a stand-in step: the summary and resnet50's page read them against their targets (a CPU
+    # rehearsal: the numbers mean nothing, the plumbing does)
     r = _script(
-        "--dry-run", "--skip-tests", "--recipes", "vit", "--synthetic-rows", ",".join(SYNTHETIC_ROWS), "--packed",
-        "--out", str(tmp_path),
+        "--dry-run", "--skip-tests", "--recipes", "resnet50", "--synthetic-rows", ",".join(SYNTHETIC_ROWS), "--packed",
+        "--headline", "--ceiling", "--overlap", "--out", str(tmp_path),
     )  # fmt: skip
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     summary = r.stdout[r.stdout.index("] summary") :]
     assert (
         "GPU-marked tests: not run" in summary
-        and "vit / synthetic: best `" in summary
-        and "vit / jpeg: best `" in summary
-        and "vit / jpeg targets: best real-image all-on row" in summary
+        and "resnet50 / synthetic: best `" in summary
+        and "resnet50 / jpeg: best `" in summary
+        and "resnet50 / jpeg targets: best real-image all-on row" in summary
     ), summary
+    assert "headline (`python train.py +recipe=resnet50 amp=true compile=true`, ok)" in summary, summary
+    assert "ceiling (resnet18, 32 px, batch 8, bf16, channels_last, compile, on cpu): trainer/plain" in summary
+    assert "nvJPEG overlap (batch 8, a 5 ms stand-in step, on cpu;" in summary
+    headline = json.loads((tmp_path / "headline" / "metrics.json").read_text())
+    assert headline["flags"]["amp"] is True and headline["flags"]["compile"] is True
+    assert headline["flags"]["data.device_resident"] is True and headline["recipe"] == "resnet50"
+    ceiling = json.loads((tmp_path / "ceiling.json").read_text())
+    assert [run["side"] for run in ceiling["runs"]] == ["plain", "trainer"] and ceiling["ratios"][0] > 0
+    assert all(run["images_per_s"] > 0 and len(run["epoch_s"]) == 2 for run in ceiling["runs"])
+    page = (tmp_path / "resnet50" / "RESULTS.md").read_text()  # written after them, with them
+    assert "## The model's ceiling: the targets" in page and "- ceiling (resnet18" in page and "- headline (" in page
     assert "doctor (" in summary and (tmp_path / "gpu_check.log").read_text().count("== [") >= 7
     from trainer.data.dali import installed
 
@@ -72,75 +87,56 @@ def test_gpu_check_dry_run_writes_results(tmp_path):
         "jpeg_packed": ["all"],
         "jpeg_synthetic": ["all"],
     }
-    text = (tmp_path / "vit" / "RESULTS.md").read_text()
+    text = (tmp_path / "resnet50" / "RESULTS.md").read_text()
     assert "CPU DRY RUN" in text and "## synthetic" in text and "## jpeg" in text and "train.py -m +recipe=" in text
     assert "GPU-marked tests: not run with this table." in text and "## Real JPEGs end to end: the targets" in text
-    results = json.loads((tmp_path / "vit" / "results.json").read_text())
+    results = json.loads((tmp_path / "resnet50" / "results.json").read_text())
     assert results["tests"] == {"ran": False} and set(results["tables"]) == set(tables)
     assert results["tables"]["jpeg"]["best"]["samples_per_s"] > 0 and results["jpeg_targets"]
     assert [row["bench"] for row in results["tables"]["synthetic"]["rows"]] == SYNTHETIC_ROWS
-    assert (tmp_path / "vit" / "synthetic.png").exists() and (tmp_path / "vit" / "jpeg.png").exists()
+    assert (tmp_path / "resnet50" / "synthetic.png").exists() and (tmp_path / "resnet50" / "jpeg.png").exists()
     for table, names in tables.items():
-        with open(tmp_path / "vit" / table / "ab_report.csv") as f:
+        with open(tmp_path / "resnet50" / table / "ab_report.csv") as f:
             rows = list(csv.DictReader(f))
         # a one-row sweep varies nothing, so its report has no bench column: the jobs below name it
         assert [row.get("bench", names[0]) for row in rows] == names, table
         assert all(row["status"] == "ok" for row in rows), table
-        jobs = _jobs(tmp_path / "vit" / table)
+        jobs = _jobs(tmp_path / "resnet50" / table)
         assert sorted(jobs) == sorted(names), table
         every = jobs.get("all")
         if every:
             assert every["flags"]["amp"] is True and every["flags"]["compile"] is True and every["compile_time_s"]
             assert every["flags"]["data.batch_size"] == "auto" and isinstance(every["batch_size"], int)
-    synthetic = _jobs(tmp_path / "vit" / "synthetic")
+    synthetic = _jobs(tmp_path / "resnet50" / "synthetic")
     assert synthetic["compile"]["compile_time_s"] and synthetic["big_batch"]["flags"]["data.batch_size"] == "auto"
     assert synthetic["baseline"]["flags"]["amp"] is False and all(
         m["flags"]["data.device_resident"] for m in synthetic.values()
     )
-    jpeg = _jobs(tmp_path / "vit" / "jpeg")
+    jpeg = _jobs(tmp_path / "resnet50" / "jpeg")
     assert jpeg["all_turbo"]["flags"]["data.decoder"] == "turbo" and jpeg["all_turbo"]["decoder"] == "turbo"
     assert jpeg["all"]["flags"]["data.decoder"] == "nvjpeg" and jpeg["all"]["decoder"] == "torchvision"  # CPU fallback
     assert jpeg["all_turbo"]["num_workers"] == max(0, min(16, len(os.sched_getaffinity(0)) - 1))
-    baseline = _jobs(tmp_path / "vit" / "jpeg_baseline")["baseline"]
+    baseline = _jobs(tmp_path / "resnet50" / "jpeg_baseline")["baseline"]
     assert baseline["flags"]["data.gpu_normalize"] is False and baseline["flags"]["amp"] is False
-    assert _jobs(tmp_path / "vit" / "jpeg_packed")["all"]["data"]["name"] == "packed"
-    beside = _jobs(tmp_path / "vit" / "jpeg_synthetic")["all"]
+    assert _jobs(tmp_path / "resnet50" / "jpeg_packed")["all"]["data"]["name"] == "packed"
+    beside = _jobs(tmp_path / "resnet50" / "jpeg_synthetic")["all"]
     assert beside["data"]["name"] == "synthetic" and beside["flags"]["data.device_resident"] is True
 
     # the page written again from the same sweeps, elsewhere: a note, and the environment it ran in
     sys.path.insert(0, str(ROOT / "scripts"))
     import gpu_results
 
-    ran = json.loads((tmp_path / "vit" / "results.json").read_text())
+    ran = json.loads((tmp_path / "resnet50" / "results.json").read_text())
     ran["environment"]["device"] = "NVIDIA H100 80GB HBM3 (cuda, 1 device)"  # as written where the sweeps ran
     (tmp_path / "ran_there.json").write_text(json.dumps(ran))
     note = "the all row was stopped by the check's time limit"
     gpu_results.write(
-        "vit", [tmp_path / "vit" / "synthetic"], tmp_path / "again", dry_run=True, notes=[note],
+        "resnet50", [tmp_path / "resnet50" / "synthetic"], tmp_path / "again", dry_run=True, notes=[note],
         environment_from=tmp_path / "ran_there.json",
     )  # fmt: skip
     text = (tmp_path / "again" / "RESULTS.md").read_text()
     assert "- device: NVIDIA H100 80GB HBM3 (cuda, 1 device)" in text and f"## Notes on this run\n\n- {note}" in text
     assert json.loads((tmp_path / "again" / "results.json").read_text())["notes"] == [note]
-
-
-@pytest.mark.slow
-@pytest.mark.heavy
-def test_gpu_check_dry_run_measures_the_headline_and_the_ceiling(tmp_path):
-    """--headline runs the README's first command (synthetic data gathered where the model trains,
-    amp, compile) and --ceiling the trainer against a hand-written loop on the same work; the summary
-    reads both against their targets (a CPU rehearsal: the numbers mean nothing, the plumbing does)."""
-    r = _script("--dry-run", "--skip-tests", "--tables", "none", "--headline", "--ceiling", "--out", str(tmp_path))
-    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    summary = r.stdout[r.stdout.index("] summary") :]
-    assert "headline (`python train.py +recipe=resnet50 amp=true compile=true`, ok)" in summary, summary
-    assert "ceiling (resnet18, 32 px, batch 8, bf16, channels_last, compile, on cpu): trainer/plain" in summary
-    headline = json.loads((tmp_path / "headline" / "metrics.json").read_text())
-    assert headline["flags"]["amp"] is True and headline["flags"]["compile"] is True
-    assert headline["flags"]["data.device_resident"] is True and headline["recipe"] == "resnet50"
-    ceiling = json.loads((tmp_path / "ceiling.json").read_text())
-    assert [run["side"] for run in ceiling["runs"]] == ["plain", "trainer"] and ceiling["ratios"][0] > 0
-    assert all(run["images_per_s"] > 0 and len(run["epoch_s"]) == 2 for run in ceiling["runs"])
 
 
 def test_gpu_check_without_a_gpu_says_so():
@@ -238,7 +234,7 @@ def test_a_run_without_tables_keeps_the_earlier_tables_headed_with_the_run_that_
     for _ in range(2):  # the second page is written from the first one's results.json
         gpu_results.write(
             "resnet50", [], out, environment_from=tmp_path / "env.json",
-            headline=tmp_path / "metrics.json", ceiling=tmp_path / "ceiling.json",
+            headline_metrics=tmp_path / "metrics.json", ceiling_result=tmp_path / "ceiling.json",
         )  # fmt: skip
         text = (out / "RESULTS.md").read_text()
         assert "- commit: def5678" in text and "## The model's ceiling: the targets" in text
