@@ -410,19 +410,3 @@ def test_step_loss_reaches_tensorboard_every_log_every_n_steps(train):
     assert steps == list(range(3, 25, 3)), steps
     assert all(e.value > 0 for e in events.Scalars("train/loss"))
     assert "train/loss_epoch" in events.Tags()["scalars"]
-
-
-def test_fused_falls_back_where_the_strategy_gives_channels_last_weights_contiguous_gradients(compose, caplog):
-    """strategy=fsdp (FSDP1) keeps a channels-last weight's strides but hands it a contiguous gradient;
-    torch's CUDA fused SGD refused that pair at the first step on an H100 (``check_fast_path_restrictions``).
-    The optimizer is built with foreach there, and says why; contiguous weights keep the fused kernel."""
-    from trainer.models.optimizers import build_optimizer
-
-    cfg = compose("optim.name=sgd", "optim.fused=auto").optim
-    conv = torch.nn.Conv2d(3, 8, 3).to(memory_format=torch.channels_last)
-    opt = build_optimizer(conv, cfg, on_cuda=True, contiguous_grads=True)
-    assert not opt.defaults.get("fused") and opt.defaults["foreach"] is True
-    assert "contiguous gradient (FSDP1)" in caplog.text
-    assert build_optimizer(conv, cfg, on_cuda=True).defaults["fused"] is True  # no such strategy: fused
-    plain = torch.nn.Conv2d(3, 8, 3)
-    assert build_optimizer(plain, cfg, on_cuda=True, contiguous_grads=True).defaults["fused"] is True

@@ -167,13 +167,7 @@ class ImageClassifier(pl.LightningModule):
 
     def configure_optimizers(self):
         loss_scaled_on_cuda = str(self.trainer.precision) == "16-mixed" and self.device.type == "cuda"
-        optimizer = build_optimizer(
-            self.net,
-            self.optim_cfg,
-            loss_scaled_on_cuda,
-            on_cuda=self.device.type == "cuda",
-            contiguous_grads=isinstance(self.trainer.strategy, FSDPStrategy),
-        )
+        optimizer = build_optimizer(self.net, self.optim_cfg, loss_scaled_on_cuda, on_cuda=self.device.type == "cuda")
         if self.sched_cfg.name == "constant":  # also the only schedule for max_epochs=-1 (no known length)
             return optimizer
         sched = build_scheduler(

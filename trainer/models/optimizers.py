@@ -64,15 +64,11 @@ def _implementation(fused, on_cuda: bool = False) -> dict:
     return {}
 
 
-def _check_fused(groups, contiguous_grads: bool = False) -> None:
+def _check_fused(groups) -> None:
     """Ask now what torch only checks at the first ``step()``: can every parameter use the fused kernel?
 
     Without this the fallback below could never run: the optimizer builds fine and the run dies at
-    its first step instead. ``contiguous_grads``: the strategy gives every parameter a contiguous
-    gradient whatever the parameter's strides (FSDP1's views into its flat gradient). torch's CUDA
-    fused kernels need a parameter, its gradient and its state laid out alike, so a channels-last
-    weight there cannot take them (``check_fast_path_restrictions`` at the first step, seen on an H100
-    with strategy=fsdp channels_last=true).
+    its first step instead.
     """
     try:
         from torch.optim.optimizer import _device_dtype_check_for_fused
@@ -81,11 +77,6 @@ def _check_fused(groups, contiguous_grads: bool = False) -> None:
     for group in groups:
         for p in group["params"] if isinstance(group, dict) else [group]:
             _device_dtype_check_for_fused(p)
-            if contiguous_grads and not p.is_contiguous():
-                raise RuntimeError(
-                    f"a parameter of shape {tuple(p.shape)} has strides {p.stride()} and the strategy gives it a "
-                    "contiguous gradient (FSDP1); the fused kernel needs both laid out alike"
-                )
 
 
 def _zero_momentum_for_fused_sgd(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -118,15 +109,10 @@ def _keep_zero_momentum(optimizer: torch.optim.Optimizer) -> torch.optim.Optimiz
 
 
 def build_optimizer(
-    model: torch.nn.Module,
-    cfg,
-    loss_scaled_on_cuda: bool = False,
-    on_cuda: bool = False,
-    contiguous_grads: bool = False,
+    model: torch.nn.Module, cfg, loss_scaled_on_cuda: bool = False, on_cuda: bool = False
 ) -> torch.optim.Optimizer:
     """``on_cuda``: the parameters train on a CUDA device (optim.fused=auto picks the fused kernels);
-    ``loss_scaled_on_cuda``: there, under fp16 loss scaling; ``contiguous_grads``: the strategy gives
-    each parameter a contiguous gradient (strategy=fsdp; see ``_check_fused``)."""
+    ``loss_scaled_on_cuda``: there, under fp16 loss scaling."""
     groups = param_groups(model, cfg.weight_decay, cfg.get("norm_weight_decay", 0.0), cfg.get("bias_weight_decay", 0.0))
     if cfg.name == "sgd":
         cls, kwargs = torch.optim.SGD, {"lr": cfg.lr, "momentum": cfg.momentum, "nesterov": cfg.nesterov}
@@ -154,7 +140,7 @@ def build_optimizer(
     impl = _implementation(cfg.get("fused", "auto"), (on_cuda or loss_scaled_on_cuda) and not sharded)
     try:
         if impl.get("fused"):
-            _check_fused(groups, contiguous_grads)
+            _check_fused(groups)
         optimizer = cls(groups, **kwargs, **impl)
     except (RuntimeError, ValueError) as e:
         if not impl.get("fused"):
