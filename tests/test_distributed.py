@@ -600,3 +600,58 @@ def test_the_journal_written_after_each_epoch_reads_no_metric_lightning_reduces_
     metrics, _ = train("trainer.max_epochs=2", "trainer.limit_val_batches=0")
     assert metrics["status"] == "ok" and len(metrics["epochs"]) == 2
     assert not read_by_journal, "the epoch-end journal read trainer.callback_metrics (a collective under DDP)"
+
+
+def _fsdp1_one_step(rank: int, port: int, out: str) -> None:
+    """One rank: the same small CNN, channels-last, plain and under FSDP1 (as strategy=fsdp wraps it:
+    use_orig_params) sharded and unsharded; the largest weight difference after one SGD step."""
+    import copy
+    import json
+    import os
+
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(288, 4))
+    x = torch.randn(2, 3, 8, 8)  # the same on both ranks: their averaged gradient is the plain model's
+    found = {}
+    for sharding in ("FULL_SHARD", "NO_SHARD"):
+        plain = copy.deepcopy(net).to(memory_format=torch.channels_last)
+        wrapped = FSDP(
+            copy.deepcopy(net).to(memory_format=torch.channels_last),
+            use_orig_params=True,
+            device_id=torch.device("cpu"),
+            sharding_strategy=getattr(ShardingStrategy, sharding),
+        )
+        for model in (plain, wrapped):
+            model(x).sum().backward()
+            torch.optim.SGD(model.parameters(), lr=1.0, foreach=True).step()
+        with FSDP.summon_full_params(wrapped):
+            found[sharding] = (wrapped.module[0].weight - plain[0].weight).abs().max().item()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(found, f)
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.whole_machine  # two ranks: one core each
+def test_fsdp1_trains_channels_last_weights_right_only_when_it_shards(tmp_path):
+    """Why strategy=fsdp channels_last=true is refused where FSDP1 would not shard (one GPU, NO_SHARD): there
+    torch gives a channels-last weight its gradient in the wrong element order, and the step trains on it
+    without an error; sharded, it matches the plain model. If torch fixes the unsharded case, this fails:
+    lift the refusal (switches/switchboard.py) then."""
+    import json
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "found.json"
+    torch.multiprocessing.spawn(_fsdp1_one_step, args=(port, str(out)), nprocs=2)
+    found = json.loads(out.read_text())
+    assert found["FULL_SHARD"] < 1e-6, found  # sharded: the plain model's step
+    assert found["NO_SHARD"] > 0.1, found  # unsharded: weights moved by gradients on the wrong elements

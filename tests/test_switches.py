@@ -450,6 +450,29 @@ def test_fsdp2_with_channels_last_is_refused_up_front(train, monkeypatch):
     assert not built
 
 
+def test_fsdp1_with_channels_last_is_refused_where_it_would_not_shard(fake_gpu, compose):
+    """Unsharded, FSDP1 hands channels-last weights their gradients in the wrong element order
+    (tests/test_distributed.py::test_fsdp1_trains_channels_last_weights_right_only_when_it_shards): one GPU,
+    NO_SHARD, or HYBRID_SHARD with one GPU per node is refused before anything is built; sharded it runs."""
+    from trainer.errors import ConfigError
+    from trainer.switches import switchboard
+
+    two = fake_gpu("NVIDIA H100 80GB HBM3", (9, 0), count=2)
+    fsdp = ["strategy=fsdp", "channels_last=true"]
+    with pytest.raises(ConfigError, match=r"a shard group of one GPU \(FULL_SHARD\).*channels_last=false"):
+        switchboard.resolve(compose(*fsdp, "devices=1"), two)
+    with pytest.raises(ConfigError, match="with NO_SHARD"):
+        switchboard.resolve(compose(*fsdp, "devices=2", "fsdp.sharding_strategy=NO_SHARD"), two)
+    with pytest.raises(ConfigError, match=r"a shard group of one GPU \(HYBRID_SHARD\)"):
+        switchboard.resolve(compose(*fsdp, "devices=1", "num_nodes=2", "fsdp.sharding_strategy=HYBRID_SHARD"), two)
+    assert switchboard.resolve(compose(*fsdp, "devices=2"), two).strategy == "fsdp"
+    assert switchboard.resolve(compose(*fsdp, "devices=auto"), two).strategy == "fsdp"  # both GPUs
+    assert switchboard.resolve(compose("strategy=fsdp", "devices=1"), two).strategy == "fsdp"  # contiguous weights
+    one = fake_gpu("NVIDIA H100 80GB HBM3", (9, 0), count=1)
+    with pytest.raises(ConfigError, match="shard group of one GPU"):
+        switchboard.resolve(compose(*fsdp, "devices=auto"), one)  # on a one-GPU machine
+
+
 def test_fsdp_without_gpu_names_fsdp2(train):
     from trainer.errors import ConfigError
 

@@ -448,17 +448,6 @@ def test_the_copy_share_agrees_with_the_trace(train):
     assert device and share is not None and share == pytest.approx(copies / total, abs=0.03), (share, copies / total)
 
 
-def test_fsdp1_keeps_channels_last_weights(compose, tmp_path):
-    """FSDP1 keeps each parameter's strides in its flat parameter: the weights the convolution sees are channels-last."""
-    from trainer.run import run
-
-    args = PROBE + ["strategy=fsdp", "devices=1", "channels_last=true", "checkpoint.enabled=false"]
-    m = run(compose(*__import__("conftest").TINY, *args), str(tmp_path / "run"), args)
-    seen = training_snapshots()
-    assert m["status"] == "ok", m["error"]
-    assert seen and all(s["weight_channels_last"] and s["input_channels_last"] for s in seen)
-
-
 def test_nvjpeg_decode_overlaps_the_step_with_device_prefetch(train, compose, tmp_path, monkeypatch, add_callbacks):
     """The batched decode (which ends in a wait for its own stream) runs in the prefetch thread: a step
     slower than the decode never waits for a batch, so neither data wait nor transfer is charged."""

@@ -7,8 +7,9 @@ The order, and why:
    blocks. Under ``strategy=fsdp`` Lightning's FSDPStrategy checkpoints the blocks it wraps instead
    (``fsdp_checkpoint_policy``): checkpointing them twice would recompute twice.
 2. ``apply_model_input`` (``channels_last=true``): weights converted before any wrapper copies
-   them (FSDP1 keeps the strides it finds when it flattens; FSDP2 refuses non-contiguous weights,
-   so ``switchboard.resolve`` refuses that pair), and ``ModelInput`` converts every 4-D input at
+   them (FSDP1 keeps the strides it finds when it flattens, and trains them right only when it
+   shards; FSDP2 refuses non-contiguous weights: ``switchboard.resolve`` refuses fsdp2 with
+   channels_last, and fsdp with it where FSDP1 would not shard), and ``ModelInput`` converts every 4-D input at
    the start of each network's forward; for the built-in classifier it normalizes a uint8 batch
    there too, inside the compiled graph.
    The batch-size search runs after these two, on the eager model (``trainer.run``).

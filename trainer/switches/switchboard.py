@@ -30,6 +30,11 @@ from trainer.switches.model_transforms import fsdp_checkpoint_policy
 log = logging.getLogger(__name__)
 
 
+def per_node(accelerator: str, devices, hw: Hardware) -> int:
+    """Processes per node for ``devices`` (``auto`` and -1: every GPU, or one process on a CPU)."""
+    return devices if isinstance(devices, int) and devices > 0 else (hw.count if accelerator == "cuda" else 1)
+
+
 @dataclass
 class Plan:
     accelerator: str  # "cpu" | "cuda"
@@ -41,12 +46,7 @@ class Plan:
     warnings: List[str] = field(default_factory=list)
 
     def world_size(self, hw: Hardware) -> int:
-        per_node = (
-            self.devices
-            if isinstance(self.devices, int) and self.devices > 0
-            else (hw.count if self.accelerator == "cuda" else 1)
-        )
-        return per_node * self.num_nodes
+        return per_node(self.accelerator, self.devices, hw) * self.num_nodes
 
     def banner(self, cfg, hw: Hardware) -> str:
         dtypes = "bf16" + ("" if hw.bf16_native else " (emulated, slow)") + (", fp16" if hw.fp16 else "")
@@ -120,7 +120,7 @@ def resolve(cfg, hw: Hardware) -> Plan:
             "'strategy=fsdp' needs CUDA GPUs (Lightning's FSDPStrategy refuses CPU). On this machine use "
             "strategy=fsdp2 (FSDP2 via fully_shard, also runs on CPU with gloo), or strategy=ddp / auto."
         )
-    _refuse_with_sharding(cfg)
+    _refuse_with_sharding(cfg, per_node(accelerator, devices, hw))
     if cfg.sync_batchnorm and accelerator != "cuda":
         raise ConfigError(
             "'sync_batchnorm=true' needs CUDA GPUs (torch's SyncBatchNorm does not run on CPU). Allowed here: sync_batchnorm=false."
@@ -134,17 +134,32 @@ def resolve(cfg, hw: Hardware) -> Plan:
     return Plan(accelerator, devices, cfg.num_nodes, precision, amp_dtype, cfg.strategy, warnings)
 
 
-def _refuse_with_sharding(cfg) -> None:
+def _refuse_with_sharding(cfg, ranks_per_node: int) -> None:
     """Flags whose work a sharded strategy cannot do (or would undo): refused before anything is built."""
     if cfg.strategy == "fsdp2":
         refuse_unsharded_user_module(cfg)  # a module that cannot be sharded, before its ranks start
     if cfg.strategy == "fsdp2" and cfg.channels_last:
         # FSDP1 (strategy=fsdp) keeps each parameter's strides in its flat parameter (torch >= 2.6), so
-        # there channels_last weights stay channels-last; FSDP2 refuses to shard them at all
+        # there channels_last weights stay channels-last when it shards; FSDP2 refuses to shard them at all
         raise ConfigError(
             "'strategy=fsdp2' cannot shard channels-last weights (FSDP2's fully_shard takes only contiguous parameters; "
             "it would fail after the data and model are built). Allowed: channels_last=false with strategy=fsdp2, "
-            "or channels_last=true with strategy=fsdp (GPU), ddp or auto."
+            "or channels_last=true with strategy=fsdp on two or more GPUs, ddp or auto."
+        )
+    sharding = cfg.fsdp.sharding_strategy
+    shard_group = ranks_per_node if sharding == "HYBRID_SHARD" else ranks_per_node * cfg.num_nodes
+    unsharded = sharding == "NO_SHARD" or shard_group == 1
+    if cfg.strategy == "fsdp" and cfg.channels_last and unsharded:
+        # FSDP1 run unsharded (torch switches one rank to NO_SHARD) keeps a channels-last weight's strides
+        # but gives it a contiguous gradient over the flat gradient's channels-last memory: the values
+        # land on the wrong elements and the run trains on them (torch 2.11 and 2.14;
+        # tests/test_distributed.py::test_fsdp1_trains_channels_last_weights_right_only_when_it_shards)
+        why = "with NO_SHARD" if sharding == "NO_SHARD" else f"and a shard group of one GPU ({sharding})"
+        raise ConfigError(
+            f"'strategy=fsdp' with 'channels_last=true' {why}: torch's FSDP1 then hands each channels-last weight its "
+            "gradient in the wrong element order, and the run would train on it without an error. Allowed: "
+            "channels_last=false with strategy=fsdp here, channels_last=true with strategy=auto or ddp, or strategy=fsdp "
+            "with a sharding fsdp.sharding_strategy on two or more GPUs."
         )
     if cfg.ema and cfg.strategy in ("fsdp", "fsdp2"):
         # Lightning's weight averaging keeps a whole, unsharded copy of the module (it says so itself)
