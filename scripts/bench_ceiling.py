@@ -224,14 +224,15 @@ def machine() -> dict:
 
 
 def with_batches(args, batches: int):
-    """The same settings at another number of steps per epoch (the plain side reads them from argv)."""
+    """The same settings at another number of steps per epoch (the plain side reads them from argv, which
+    loses --long-batches: one run has one length)."""
     longer = argparse.Namespace(**vars(args))
-    longer.batches = batches
+    longer.batches, longer.long_batches = batches, 0
     argv, i = list(args.argv), 0
     while i < len(argv):
-        if argv[i] == "--batches":
+        if argv[i] in ("--batches", "--long-batches"):
             del argv[i : i + 2]
-        elif argv[i].startswith("--batches="):
+        elif argv[i].startswith(("--batches=", "--long-batches=")):
             del argv[i]
         else:
             i += 1
@@ -350,6 +351,10 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)  # internal: run the plain loop once
     args = p.parse_args(argv)
+    if args.long_batches and args.long_batches <= args.batches:
+        p.error(
+            f"--long-batches ({args.long_batches}) must be more than --batches ({args.batches}): it is the longer epoch"
+        )
     args.argv = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--plain"]
     return args
 

@@ -126,29 +126,37 @@ def way_thread(step: Step, files, args, device, k: int) -> float:
     side = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def produce() -> None:
-        if side is not None:
-            torch.cuda.set_device(device)
-        while not stop.is_set():
+        try:
             if side is not None:
-                with torch.cuda.stream(side):
-                    batches = decode_batches(files, k, args.batch, device)
-                    event = torch.cuda.Event()
-                    event.record(side)
-            else:
-                batches, event = decode_batches(files, k, args.batch, device), None
-            for b in batches:
-                while not stop.is_set():
-                    try:
-                        ready.put((b, event), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
+                torch.cuda.set_device(device)
+            while not stop.is_set():
+                if side is not None:
+                    with torch.cuda.stream(side):
+                        batches = decode_batches(files, k, args.batch, device)
+                        event = torch.cuda.Event()
+                        event.record(side)
+                else:
+                    batches, event = decode_batches(files, k, args.batch, device), None
+                put(batches, event)
+        except BaseException as e:  # the step loop raises it instead of waiting for ever
+            put([e], None)
+
+    def put(batches, event) -> None:
+        for b in batches:
+            while not stop.is_set():
+                try:
+                    ready.put((b, event), timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
 
     thread = threading.Thread(target=produce, daemon=True)
     thread.start()
 
     def body(i: int) -> None:
-        batch, event = ready.get()
+        batch, event = ready.get(timeout=120)
+        if isinstance(batch, BaseException):
+            raise batch
         if event is not None:
             torch.cuda.current_stream(device).wait_event(event)
             batch.record_stream(torch.cuda.current_stream(device))
@@ -187,8 +195,15 @@ def way_process(step: Step, files, args, device) -> float:
     out, stop = ctx.Queue(maxsize=2), ctx.Event()
     proc = ctx.Process(target=_decoder_process, args=(files, args.batch, device.index or 0, out, stop), daemon=True)
     proc.start()
+    held: list = []  # a received batch freed right after its step would make the host wait for that step
+
+    def body(i: int) -> None:
+        batch = out.get(timeout=120)
+        step.run(batch)
+        held[:] = [*held[-2:], batch]
+
     try:
-        return timed(device, args.steps, lambda i: step.run(out.get(timeout=120)))
+        return timed(device, args.steps, body)
     finally:
         stop.set()
         proc.join(timeout=10)

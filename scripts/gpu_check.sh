@@ -182,8 +182,11 @@ page() {  # page RECIPE ARGS...: the recipe's RESULTS.md and results.json from t
   shift
   if [ "$DRY_RUN" = 1 ]; then dest="$OUT/$recipe"; flag=(--dry-run); fi
   stage "$recipe: RESULTS.md and results.json"
-  "$PYTHON" scripts/gpu_results.py --recipe "$recipe" "$@" --out "$dest" --tests "$TESTS_XML" "${flag[@]}" || status=1
-  results+=("$dest/results.json")
+  if "$PYTHON" scripts/gpu_results.py --recipe "$recipe" "$@" --out "$dest" --tests "$TESTS_XML" "${flag[@]}"; then
+    results+=("$dest/results.json")
+  else
+    status=1  # its page was not written: the summary does not read the one left from before
+  fi
 }
 RESNET50_SWEEPS=()
 for recipe in $RECIPES; do
@@ -250,8 +253,8 @@ if [ "$RUN_OVERHEAD" = 1 ]; then
   benchmark overhead "the trainer against a plain loop" scripts/bench_overhead.py bench_overhead_gpu.json "${oargs[@]}"
 fi
 if [ $((RUN_HEADLINE + RUN_CEILING)) -gt 0 ] && [[ " $RECIPES " == *" resnet50 "* ]]; then
-  # resnet50's page with the headline and the ceiling beside its tables (a run without tables keeps
-  # the page's earlier ones, headed with the run that measured them)
+  # resnet50's page with the headline and the ceiling beside its tables (the parts this run did not
+  # measure are kept from the page before, each headed with the run that measured it)
   checks=()
   if [ "$RUN_HEADLINE" = 1 ]; then checks+=(--headline "$OUT/headline/metrics.json"); fi
   if [ "$RUN_CEILING" = 1 ]; then checks+=(--ceiling "$OUT/ceiling.json"); fi

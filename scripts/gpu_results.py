@@ -15,8 +15,8 @@ its rows and its best row.
     python scripts/gpu_results.py --recipe resnet50 --sweeps ... --out recipes/resnet50 \
         --environment-from recipes/resnet50/results.json --note "what the tables cannot say"
 
-A run without sweeps (the tests, the headline and the ceiling alone) keeps the tables already in
-``--out``, each headed with the earlier run that measured them:
+A run that measures some parts only (the tests, the headline and the ceiling; or one table) keeps
+the other parts of the page already in ``--out``, each headed with the earlier run that measured it:
 
     python scripts/gpu_results.py --recipe resnet50 --out recipes/resnet50 --tests OUT/gpu_tests.xml \
         --headline OUT/headline/metrics.json --ceiling OUT/ceiling.json
@@ -122,11 +122,15 @@ def _driver() -> str:
     return "none (no NVIDIA driver on this machine)"
 
 
-def environment(jobs: List[report.Job]) -> Dict[str, str]:
+def environment(jobs: List[report.Job], ceiling_result: Optional[Path] = None) -> Dict[str, str]:
+    """Where this run ran: from its jobs' metrics, or (a run of the ceiling alone) the benchmark's machine."""
     import pytorch_lightning as pl
     import torch
 
     device = next((j.metrics.get("device") for j in jobs if j.metrics.get("device")), None) or {}
+    if not device and ceiling_result is not None and ceiling_result.exists():
+        name = json.loads(ceiling_result.read_text()).get("machine", {}).get("device")
+        device = {"name": name, "accelerator": "cpu" if name == "cpu" else "cuda", "count": 1}
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
@@ -277,31 +281,32 @@ def write(
     headline_metrics: Optional[Path] = None,
     ceiling_result: Optional[Path] = None,
 ) -> Path:
-    """The page and results.json of one run. ``headline_metrics`` / ``ceiling_result``: that run's headline metrics.json
-    and scripts/bench_ceiling.py result, read against their targets. A run without sweeps (tests and
-    those two alone, when GPU time is short) keeps the tables already in ``out``, each headed with the
-    run that measured it (``tables_from``), so the page never passes an earlier run's rows as this one's."""
+    """The page and results.json of one run, merged into the page already in ``out``.
+
+    ``headline_metrics`` / ``ceiling_result``: this run's headline metrics.json and
+    scripts/bench_ceiling.py result, read against their targets. GPU time comes in short contacts,
+    so a run often measures some parts only (the tests and the headline; or a table and the
+    ceiling): what it measured replaces those parts, and every part it did not measure (a table, the
+    checks, the tests' outcome) is kept from the page before, headed with the run that measured it
+    (``table_runs``, ``checks_run``, ``tests_run`` in results.json), so the page never passes an
+    earlier run's numbers as this one's."""
     out.mkdir(parents=True, exist_ok=True)
-    all_jobs = []
-    sections = []
-    tables: Dict[str, dict] = {}
     before = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else {}
-    carried = {} if sweeps else before.get("tables") or {}
-    tables_from = (before.get("tables_from") or before.get("environment")) if carried else None
-    for name, table in carried.items():
-        tables[name] = table
-        parts = [f"## {name}", "", f"From an earlier run: {_run_label(tables_from)}.", ""]
-        parts += [f"- {line}" for line in table.get("headline") or []] + [""]
-        parts += [report.to_markdown(COLUMNS, table["rows"]), ""]
-        if (out / f"{name}.png").exists():
-            parts += [f"![{name}]({name}.png)", ""]
-        parts += ["Command:", "", "```bash", table.get("command", "(not recorded)"), "```", ""]
-        sections.append("\n".join(parts))
+    earlier = json.loads(environment_from.read_text()) if environment_from else {}
+    measured, all_jobs = [], []
     for sweep in sweeps:
         jobs = report.load_jobs([str(sweep)])
         if not jobs:
             raise SystemExit(f"no metrics.json under {sweep}: did the sweep run?")
         all_jobs += jobs
+        measured.append((sweep, jobs))
+    described = all_jobs
+    if not described and headline_metrics is not None and headline_metrics.exists():  # no sweep: the headline ran here
+        described = report.load_jobs([str(headline_metrics.parent)])
+    env = earlier.get("environment") or environment(described, ceiling_result)
+    runs_before = _part_runs(before)
+    sections, tables, table_runs = [], {}, {}
+    for sweep, jobs in measured:
         name = sweep.name
         rows = compact_rows(jobs)
         chart = sweep / "ab_report.png"
@@ -316,32 +321,44 @@ def write(
             "all_vs_baseline": every["speedup"] if every else None,
             "headline": headline(recipe, name, rows, dry_run),
         }
+        table_runs[name] = env
         size = (jobs[0].metrics.get("data") or {}).get("image_size", "?")
-        parts = [f"## {name}", "", TABLES.get(name, "").format(size=size), ""]
-        parts += [f"- {line}" for line in headline(recipe, name, rows, dry_run)] + [""]
-        parts += [report.to_markdown(COLUMNS, rows), ""]
-        if chart.exists():
-            parts += [f"![{name}]({name}.png)", ""]
-        parts += ["Command:", "", "```bash", command, "```", ""]
-        sections.append("\n".join(parts))
+        sections.append(_table_section(name, tables[name], out, TABLES.get(name, "").format(size=size)))
+    for name, table in (before.get("tables") or {}).items():
+        if name not in tables:  # not measured by this run: kept, under the run that measured it
+            tables[name], table_runs[name] = table, runs_before["tables"].get(name)
+            sections.append(_table_section(name, table, out, f"From an earlier run: {_run_label(table_runs[name])}."))
     across = jpeg_targets(recipe, tables, dry_run)
     if across:
-        heading = "## Real JPEGs end to end: the targets" + (" (the earlier run's tables)" if carried else "")
+        kept = sorted(n for n in tables if n.startswith("jpeg") and table_runs[n] is not env)
+        heading = "## Real JPEGs end to end: the targets" + (
+            f" (with {', '.join(kept)} from an earlier run)" if kept else ""
+        )
         sections.insert(0, "\n".join([heading, "", *[f"- {line}" for line in across], ""]))
-    checks = [line(path) if path.exists() else f"no result: {path}" for path, line in
-              ((headline_metrics, headline_line), (ceiling_result, ceiling_line)) if path is not None]  # fmt: skip
+    checks, checks_run = {}, {}
+    for kind, path, line in (("headline", headline_metrics, headline_line), ("ceiling", ceiling_result, ceiling_line)):
+        if path is not None:
+            checks[kind], checks_run[kind] = (line(path) if path.exists() else f"no result: {path}"), env
+        elif kind in runs_before["checks"]:  # not measured by this run: kept, under the run that measured it
+            checks[kind], checks_run[kind] = runs_before["checks"][kind]
     if checks:
-        sections.insert(0, "\n".join(["## The model's ceiling: the targets", "", *[f"- {c}" for c in checks], ""]))
-    earlier = json.loads(environment_from.read_text()) if environment_from else {}
-    if not all_jobs and headline_metrics is not None and headline_metrics.exists():  # no sweep: the headline ran here
-        all_jobs = report.load_jobs([str(headline_metrics.parent)])
-    env = earlier.get("environment") or environment(all_jobs)
-    outcome = test_outcome(tests) if tests is not None or not earlier else earlier.get("tests", {"ran": False})
+        said = [
+            checks[kind]
+            + ("" if checks_run[kind] is env else f" (from an earlier run: {_run_label(checks_run[kind])})")
+            for kind in checks
+        ]
+        sections.insert(0, "\n".join(["## The model's ceiling: the targets", "", *[f"- {c}" for c in said], ""]))
+    outcome, tests_run = test_outcome(tests) if tests is not None else {"ran": False}, env
+    if not outcome.get("ran") and earlier.get("tests", {}).get("ran"):  # the same run, its page written elsewhere
+        outcome = earlier["tests"]
+    elif not outcome.get("ran") and (before.get("tests") or {}).get("ran"):
+        outcome, tests_run = before["tests"], runs_before["tests"]
     kind = (
         "CPU DRY RUN (tiny model, few steps): checks the suite, measures nothing about the recipe"
         if dry_run
         else "measured"
     )
+    tests_said = _tests_line(outcome) + ("" if tests_run is env else f" (from an earlier run: {_run_label(tests_run)})")
     header = [
         f"# {recipe}: A/B results ({kind})",
         "",
@@ -356,7 +373,7 @@ def write(
         "",
         ANCHORS,
         "",
-        _tests_line(outcome),
+        tests_said,
         "",
     ]
     if notes:
@@ -368,16 +385,44 @@ def write(
         "dry_run": dry_run,
         "environment": env,
         "tests": outcome,
+        "tests_run": tests_run,
         "notes": list(notes or []),
         "targets": TARGETS.get(recipe, {}),
         "jpeg_targets": across,
         "checks": checks,
+        "checks_run": checks_run,
         "tables": tables,
+        "table_runs": table_runs,
     }
-    if tables_from:
-        results["tables_from"] = tables_from
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     return path
+
+
+def _part_runs(before: dict) -> dict:
+    """Which run measured each part of an earlier results.json (pages written before these were kept
+    per part: its tables under ``tables_from`` where it had one, else everything under its environment)."""
+    env = before.get("environment") or {}
+    tables_run = before.get("tables_from") or env
+    checks = before.get("checks") or {}
+    if isinstance(checks, list):  # a page written before the checks were kept by kind
+        checks = {line.split(" (", 1)[0]: line for line in checks if line.startswith(("headline (", "ceiling ("))}
+    return {
+        "tables": {
+            name: (before.get("table_runs") or {}).get(name) or tables_run for name in before.get("tables") or {}
+        },
+        "checks": {kind: (line, (before.get("checks_run") or {}).get(kind) or env) for kind, line in checks.items()},
+        "tests": before.get("tests_run") or env,
+    }
+
+
+def _table_section(name: str, table: dict, out: Path, intro: str) -> str:
+    parts = [f"## {name}", "", intro, ""]
+    parts += [f"- {line}" for line in table.get("headline") or []] + [""]
+    parts += [report.to_markdown(COLUMNS, table["rows"]), ""]
+    if (out / f"{name}.png").exists():
+        parts += [f"![{name}]({name}.png)", ""]
+    parts += ["Command:", "", "```bash", table.get("command", "(not recorded)"), "```", ""]
+    return "\n".join(parts)
 
 
 def _run_label(env: Optional[Dict[str, str]]) -> str:
@@ -456,7 +501,10 @@ def overlap_line(path: Path) -> str:
     """scripts/bench_nvjpeg_overlap.py's result in one line: each way's share of the step alone."""
     r = json.loads(path.read_text())
     ways = ", ".join(
-        f"{row['way']} {row['of_compute']:.2f}" if "of_compute" in row else f"{row['way']} failed" for row in r["rows"]
+        f"{row['way']} {row['of_compute']:.2f}"
+        if row.get("of_compute") is not None
+        else f"{row['way']} {'failed' if 'error' in row else 'not compared (no compute row)'}"
+        for row in r["rows"]
     )
     return (
         f"nvJPEG overlap (batch {r['settings']['batch']}, a {r['settings']['step_ms']:.0f} ms stand-in step, on "
@@ -474,8 +522,14 @@ def summary(paths: List[Path], tests_outcome: Optional[Dict[str, object]] = None
     for r in loaded:
         for name, table in r["tables"].items():
             best = table.get("best")
+            measured_by = (r.get("table_runs") or {}).get(name)
+            earlier = (
+                f" (from an earlier run: {_run_label(measured_by)})"
+                if measured_by not in (None, r["environment"])
+                else ""
+            )
             if not best:
-                lines.append(f"{r['recipe']} / {name}: no row finished")
+                lines.append(f"{r['recipe']} / {name}: no row finished{earlier}")
                 continue
             mfu = (
                 f"{best['mfu']:.1%}"
@@ -488,6 +542,7 @@ def summary(paths: List[Path], tests_outcome: Optional[Dict[str, object]] = None
                 + (f" [{best['speedup_ci']}]" if best.get("speedup_ci") else "")
                 + f", MFU {mfu}, data wait {format_cell(best['data_wait_fraction'])}, transfer {format_cell(best['transfer_fraction'])}"
                 + (f"; all on vs off {table['all_vs_baseline']:.2f}x" if table.get("all_vs_baseline") else "")
+                + earlier
             )
             lines.append(f"  doctor ({best['bench']}): {best.get('verdict') or '-'}")
         lines += [f"{r['recipe']} / jpeg targets: {line}" for line in r.get("jpeg_targets") or []]
@@ -533,8 +588,6 @@ def main(argv=None) -> int:
         return 0
     if not (args.recipe and args.out and (args.sweeps or args.headline or args.ceiling or args.tests)):
         p.error("--recipe and --out are needed, with --sweeps or a run's --tests, --headline, --ceiling (or --summary)")
-    if not args.sweeps and not (args.environment_from or args.headline):
-        p.error("a run without sweeps needs --headline or --environment-from: the machine it ran on")
     path = write(
         args.recipe, args.sweeps or [], args.out, args.dry_run, args.tests, args.note, args.environment_from,
         args.headline, args.ceiling,

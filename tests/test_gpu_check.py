@@ -197,27 +197,28 @@ def test_the_summary_names_the_overhead_against_a_plain_loop(tmp_path, capsys):
     ), out
 
 
-def test_a_run_without_tables_keeps_the_earlier_tables_headed_with_the_run_that_measured_them(tmp_path):
-    """A short GPU contact runs the tests, the headline and the ceiling alone: the recipe's page gets
-    them against their targets, and keeps its earlier tables under the earlier run's date and commit
-    (also when written again), never as this run's."""
+def test_short_gpu_runs_merge_into_the_page_each_part_under_the_run_that_measured_it(tmp_path):
+    """GPU time comes in short contacts that measure a few parts each: a run replaces the parts it
+    measured (a table, the headline, the ceiling, the tests' outcome) and keeps the others from the
+    page before, each headed with the run that measured it, also when written again."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import gpu_results
 
     out = tmp_path / "resnet50"
     out.mkdir()
-    earlier = json.loads((ROOT / "recipes" / "resnet50" / "results.json").read_text())
-    earlier["environment"].update(date="2026-11-01 10:00 UTC", commit="abc1234")
-    earlier.pop("tables_from", None)
+    row = {k: None for k in gpu_results.COLUMNS}
+    row.update(bench="all", batch=512, samples_per_s=4503.9, epoch_time_s=3.41, data_wait_fraction=0.037,
+               transfer_fraction=0.178, val_acc=0.71, status="ok")  # fmt: skip
+    first = {"device": "NVIDIA H100 80GB HBM3 (cuda, 1 device)", "date": "2026-11-01 10:00 UTC", "commit": "abc1234"}
+    earlier = {
+        "environment": first,
+        "tests": {"ran": True, "passed": 60, "failed": 2, "skipped": 1, "failures": []},
+        "checks": ["headline (`python train.py +recipe=resnet50 amp=true compile=true`, ok): 1,563 images/s"],
+        "tables": {
+            "jpeg": {"command": "python train.py -m ...", "rows": [row], "best": row, "headline": ["fastest row"]}
+        },
+    }  # the shape of a page written before the parts were kept apart
     (out / "results.json").write_text(json.dumps(earlier))
-    here = {
-        "environment": {
-            "device": "NVIDIA H100 80GB HBM3 (cuda, 1 device)",
-            "date": "2026-11-28 01:40 UTC",
-            "commit": "def5678",
-        }
-    }
-    (tmp_path / "env.json").write_text(json.dumps(here))
     headline = {
         "status": "ok",
         "samples_per_s": 5550.0,
@@ -231,20 +232,39 @@ def test_a_run_without_tables_keeps_the_earlier_tables_headed_with_the_run_that_
         "ratio_max": 0.9913, "plain_images_per_s": 5614.2, "trainer_images_per_s": 5561.3, "target_ratio": 1.0, "met": False,
     }  # fmt: skip
     (tmp_path / "ceiling.json").write_text(json.dumps(ceiling))
-    for _ in range(2):  # the second page is written from the first one's results.json
-        gpu_results.write(
-            "resnet50", [], out, environment_from=tmp_path / "env.json",
-            headline_metrics=tmp_path / "metrics.json", ceiling_result=tmp_path / "ceiling.json",
-        )  # fmt: skip
-        text = (out / "RESULTS.md").read_text()
-        assert "- commit: def5678" in text and "## The model's ceiling: the targets" in text
-        assert "5,550 images/s" in text and "100% of the device-resident row" in text and "met" in text
-        assert "trainer/plain images/s 0.991 (min-max 0.990-0.991, 2 repeat(s))" in text
-        assert "## jpeg\n\nFrom an earlier run: 2026-11-01 10:00 UTC, commit abc1234" in text
-        assert "the targets (the earlier run's tables)" in text
-        written = json.loads((out / "results.json").read_text())
-        assert written["tables_from"]["commit"] == "abc1234" and written["environment"]["commit"] == "def5678"
-        assert set(written["tables"]) == set(earlier["tables"]) and len(written["checks"]) == 2
+
+    def run(commit: str, **parts) -> tuple:
+        env = tmp_path / f"{commit}.json"
+        env.write_text(json.dumps({"environment": {**first, "date": "2026-11-28 01:40 UTC", "commit": commit}}))
+        gpu_results.write("resnet50", [], out, environment_from=env, **parts)
+        return (out / "RESULTS.md").read_text(), json.loads((out / "results.json").read_text())
+
+    # one contact: the headline alone (no tests, no table)
+    text, written = run("def5678", headline_metrics=tmp_path / "metrics.json")
+    assert "- commit: def5678" in text and "5,550 images/s" in text and "1,563" not in text
+    assert (
+        "100% of the device-resident row" in text
+        and "(from an earlier run" not in text.split("## jpeg")[0].split("GPU-marked tests")[0]
+    )
+    assert (
+        "GPU-marked tests: 60 passed, 2 failed, 1 skipped. (from an earlier run: 2026-11-01 10:00 UTC, commit abc1234"
+        in text
+    )
+    assert "## jpeg\n\nFrom an earlier run: 2026-11-01 10:00 UTC, commit abc1234" in text
+    assert "the targets (with jpeg from an earlier run)" in text
+    assert (
+        written["table_runs"]["jpeg"]["commit"] == "abc1234"
+        and written["checks_run"]["headline"]["commit"] == "def5678"
+    )
+    # the next contact: the ceiling alone; the headline stays, under the contact that measured it
+    text, written = run("0123abc", ceiling_result=tmp_path / "ceiling.json")
+    assert "- commit: 0123abc" in text and "trainer/plain images/s 0.991 (min-max 0.990-0.991, 2 repeat(s))" in text
+    assert "5,550 images/s" in text and "(from an earlier run: 2026-11-28 01:40 UTC, commit def5678" in text
+    assert "## jpeg\n\nFrom an earlier run: 2026-11-01 10:00 UTC, commit abc1234" in text
+    assert written["tests_run"]["commit"] == "abc1234" and written["tests"]["passed"] == 60
+    assert written["checks_run"]["ceiling"]["commit"] == "0123abc" and set(written["checks"]) == {"headline", "ceiling"}
+    summary = "\n".join(gpu_results.summary([out / "results.json"]))
+    assert "resnet50 / jpeg: best `all` 4504 samples/s" in summary and "(from an earlier run: 2026-11-01" in summary
 
 
 def test_the_ceiling_splits_each_side_into_a_cost_per_step_and_one_per_epoch():
@@ -258,19 +278,23 @@ def test_the_ceiling_splits_each_side_into_a_cost_per_step_and_one_per_epoch():
     longer = bench_ceiling.with_batches(args, 120)
     assert longer.batches == 120 and args.batches == 40
     assert bench_ceiling.parse_args(longer.argv).batches == 120 and "40" not in longer.argv
-    # plain: 45 ms a step and 25 ms an epoch; trainer: the same step and 40 ms an epoch
+    assert "--long-batches" not in longer.argv  # the plain side's run has one length
+    # plain: 45 ms a step and 25 ms an epoch; trainer: 44 ms a step (faster) and 40 ms an epoch
     runs = [
         {"repeat": 1, "side": "plain", "batches": 40, "epoch_s": [9.0, 40 * 0.045 + 0.025]},
         {"repeat": 1, "side": "plain", "batches": 120, "epoch_s": [9.0, 120 * 0.045 + 0.025]},
-        {"repeat": 1, "side": "trainer", "batches": 40, "epoch_s": [9.0, 40 * 0.045 + 0.040]},
-        {"repeat": 1, "side": "trainer", "batches": 120, "epoch_s": [9.0, 120 * 0.045 + 0.040]},
+        {"repeat": 1, "side": "trainer", "batches": 40, "epoch_s": [9.0, 40 * 0.044 + 0.040]},
+        {"repeat": 1, "side": "trainer", "batches": 120, "epoch_s": [9.0, 120 * 0.044 + 0.040]},
     ]
     split = bench_ceiling.split_per_step(runs, args)
-    assert split["per_step_median_ratio"] == pytest.approx(1.0, abs=1e-3)
-    assert split["plain_step_ms"] == pytest.approx(45.0) and split["trainer_fixed_ms_per_epoch"] == pytest.approx(40.0)
+    assert split["per_step_median_ratio"] == pytest.approx(45 / 44, abs=1e-3)  # above 1: the trainer's step is faster
+    assert split["plain_step_ms"] == pytest.approx(45.0) and split["trainer_step_ms"] == pytest.approx(44.0)
     assert split["plain_fixed_ms_per_epoch"] == pytest.approx(25.0)
+    assert split["trainer_fixed_ms_per_epoch"] == pytest.approx(40.0)
     line = gpu_results._per_step(split)
-    assert "plain/trainer 1.000 (45.0 vs 45.0 ms), fixed per epoch 25.0 vs 40.0 ms" in line
+    assert "plain/trainer 1.023 (45.0 vs 44.0 ms), fixed per epoch 25.0 vs 40.0 ms" in line
+    with pytest.raises(SystemExit):  # the longer epoch must be longer
+        bench_ceiling.parse_args(["--batches", "40", "--long-batches", "40"])
 
 
 def test_the_nvjpeg_overlap_benchmark_rehearses_on_a_cpu(tmp_path):
