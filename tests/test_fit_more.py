@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import pytorch_lightning as pl
 import torch
 
 RESNET18 = ["model._target_=torchvision.models.resnet18", "~model.width"]
@@ -174,25 +175,55 @@ def test_fused_sgd_keeps_zero_momentum_after_loading_a_state_without_any(compose
     assert buffers and all(b is not None and not b.any() for b in buffers), buffers
 
 
+class GradsAfterStep(pl.Callback):
+    """Each step's gradients as the optimizer stepped with them (after the step, before the next
+    zero_grad): (their norm, their largest element)."""
+
+    def __init__(self) -> None:
+        self.seen = []
+
+    def on_train_batch_end(self, trainer, pl_module, *args) -> None:
+        grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        self.seen.append(
+            (
+                torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])).item(),
+                max(g.abs().max().item() for g in grads),
+            )
+        )
+
+
+def _fit_tiny_clipped(cfg, precision, algorithm: str = "norm"):
+    """Four steps of the classifier on a tiny CNN with Lightning's own ``precision`` plugin, clipping at
+    1e-3 on a CPU: (the trainer, each step's (gradient norm, largest gradient))."""
+    from trainer.models.classifier import ImageClassifier
+    from trainer.models.tiny import TinyCNN
+
+    grads = GradsAfterStep()
+    torch.manual_seed(0)
+    model = ImageClassifier(TinyCNN(10, 8), cfg.optim, cfg.sched)
+    data = torch.utils.data.TensorDataset(torch.randn(48, 3, 16, 16), torch.randint(0, 10, (48,)))
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        plugins=[precision],
+        gradient_clip_val=1e-3,
+        gradient_clip_algorithm=algorithm,
+        max_steps=4,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[grads],
+    )
+    trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8))
+    return trainer, grads.seen
+
+
 @pytest.mark.parametrize("algorithm", ["norm", "value"])
 def test_gradient_clipping_reaches_the_step(train, add_callbacks, algorithm):
     """trainer.gradient_clip_val clips what the optimizer steps with (the classifier's
     configure_gradient_clipping: FSDP's own norm clipping under strategy=fsdp, Lightning's otherwise)."""
-    import pytorch_lightning as pl
-
-    seen = []
-
-    class Grads(pl.Callback):
-        def on_train_batch_end(self, trainer, pl_module, *args):  # after the step, before the next zero_grad
-            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-            seen.append(
-                (
-                    torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item(),
-                    max(g.abs().max().item() for g in grads),
-                )
-            )
-
-    add_callbacks(Grads())
+    grads = GradsAfterStep()
+    seen = grads.seen
+    add_callbacks(grads)
     m, _ = train(
         "trainer.gradient_clip_val=0.001", f"trainer.gradient_clip_algorithm={algorithm}", "trainer.max_epochs=1"
     )
@@ -212,36 +243,12 @@ def test_gradient_clipping_under_fp16_loss_scaling_with_a_fused_optimizer(compos
     gradients in its step: Lightning refuses to clip them (its AMP plugin) or, under FSDP, clips them
     still scaled. The classifier unscales them first and clips what the step uses. Lightning's own
     fp16 plugin and torch's GradScaler, on a CPU (the trainer allows fp16 only on CUDA)."""
-    import pytorch_lightning as pl
     from pytorch_lightning.plugins.precision import MixedPrecision
 
-    from trainer.models.classifier import ImageClassifier
-    from trainer.models.tiny import TinyCNN
-
     cfg = compose("optim.name=sgd", "optim.fused=true", "sched.name=constant")
-    seen = []
-
-    class Grads(pl.Callback):
-        def on_train_batch_end(self, trainer, pl_module, *args):  # after the step: what it stepped with
-            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-            seen.append(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])).item())
-
-    torch.manual_seed(0)
-    model = ImageClassifier(TinyCNN(10, 8), cfg.optim, cfg.sched)
-    data = torch.utils.data.TensorDataset(torch.randn(48, 3, 16, 16), torch.randint(0, 10, (48,)))
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        plugins=[MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu"))],
-        gradient_clip_val=1e-3,
-        max_steps=4,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        callbacks=[Grads()],
-    )
-    trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8))
+    trainer, seen = _fit_tiny_clipped(cfg, MixedPrecision("16-mixed", "cpu", torch.amp.GradScaler("cpu")))
     assert trainer.optimizers[0].defaults["fused"] is True and len(seen) == 4
-    assert all(0.5e-3 < norm <= 1.001e-3 for norm in seen), seen  # unscaled, then clipped to the norm asked for
+    assert all(0.5e-3 < norm <= 1.001e-3 for norm, _ in seen), seen  # unscaled, then clipped to the norm asked for
 
 
 @pytest.mark.parametrize("algorithm", ["norm", "value"])
@@ -250,40 +257,10 @@ def test_gradient_clipping_under_bf16_with_a_fused_optimizer(compose, algorithm)
     unscale its own gradients (torch's fused kernels, which optim.fused=auto picks on CUDA): the ViT
     recipe (AdamW, clipping at 1.0) with amp failed at its first step on a GPU. The classifier clips
     them itself. Lightning's own bf16 plugin, on a CPU (torch has fused AdamW there too)."""
-    import pytorch_lightning as pl
     from pytorch_lightning.plugins.precision import MixedPrecision
 
-    from trainer.models.classifier import ImageClassifier
-    from trainer.models.tiny import TinyCNN
-
     cfg = compose("optim.name=adamw", "optim.fused=true", "sched.name=constant")
-    seen = []
-
-    class Grads(pl.Callback):
-        def on_train_batch_end(self, trainer, pl_module, *args):  # after the step: what it stepped with
-            grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-            seen.append(
-                (
-                    torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads])).item(),
-                    max(g.abs().max().item() for g in grads),
-                )
-            )
-
-    torch.manual_seed(0)
-    model = ImageClassifier(TinyCNN(10, 8), cfg.optim, cfg.sched)
-    data = torch.utils.data.TensorDataset(torch.randn(48, 3, 16, 16), torch.randint(0, 10, (48,)))
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        plugins=[MixedPrecision("bf16-mixed", "cpu")],
-        gradient_clip_val=1e-3,
-        gradient_clip_algorithm=algorithm,
-        max_steps=4,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        callbacks=[Grads()],
-    )
-    trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=8))
+    trainer, seen = _fit_tiny_clipped(cfg, MixedPrecision("bf16-mixed", "cpu"), algorithm)
     assert trainer.optimizers[0].defaults["fused"] is True and len(seen) == 4
     if algorithm == "norm":
         assert all(norm <= 1.001e-3 for norm, _ in seen), seen
@@ -297,7 +274,6 @@ def test_fsdp1s_sharded_grad_scaler_steps_a_fused_adamw(compose):
     shape [] doesn't match the broadcast shape [1]", pytorch/pytorch#140514). Lightning's FSDP fp16
     plugin with a real ShardedGradScaler, on a CPU (a one-process gloo group for its all-reduce; Lightning's
     FSDP strategy refuses CPUs): clipping makes the classifier unscale, as strategy=fsdp always does."""
-    import pytorch_lightning as pl
     from pytorch_lightning.plugins.precision import FSDPPrecision
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
@@ -348,8 +324,6 @@ def test_fused_falls_back_with_a_message(compose, caplog):
 
 
 def test_zero_grad_to_none_switch(train):
-    import pytorch_lightning as pl
-
     seen = {}
 
     class Watch(pl.Callback):
