@@ -80,9 +80,8 @@ class ImageDataModule(pl.LightningDataModule):
         self.classes = None
         self.loaders: Loaders | None = None  # the loader object, chosen once the data sets are built
         self._loader_state = None  # a checkpoint's loader state, restored before the loader object exists
-        # the EpochTimer's StepClock: with data.device_prefetch the step loop's wait for a batch is
-        # split into data wait and transfer by the prefetcher (set by trainer.run)
-        # the prefetching loader's waits, read by the step timer (data.device_prefetch)
+        # data.device_prefetch: the prefetching loader records the step loop's waits for a batch here,
+        # and the epoch timer's StepClock reads them to split data wait from transfer
         self.prefetch_waits = PrefetchWaits()
         # progressive_resize: the training image size of each epoch (set by trainer.run); None: data.image_size
         self.train_sizes: list | None = None

@@ -25,11 +25,11 @@ pytorch/vision#9606 (corrupted sums in 199 of 200 tries on an H100), meta-pytorc
 So the decode runs with a stream of its own current (``decode_stream``, one per device, on which
 nothing else runs and nothing but the decoder's outputs is allocated), and the caller's stream waits
 for it on the device (``wait_stream``; torchvision makes the host wait for its own decode stream).
-The decoded images are read only by
-the batched crop, on the caller's stream; instead of a ``record_stream`` per image (a call each),
-the decoder keeps the last two batches' decoded images alive, each until an event recorded after its
-crop has passed, or marks them used by the crop's stream when it lets go of them earlier (``_Held``):
-their blocks go back to the decode stream's pool only once nothing queued still reads them.
+The decoded images are read only by the batched crop, on the caller's stream; instead of a
+``record_stream`` per image (a call each), the decoder keeps the last two batches' decoded images
+alive, each until an event recorded after its crop has passed, or marks them used by the crop's
+stream when it lets go of them earlier (``_Held``): their blocks go back to the decode stream's
+pool only once nothing queued still reads them.
 
 What the decode costs the host: on an H100 (torchvision 0.26) the call mostly returns only once the
 work already queued on the device has run, on whatever stream it was queued. A decode of 64 JPEGs of
