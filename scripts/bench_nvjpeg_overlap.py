@@ -1,4 +1,4 @@
-"""Can the GPU decode the next batches while it trains? nvJPEG beside a stand-in step, four ways.
+"""Can the GPU decode the next batches while it trains? nvJPEG beside a stand-in step, five ways.
 
 Why this exists: on one H100 (torchvision 0.26) a call of torchvision's batched ``decode_jpeg(...,
 device="cuda")`` mostly returned only after the work already queued on the device had run, whatever
@@ -13,7 +13,10 @@ framework, what each way of placing the decode gives:
   their files, then each batch's crop), up to 2K batches queued ahead, the step loop waiting on
   each batch's event on the device (K=1 is what the trainer does today);
 - ``process``: a decoding process of its own (its own CUDA context, whose waits do not see this
-  process's work), handing each batch over through CUDA IPC (``torch.multiprocessing``), one ahead.
+  process's work), handing each batch over through CUDA IPC (``torch.multiprocessing``), one ahead;
+- ``nvimgcodec-K``: ``thread-K`` with the product's ``data.nvjpeg_library=nvimgcodec`` decode
+  (``trainer.data.nvimgcodec_decode``: the same nvJPEG through NVIDIA's nvImageCodec, ordered on the
+  producer's stream) in place of torchvision's.
 
 Each way runs ``--steps`` steps after a warm-up; the result is its images/s and its share of
 ``compute``'s. The step reads its batch (a mean of it enters the products), so a step cannot run
@@ -21,7 +24,7 @@ before its batch is decoded. The JPEGs are ``--batch`` images of 256 x 320 px (q
 random content) encoded once, cropped and resized to 224 px by the product's ``resized_crops``.
 
     python scripts/bench_nvjpeg_overlap.py                        # one CUDA GPU
-    python scripts/bench_nvjpeg_overlap.py --device cpu --batch 8 --steps 3 --step-ms 5 --ways compute,serial,thread-2
+    python scripts/bench_nvjpeg_overlap.py --device cpu --batch 8 --steps 3 --step-ms 5 --ways compute,serial,thread-2,nvimgcodec-2
                                                                    # does it run? (a CPU rehearsal)
 
 Results go to ``--out`` (default scripts/results/bench_nvjpeg_overlap.json) and a table is printed.
@@ -62,9 +65,10 @@ def make_jpegs(n: int, seed: int = 0) -> list:
     return out
 
 
-def decode_batches(files: list, k: int, batch: int, device: torch.device) -> list:
-    """k batches in one decode call, then each batch's center crop to SIZE: uint8 N x 3 x SIZE x SIZE each."""
-    images = decode_jpeg(files * k, device=device)
+def decode_batches(files: list, k: int, batch: int, device: torch.device, codec=None) -> list:
+    """k batches in one decode call (torchvision's, or ``codec``: an nvimgcodec_decode.BatchDecoder),
+    then each batch's center crop to SIZE: uint8 N x 3 x SIZE x SIZE each."""
+    images = decode_jpeg(files * k, device=device) if codec is None else codec(files * k, device)
     boxes = center_boxes([(HEIGHT, WIDTH)] * batch, int(SIZE / 0.875), SIZE)
     flips = torch.zeros(batch, dtype=torch.bool)
     return [resized_crops(images[i * batch : (i + 1) * batch], boxes, flips, SIZE) for i in range(k)]
@@ -95,6 +99,13 @@ class Step:
             torch.mm(x, self.a, out=self.c)
 
 
+def codec():
+    """The product's nvImageCodec batch decode (data.nvjpeg_library=nvimgcodec)."""
+    from trainer.data.nvimgcodec_decode import BatchDecoder
+
+    return BatchDecoder()
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -120,7 +131,7 @@ def way_serial(step: Step, files, args, device) -> float:
     return timed(device, args.steps, lambda i: step.run(decode_batches(files, 1, args.batch, device)[0]))
 
 
-def way_thread(step: Step, files, args, device, k: int) -> float:
+def way_thread(step: Step, files, args, device, k: int, codec=None) -> float:
     ready: "queue.Queue" = queue.Queue(maxsize=2 * k)
     stop = threading.Event()
     side = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -132,11 +143,11 @@ def way_thread(step: Step, files, args, device, k: int) -> float:
             while not stop.is_set():
                 if side is not None:
                     with torch.cuda.stream(side):
-                        batches = decode_batches(files, k, args.batch, device)
+                        batches = decode_batches(files, k, args.batch, device, codec)
                         event = torch.cuda.Event()
                         event.record(side)
                 else:
-                    batches, event = decode_batches(files, k, args.batch, device), None
+                    batches, event = decode_batches(files, k, args.batch, device, codec), None
                 put(batches, event)
         except BaseException as e:  # the step loop raises it instead of waiting for ever
             put([e], None)
@@ -217,7 +228,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=256, help="images per batch (default 256)")
     p.add_argument("--steps", type=int, default=40, help="timed steps per way (default 40)")
     p.add_argument("--step-ms", type=float, default=45.0, help="the stand-in step's device time (default 45 ms)")
-    p.add_argument("--ways", default="compute,serial,thread-1,thread-2,thread-3,process")
+    p.add_argument("--ways", default="compute,serial,thread-1,thread-2,thread-3,process,nvimgcodec-1,nvimgcodec-2")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
@@ -232,6 +243,8 @@ def main(argv=None) -> int:
         try:
             if way.startswith("thread-"):
                 seconds = way_thread(step, files, args, device, int(way.split("-")[1]))
+            elif way.startswith("nvimgcodec-"):
+                seconds = way_thread(step, files, args, device, int(way.split("-")[1]), codec())
             else:
                 seconds = {"compute": way_compute, "serial": way_serial, "process": way_process}[way](
                     step, files, args, device
@@ -251,9 +264,20 @@ def main(argv=None) -> int:
     for r in rows:
         if "images_per_s" in r:
             r["of_compute"] = round(r["images_per_s"] / base, 3) if base else None
-    alone = statistics.median(
-        timed(device, 3, lambda i: decode_batches(files, 1, args.batch, device)) / 3 for _ in range(3)
-    )
+
+    def alone(lib) -> float:
+        """ms to decode and crop one batch with nothing else on the device (median of 3 x 3)."""
+        return round(
+            statistics.median(
+                timed(device, 3, lambda i: decode_batches(files, 1, args.batch, device, lib)) / 3 for _ in range(3)
+            )
+            * 1e3,
+            2,
+        )
+
+    decode_alone = {"torchvision": alone(None)}
+    if any(r["way"].startswith("nvimgcodec-") and "error" not in r for r in rows):
+        decode_alone["nvimgcodec"] = alone(codec())
     result = {
         "what": "nvJPEG beside a stand-in step (scripts/bench_nvjpeg_overlap.py)",
         "settings": {
@@ -268,10 +292,11 @@ def main(argv=None) -> int:
             "torch": torch.__version__,
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         },
-        "decode_alone_ms": round(alone * 1e3, 2),
+        "decode_alone_ms": decode_alone["torchvision"],
+        "decode_alone_ms_by_library": decode_alone,
         "rows": rows,
     }
-    print(f"decode and crop of one batch alone: {result['decode_alone_ms']} ms")
+    print("decode and crop of one batch alone: " + ", ".join(f"{k} {v} ms" for k, v in decode_alone.items()))
     for r in rows:
         print(f"  {r['way']:10s} {r.get('of_compute') if r.get('of_compute') is not None else '-'} of compute")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -26,10 +26,10 @@
 #                              <out>/ceiling.json and scripts/results/bench_ceiling.json
 #   --overhead                 also the trainer against a plain PyTorch loop where the host is the limit
 #                              (scripts/bench_overhead.py: ResNet-18, 32 px, batch 256, 3 repeats; target 5%)
-#   --overlap                  also nvJPEG beside a stand-in step, decoded four ways (in the step's thread, in
-#                              a thread K batches per call, in a process of its own): can the decode overlap the
-#                              step? (scripts/bench_nvjpeg_overlap.py, into <out>/overlap.json and
-#                              scripts/results/bench_nvjpeg_overlap.json)
+#   --overlap                  also nvJPEG beside a stand-in step, decoded five ways (in the step's thread, in
+#                              a thread K batches per call, in a process of its own, in a thread through
+#                              nvImageCodec): can the decode overlap the step? (scripts/bench_nvjpeg_overlap.py,
+#                              into <out>/overlap.json and scripts/results/bench_nvjpeg_overlap.json)
 #   --packed                   the jpeg table also trains its all-on row from the same images packed
 #                              (python -m trainer.pack, uint8 at 224 px: no decode at all)
 #   --test-workers N           run the GPU-marked tests in N pytest-xdist processes sharing the GPU
@@ -243,7 +243,7 @@ if [ "$RUN_CEILING" = 1 ]; then
 fi
 if [ "$RUN_OVERLAP" = 1 ]; then
   oargs=()
-  if [ "$DRY_RUN" = 1 ]; then oargs=(--device cpu --batch 8 --steps 3 --step-ms 5 --ways compute,serial,thread-2); fi
+  if [ "$DRY_RUN" = 1 ]; then oargs=(--device cpu --batch 8 --steps 3 --step-ms 5 --ways compute,serial,thread-2,nvimgcodec-2); fi
   benchmark overlap "where the nvJPEG decode can overlap the step" scripts/bench_nvjpeg_overlap.py bench_nvjpeg_overlap.json "${oargs[@]}"
 fi
 if [ "$RUN_OVERHEAD" = 1 ]; then

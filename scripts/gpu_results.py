@@ -506,9 +506,11 @@ def overlap_line(path: Path) -> str:
         else f"{row['way']} {'failed' if 'error' in row else 'not compared (no compute row)'}"
         for row in r["rows"]
     )
+    alone = r.get("decode_alone_ms_by_library") or {"torchvision": r["decode_alone_ms"]}
+    alone_text = ", ".join(f"{lib} {ms} ms" for lib, ms in alone.items())
     return (
         f"nvJPEG overlap (batch {r['settings']['batch']}, a {r['settings']['step_ms']:.0f} ms stand-in step, on "
-        f"{r['machine']['device']}; decode alone {r['decode_alone_ms']} ms): share of the step alone: {ways}"
+        f"{r['machine']['device']}; decode alone: {alone_text}): share of the step alone: {ways}"
     )
 
 

@@ -119,10 +119,17 @@ def device_decode_here(monkeypatch):
     )
 
 
-def test_device_decode_ships_file_bytes_and_decodes_whole_batches(compose, tmp_path, device_decode_here, monkeypatch):
+@pytest.mark.parametrize("library", ["torchvision", "nvimgcodec"])
+def test_device_decode_ships_file_bytes_and_decodes_whole_batches(
+    compose, tmp_path, device_decode_here, monkeypatch, library
+):
+    """data.decoder=nvjpeg: the workers ship bytes, and the batch's JPEGs are decoded in one call of
+    the library data.nvjpeg_library names (its CPU decoder standing in for nvJPEG), to the pixels of
+    decoding in the workers; a file that will not decode is skipped, the others kept."""
     from torchvision import io as tvio
 
-    from trainer.data.device_decode import EncodedBatch
+    from trainer.data import nvimgcodec_decode
+    from trainer.data.device_decode import BytesLoader, DeviceDecoder, EncodedBatch, encoded_collate
 
     root = _jpeg_folder(tmp_path / "imgs")
     Image.new("RGB", (40, 40), (10, 200, 30)).save(root / "a" / "extra.png")  # not a JPEG: decoded in the worker
@@ -135,23 +142,55 @@ def test_device_decode_ships_file_bytes_and_decodes_whole_batches(compose, tmp_p
         "data.batch_size=19",
         "data.drop_last=false",
     )
-    dm, batch = _first_batch(compose, *args, "data.decoder=nvjpeg")
+    dm, batch = _first_batch(compose, *args, "data.decoder=nvjpeg", f"data.nvjpeg_library={library}")
     assert dm.decoder == "nvjpeg" and isinstance(batch, EncodedBatch)
     assert len(batch.jpeg_at) == 18 and len(batch.decoded) == 1  # bytes, not pixels (the PNG decoded in the worker)
     assert batch.data.ndim == 1 and batch.data.numel() == sum(f.numel() for f in batch.files())
-    calls = []
-    real_decode = tvio.decode_jpeg
+    calls = {"torchvision": [], "nvimgcodec": []}
+    real_decode, real_codec = tvio.decode_jpeg, nvimgcodec_decode.BatchDecoder.__call__
     monkeypatch.setattr(
         tvio,
         "decode_jpeg",
-        lambda data, **kw: calls.append(len(data) if isinstance(data, list) else 1) or real_decode(data, **kw),
+        lambda data, **kw: (
+            calls["torchvision"].append(len(data) if isinstance(data, list) else 1) or real_decode(data, **kw)
+        ),
+    )
+    monkeypatch.setattr(
+        nvimgcodec_decode.BatchDecoder,
+        "__call__",
+        lambda self, files, device: calls["nvimgcodec"].append(len(files)) or real_codec(self, files, device),
     )
     x, y = dm.transfer_batch_to_device(batch, torch.device("cpu"), 0)
-    assert calls == [18]  # one batched call for all the JPEGs
+    assert calls[library] == [18] and sum(map(len, calls.values())) == 1  # one batched call, by that library
     assert x.dtype == torch.uint8 and x.shape == (19, 3, 32, 32) and y.tolist() == batch.labels.tolist()
     # the same pixels as decoding in the workers (same decoder, same transforms, on a tensor)
     ref_dm, (ref, ref_y) = _first_batch(compose, *args, "data.decoder=torchvision", "data.gpu_normalize=true")
     assert ref_y.tolist() == y.tolist() and (x.int() - ref.int()).abs().max() <= 1
+    # a JPEG that will not decode: skipped, the batch's others kept
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"\xff\xd8" + bytes(64))
+    good = sorted((root / "a").glob("*.jpg"))[:2]
+    mixed = encoded_collate([(BytesLoader()(str(p)), k) for k, p in enumerate([good[0], bad, good[1]])], train=False)
+    x, y = DeviceDecoder(32, False, False, library=library)(mixed, torch.device("cpu"))
+    assert x.shape == (2, 3, 32, 32) and y.tolist() == [0, 2]
+
+
+def test_nvimgcodec_not_installed_stops_the_run_before_it_starts_saying_how_to_install_it(monkeypatch):
+    import sys
+
+    from trainer.data import nvimgcodec_decode
+    from trainer.data.device_decode import DeviceDecoder
+    from trainer.errors import ConfigError
+
+    monkeypatch.setattr(nvimgcodec_decode, "_MODULE", None)
+    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # import fails as where it is not installed
+    if "nvidia" in sys.modules:  # an earlier import left the submodule on its package
+        monkeypatch.delattr(sys.modules["nvidia"], "nvimgcodec", raising=False)
+    with pytest.raises(
+        ConfigError, match=r"needs NVIDIA's nvImageCodec.*pip install 'nvidia-nvimgcodec-cu1\d\[nvjpeg\]'"
+    ):
+        DeviceDecoder(32, True, True, library="nvimgcodec")
+    DeviceDecoder(32, True, True, library="torchvision")  # the default needs nothing more
 
 
 def _tensors_of(batch) -> int:

@@ -155,6 +155,12 @@ class DataConfig:
         choices=("pil", "torchvision", "turbo", "nvjpeg"),
         flag=OPTIMIZATION,
     )
+    nvjpeg_library: str = key(
+        "torchvision",
+        "decoder=nvjpeg: whose nvJPEG call decodes, torchvision's decode_jpeg or NVIDIA's nvImageCodec (ordered on a stream)",
+        choices=("torchvision", "nvimgcodec"),
+        flag=OPTIMIZATION,
+    )
     loader: str = key(
         "torch",
         "input pipeline: torch (DataLoader, loader workers) or dali (NVIDIA DALI's threads; nvJPEG on a GPU)",

@@ -37,8 +37,10 @@ work already queued on the device has run, on whatever stream it was queued. A d
 214 ms in 5 of 5 tries, with them on the default stream or on a stream of their own. So in the
 prefetch thread the next batch's decode starts only when the GPU has caught up with the steps queued
 before it, and decoding does not overlap the step: the JPEG table's ``all`` row spends 18% of its
-time on it (``recipes/resnet50/RESULTS.md``). A decode in a process of its own (its own CUDA context)
-would not wait for this one's work; that is not built yet.
+time on it (``recipes/resnet50/RESULTS.md``). Two ways around it are measured by
+``scripts/bench_nvjpeg_overlap.py``: a decode in a process of its own (its own CUDA context, whose
+waits do not see this one's work; not built into the loader), and ``data.nvjpeg_library=nvimgcodec``,
+the same nvJPEG through NVIDIA's nvImageCodec, ordered on the caller's stream (``nvimgcodec_decode``).
 
 Everything here also runs with ``device="cpu"`` (torchvision's CPU decoder): that is how it is
 tested on machines without a GPU.
@@ -57,6 +59,7 @@ from torchvision.io import ImageReadMode
 from trainer.data.augment import CROP_RATIO, Augmentation, uint8_train_steps
 from trainer.data.batched_crops import center_boxes, random_resized_boxes, resized_crops, to_device
 from trainer.data.decoders import Loader
+from trainer.data.nvimgcodec_decode import BatchDecoder
 from trainer.data.prefetch import process_stream
 from trainer.errors import TrainingStopped
 
@@ -185,7 +188,9 @@ class DeviceDecoder:
     policy and random erasing where asked for (``augment.uint8_train_steps``, per image).
     """
 
-    def __init__(self, image_size: int, train: bool, augment, on_bad_sample: str = "skip") -> None:
+    def __init__(
+        self, image_size: int, train: bool, augment, on_bad_sample: str = "skip", library: str = "torchvision"
+    ) -> None:
         self.augment = Augmentation.coerce(augment)
         self.train = train
         self.size = image_size if train else self.augment.eval_size(image_size)
@@ -193,26 +198,36 @@ class DeviceDecoder:
         self.extra_steps = uint8_train_steps(self.augment) if train else None
         self.on_bad_sample = on_bad_sample
         self._held = _Held()
+        # data.nvjpeg_library=nvimgcodec: its decodes are ordered on the caller's stream, which the crop
+        # reads on, so its images need neither decode_stream nor _Held (see nvimgcodec_decode)
+        self._codec = BatchDecoder() if library == "nvimgcodec" else None
 
     def _decode_one(self, item: torch.Tensor, path: str, device: torch.device) -> Optional[torch.Tensor]:
         try:
             with _decoding_on(device):
                 return torchvision.io.decode_jpeg(item, mode=ImageReadMode.RGB, device=device)
         except RuntimeError as e:
-            if self.on_bad_sample == "stop":
-                raise TrainingStopped(
-                    f"cannot decode {path} (nvJPEG: {str(e).splitlines()[0]}); stopped (data.on_bad_sample=stop). "
-                    "Remove or replace the file, or set data.on_bad_sample=skip to skip such files and count them."
-                ) from None
-            log.warning("skipping undecodable image %s (%s)", path, str(e).splitlines()[0])
-            return None
+            return self._undecodable(path, f"nvJPEG: {str(e).splitlines()[0]}")
+
+    def _undecodable(self, path: str, why: str) -> None:
+        if self.on_bad_sample == "stop":
+            raise TrainingStopped(
+                f"cannot decode {path} ({why}); stopped (data.on_bad_sample=stop). "
+                "Remove or replace the file, or set data.on_bad_sample=skip to skip such files and count them."
+            ) from None
+        log.warning("skipping undecodable image %s (%s)", path, why)
+        return None
 
     def decode(self, batch: EncodedBatch, device: torch.device) -> List[Optional[torch.Tensor]]:
         images: List[Optional[torch.Tensor]] = [None] * len(batch)
         for i, image in batch.decoded:
             images[i] = image.to(device, non_blocking=True)
         files = batch.files()
-        if files:
+        if files and self._codec is not None:  # one batched call; None for a file it could not decode
+            decoded = self._codec(files, device)
+            for i, image in zip(batch.jpeg_at, decoded):
+                images[i] = image if image is not None else self._undecodable(batch.paths[i], "nvImageCodec")
+        elif files:
             try:  # one batched call: nvJPEG decodes the whole batch on the device
                 with _decoding_on(device):
                     decoded = torchvision.io.decode_jpeg(files, mode=ImageReadMode.RGB, device=device)
@@ -246,7 +261,8 @@ class DeviceDecoder:
             else torch.zeros(len(kept), dtype=torch.bool)
         )
         x = resized_crops(kept, boxes, flips, self.size)
-        self._held.hold(kept, device)
+        if self._codec is None:
+            self._held.hold(kept, device)
         if self.extra_steps is not None:
             x = torch.stack([self.extra_steps(image) for image in x])
         y = batch.labels[keep] if len(keep) < len(images) else batch.labels

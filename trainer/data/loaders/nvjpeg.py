@@ -28,7 +28,8 @@ class NvjpegLoaders(TorchLoaders):
         super().__init__(setup)
         c = setup.cfg
         self.decoders = {
-            train: DeviceDecoder(c.image_size, train, setup.augmentation, c.on_bad_sample) for train in (True, False)
+            train: DeviceDecoder(c.image_size, train, setup.augmentation, c.on_bad_sample, c.nvjpeg_library)
+            for train in (True, False)
         }
 
     def collate(self, train: bool):
