@@ -51,7 +51,8 @@
 # 2. per recipe, one sweep per table, `python train.py -m +recipe=R +bench=ROW,ROW,...`, job after job
 #    in one process (never parallel: timings must not compete); rows are configs/bench/*.yaml. Three
 #    epochs per row: the first is warm-up. The JPEG table is its all-on rows (`all_turbo`: libjpeg-turbo
-#    in the loader workers; `all`: nvJPEG on the GPU; `dali` where installed) in whole epochs, beside
+#    in the loader workers; `all`: nvJPEG on the GPU; `dali` where installed; `all_nvimgcodec`: nvJPEG
+#    through nvImageCodec, where it is installed and CUDA is there) in whole epochs, beside
 #    the all-off baseline (sweep jpeg_baseline, a step limit), the same all-on row from the packed
 #    images (jpeg_packed, with --packed) and on device-resident synthetic images at the same batch
 #    (jpeg_synthetic: what the model does when the input costs nothing). The compiled JPEG rows share
@@ -128,6 +129,11 @@ if "$PYTHON" -c 'import nvidia.dali' >/dev/null 2>&1; then
   JPEG_ROWS="all_turbo,all,dali"
 else
   echo "note: NVIDIA DALI is not installed here: the jpeg table has no dali row (pip install 'trainer-switchboard[dali]')"
+fi
+# nvJPEG through nvImageCodec (data.nvjpeg_library=nvimgcodec) where it is installed and a GPU decodes:
+# without CUDA the row decodes on the CPU as the all row does
+if "$PYTHON" -c 'import torch, nvidia.nvimgcodec; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+  JPEG_ROWS="$JPEG_ROWS,all_nvimgcodec"
 fi
 if [ -n "$SYNTHETIC_ROWS_ARG" ]; then SYNTHETIC_ROWS=$SYNTHETIC_ROWS_ARG; fi
 if [ -n "$JPEG_ROWS_ARG" ]; then JPEG_ROWS=$JPEG_ROWS_ARG; fi

@@ -85,7 +85,8 @@ def test_the_flags_keep_the_order_the_report_shows_them_in():
         "num_nodes", "profile", "tf32", "cudnn_benchmark", "activation_checkpointing", "sync_batchnorm",
         "lr_scaling", "cuda_alloc_conf", "optim.fused", "optim.zero_grad_to_none", "data.batch_size",
         "data.num_workers", "data.auto_workers", "data.gpu_normalize", "data.device_prefetch",
-        "data.device_resident", "data.decoder", "data.nvjpeg_library", "data.loader", "data.decode_scale", "data.cache_in_memory", "data.cache", "runtime.allocator",
+        "data.device_resident", "data.decoder", "data.nvjpeg_library", "data.loader", "data.decode_scale",
+        "data.cache_in_memory", "data.cache", "runtime.allocator",
         # the recipes' ingredients (they change what is learned), after the switches and settings
         "drop_path_rate", "zero_init_residual", "eval_hflip", "optim.name", "optim.norm_weight_decay",
         "optim.bias_weight_decay", "loss.name", "loss.label_smoothing", "loss.bce_target_threshold", "data.augment",

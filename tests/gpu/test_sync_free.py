@@ -30,6 +30,7 @@ INPUT_ROWS = {
     "dali",
     "all",
     "all_turbo",
+    "all_nvimgcodec",
 }  # rows about the input pipeline: real JPEGs
 # smoke scale keeps the recipe's model and batch (32; big_batch and all search it, up to 64)
 SMALL = [
@@ -90,6 +91,10 @@ def test_no_host_sync_inside_the_step_loop(compose, tmp_path, recipe, row, data,
     if row == "dali":
         pytest.importorskip(
             "nvidia.dali", reason="the dali row needs NVIDIA DALI: pip install 'trainer-switchboard[dali]'"
+        )
+    if row == "all_nvimgcodec":
+        pytest.importorskip(
+            "nvidia.nvimgcodec", reason="the row needs nvImageCodec: pip install 'trainer-switchboard[nvimgcodec]'"
         )
     args = [f"+recipe={recipe}", f"+bench={row}", *SMALL, *data]
     try:
