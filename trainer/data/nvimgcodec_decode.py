@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import tempfile
 import threading
 from typing import List, Optional
@@ -40,25 +41,37 @@ log = logging.getLogger(__name__)
 LIBRARIES = ("torchvision", "nvimgcodec")  # data.nvjpeg_library
 
 
+def _restore(saved: list) -> None:
+    for fd, copy in saved:
+        os.dup2(copy, fd)
+        os.close(copy)
+
+
 @contextlib.contextmanager
 def _output_to_log():
     """Route what native code prints to the process's stdout and stderr into the log (debug).
 
     nvImageCodec's extensions print a line at import for each optional codec library (nvJPEG2000,
     nvTIFF) that is not installed; JPEG decoding needs neither. Redirecting the file descriptors is
-    the only way to catch what C code prints; it is done once, at the first import.
+    the only way to catch what C code prints; it is done once, at the first import, and skipped
+    where a descriptor cannot be copied (a closed stream).
     """
-    saved = []
+    saved: list = []
     with tempfile.TemporaryFile(mode="w+b") as sink:
+        for stream in (sys.stdout, sys.stderr):  # Python's buffered text goes out first, where it belongs
+            with contextlib.suppress(Exception):
+                stream.flush()
         try:
             for fd in (1, 2):
                 saved.append((fd, os.dup(fd)))
                 os.dup2(sink.fileno(), fd)
+        except OSError:
+            _restore(saved)
+            saved = []
+        try:
             yield
         finally:
-            for fd, copy in saved:
-                os.dup2(copy, fd)
-                os.close(copy)
+            _restore(saved)
             sink.seek(0)
             printed = sink.read().decode(errors="replace").strip()
             if printed:
