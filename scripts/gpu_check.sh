@@ -130,9 +130,9 @@ if "$PYTHON" -c 'import nvidia.dali' >/dev/null 2>&1; then
 else
   echo "note: NVIDIA DALI is not installed here: the jpeg table has no dali row (pip install 'trainer-switchboard[dali]')"
 fi
-# nvJPEG through nvImageCodec (data.nvjpeg_library=nvimgcodec) where it is installed and a GPU decodes:
-# without CUDA the row decodes on the CPU as the all row does
-if "$PYTHON" -c 'import torch, nvidia.nvimgcodec; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+# nvJPEG through nvImageCodec (data.nvjpeg_library=nvimgcodec) where it is installed and decodes on the GPU
+# (nvJPEG loads): without CUDA the row decodes on the CPU as the all row does
+if "$PYTHON" -c 'import torch; from trainer.data.nvimgcodec_decode import BatchDecoder as B; B().prepare(torch.device("cuda", 0))' >/dev/null 2>&1; then
   JPEG_ROWS="$JPEG_ROWS,all_nvimgcodec"
 fi
 if [ -n "$SYNTHETIC_ROWS_ARG" ]; then SYNTHETIC_ROWS=$SYNTHETIC_ROWS_ARG; fi

@@ -158,7 +158,7 @@ def test_device_decode_ships_file_bytes_and_decodes_whole_batches(
     monkeypatch.setattr(
         nvimgcodec_decode.BatchDecoder,
         "__call__",
-        lambda self, files, device: calls["nvimgcodec"].append(len(files)) or real_codec(self, files, device),
+        lambda self, files, *a: calls["nvimgcodec"].append(len(files)) or real_codec(self, files, *a),
     )
     x, y = dm.transfer_batch_to_device(batch, torch.device("cpu"), 0)
     assert calls[library] == [18] and sum(map(len, calls.values())) == 1  # one batched call, by that library
@@ -173,6 +173,44 @@ def test_device_decode_ships_file_bytes_and_decodes_whole_batches(
     mixed = encoded_collate([(BytesLoader()(str(p)), k) for k, p in enumerate([good[0], bad, good[1]])], train=False)
     x, y = DeviceDecoder(32, False, False, library=library)(mixed, torch.device("cpu"))
     assert x.shape == (2, 3, 32, 32) and y.tolist() == [0, 2]
+
+
+def test_nvimgcodec_decodes_into_the_last_batchs_images_only_on_their_stream_and_names_a_failed_decode(tmp_path):
+    """BatchDecoder's bookkeeping, nvImageCodec's decoder stood in for by a recorder (its GPU part
+    needs a GPU: tests/gpu/test_cuda.py): the last batch's images are decoded into again only on the
+    stream they were decoded on (elsewhere nvImageCodec would wait on the host for that stream) and
+    for as many files; a file that came back without an image is decoded once more, anew, and nothing
+    is reused after it. A file nvImageCodec cannot decode but the CPU can stops the run, named."""
+    from trainer.data.nvimgcodec_decode import BatchDecoder
+    from trainer.errors import TrainingStopped
+
+    class Recorder:
+        def __init__(self, failing=()):
+            self.calls, self.failing = [], set(failing)
+
+        def decode(self, streams, images=None, params=None, cuda_stream=0):
+            self.calls.append((len(streams), images is not None, cuda_stream))
+            out = [None if s in self.failing else f"image of {s}" for s in streams]
+            self.failing.clear()  # a failure of the moment (an allocation): the next try succeeds
+            return out
+
+    codec, recorder = BatchDecoder(), Recorder()
+    for files, stream in [("abc", 7), ("abc", 7), ("abc", 9), ("ab", 9)]:
+        assert codec._decode_on(recorder, None, list(files), stream) == [f"image of {f}" for f in files]
+    recorder.failing = {"b"}
+    assert codec._decode_on(recorder, None, list("abc"), 9) == ["image of a", "image of b", "image of c"]
+    codec._decode_on(recorder, None, list("abc"), 9)
+    # (files, into the last batch's images, stream): reused on the same stream and length only
+    assert recorder.calls == [(3, False, 7), (3, True, 7), (3, False, 9), (2, False, 9), (3, False, 9), (1, False, 9), (3, False, 9)]  # fmt: skip
+
+    root = _jpeg_folder(tmp_path / "imgs")
+    good = torch.frombuffer(bytearray(next((root / "a").glob("*.jpg")).read_bytes()), dtype=torch.uint8)
+    codec._decoders[("cpu", None)] = Recorder()
+    codec._decoders[("cpu", None)].decode = lambda streams, **kw: [None] * len(streams)  # fails a decodable file
+    with pytest.raises(
+        TrainingStopped, match=r"nvImageCodec could not decode good\.jpg on cpu, though the file decodes"
+    ):
+        codec([good], torch.device("cpu"), ["good.jpg"])
 
 
 def test_nvimgcodec_not_installed_stops_the_run_before_it_starts_saying_how_to_install_it(monkeypatch):

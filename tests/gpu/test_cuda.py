@@ -604,6 +604,8 @@ def test_nvimgcodec_decodes_into_last_batchs_images_only_after_their_reads_have_
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     assert wrong == 0, f"{wrong} of {tries * n} sums read pixels of the batch decoded after them ({reused} reused)"
+    if reused < 3:
+        pytest.skip(f"nvImageCodec decoded into the last batch's images in {reused} of {tries} tries: nothing raced")
     if stalled < 3:
         pytest.skip(
             f"the decode call returned before the queued reads had run in {stalled} of {tries} tries ({reused} "

@@ -224,7 +224,7 @@ class DeviceDecoder:
             images[i] = image.to(device, non_blocking=True)
         files = batch.files()
         if files and self._codec is not None:  # one batched call; None for a file it could not decode
-            decoded = self._codec(files, device)
+            decoded = self._codec(files, device, [batch.paths[i] for i in batch.jpeg_at])
             for i, image in zip(batch.jpeg_at, decoded):
                 images[i] = image if image is not None else self._undecodable(batch.paths[i], "nvImageCodec")
         elif files:
