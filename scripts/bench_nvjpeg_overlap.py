@@ -16,7 +16,8 @@ framework, what each way of placing the decode gives:
   process's work), handing each batch over through CUDA IPC (``torch.multiprocessing``), one ahead;
 - ``nvimgcodec-K``: ``thread-K`` with the product's ``data.nvjpeg_library=nvimgcodec`` decode
   (``trainer.data.nvimgcodec_decode``: the same nvJPEG through NVIDIA's nvImageCodec, ordered on the
-  producer's stream) in place of torchvision's.
+  producer's stream) in place of torchvision's; ``nvimgcodec_cuda-K`` the same with nvJPEG's CUDA
+  decoder only (not the GPU's JPEG engine): whether a wait comes with the engine or the library.
 
 Each way runs ``--steps`` steps after a warm-up; the result is its images/s and its share of
 ``compute``'s. The step reads its batch (a mean of it enters the products), so a step cannot run
@@ -99,11 +100,12 @@ class Step:
             torch.mm(x, self.a, out=self.c)
 
 
-def codec():
-    """The product's nvImageCodec batch decode (data.nvjpeg_library=nvimgcodec)."""
+def codec(backend=None):
+    """The product's nvImageCodec batch decode (data.nvjpeg_library=nvimgcodec); ``backend="cuda"``:
+    nvJPEG's CUDA decoder only."""
     from trainer.data.nvimgcodec_decode import BatchDecoder
 
-    return BatchDecoder()
+    return BatchDecoder(backend)
 
 
 def sync(device: torch.device) -> None:
@@ -228,7 +230,10 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=256, help="images per batch (default 256)")
     p.add_argument("--steps", type=int, default=40, help="timed steps per way (default 40)")
     p.add_argument("--step-ms", type=float, default=45.0, help="the stand-in step's device time (default 45 ms)")
-    p.add_argument("--ways", default="compute,serial,thread-1,thread-2,thread-3,process,nvimgcodec-1,nvimgcodec-2")
+    p.add_argument(
+        "--ways",
+        default="compute,serial,thread-1,thread-2,thread-3,process,nvimgcodec-1,nvimgcodec-2,nvimgcodec_cuda-1",
+    )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = p.parse_args(argv)
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
@@ -238,13 +243,14 @@ def main(argv=None) -> int:
     step = Step(device, args.step_ms)
     rows = []
     for way in args.ways.split(","):
-        if way == "process" and device.type != "cuda":
-            continue  # CUDA IPC needs CUDA
+        if (way == "process" or way.startswith("nvimgcodec_cuda-")) and device.type != "cuda":
+            continue  # CUDA IPC needs CUDA, as nvJPEG's CUDA decoder does
         try:
             if way.startswith("thread-"):
                 seconds = way_thread(step, files, args, device, int(way.split("-")[1]))
-            elif way.startswith("nvimgcodec-"):
-                seconds = way_thread(step, files, args, device, int(way.split("-")[1]), codec())
+            elif way.startswith(("nvimgcodec-", "nvimgcodec_cuda-")):  # on a CPU: nvImageCodec's CPU decoder
+                backend = "cuda" if way.startswith("nvimgcodec_cuda-") else None
+                seconds = way_thread(step, files, args, device, int(way.split("-")[1]), codec(backend))
             else:
                 seconds = {"compute": way_compute, "serial": way_serial, "process": way_process}[way](
                     step, files, args, device
@@ -276,8 +282,9 @@ def main(argv=None) -> int:
         )
 
     decode_alone = {"torchvision": alone(None)}
-    if any(r["way"].startswith("nvimgcodec-") and "error" not in r for r in rows):
-        decode_alone["nvimgcodec"] = alone(codec())
+    for name, backend in (("nvimgcodec", None), ("nvimgcodec_cuda", "cuda")):
+        if any(r["way"].startswith(name + "-") and "error" not in r for r in rows):
+            decode_alone[name] = alone(codec(backend))
     result = {
         "what": "nvJPEG beside a stand-in step (scripts/bench_nvjpeg_overlap.py)",
         "settings": {

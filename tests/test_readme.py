@@ -287,7 +287,7 @@ def test_make_demo_runs_the_command_the_readme_shows():
 # what only the tests use: none of it may reach `make demo`'s install (a newcomer's first command
 # should not download a GPU data-loading library, a tracking server's client or an S3 mock)
 TEST_ONLY = {
-    "nvidia-dali-cuda130", "mlflow-skinny", "wandb", "moto", "s3fs", "pyarrow", "webdataset", "pytest",
+    "nvidia-dali-cuda130", "nvidia-nvimgcodec-cu13", "mlflow-skinny", "wandb", "moto", "s3fs", "pyarrow", "webdataset", "pytest",
     "pytest-xdist", "ruff", "import-linter", "py-spy", "hydra-submitit-launcher",
 }  # fmt: skip
 

@@ -146,8 +146,11 @@ class BatchDecoder:
     decodes it). A returned image is valid until the next call (its memory is decoded into again).
     One per ``DeviceDecoder``; safe to call from the prefetch thread and the step loop."""
 
-    def __init__(self) -> None:
+    BACKENDS = {"cuda": "GPU_ONLY", "hardware": "HW_GPU_ONLY"}  # for measurements: one of nvImageCodec's decoders
+
+    def __init__(self, backend: Optional[str] = None) -> None:
         nvimgcodec()  # not installed: the run stops here, before its first step, saying how to install it
+        self.backend = backend  # None: every decoder nvImageCodec has, the JPEG engine first where there is one
         self._decoders: dict = {}
         self._spare: Optional[tuple] = None  # (stream, images): the last batch's, decoded into next on that stream
         self._reuse = True
@@ -160,7 +163,10 @@ class BatchDecoder:
         if key not in self._decoders:
             if device.type == "cuda":
                 index = device.index if device.index is not None else torch.cuda.current_device()
-                decoder = codec.Decoder(device_id=index, max_num_cpu_threads=_cpu_threads())
+                only = (
+                    [codec.Backend(getattr(codec.BackendKind, self.BACKENDS[self.backend]))] if self.backend else None
+                )
+                decoder = codec.Decoder(device_id=index, max_num_cpu_threads=_cpu_threads(), backends=only)
                 self._probe(codec, decoder, device)
             else:
                 decoder = codec.Decoder(
