@@ -303,6 +303,45 @@ def test_nan_loss_is_found_by_the_deferred_read_and_never_reaches_a_checkpoint(t
     assert not list((tmp_path / "run2").glob("checkpoints/*.ckpt"))  # nothing was saved with the NaN in it
 
 
+def test_nan_guard_does_one_copy_per_step_and_checks_the_window_at_its_end():
+    """on_nan=stop's device work per step, counted (not timed): one copy of the loss into the window,
+    and the check (a few kernels, and the record's copy to the host) only at the window's end; a NaN
+    in the middle of a window is still named by its own step."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from trainer.callbacks.nan_guard import NaNGuard
+    from trainer.errors import TrainingStopped
+
+    class Kernels(TorchDispatchMode):  # operations that write data (views left out)
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            alias = func._schema.returns[0].alias_info if func._schema.returns else None
+            if alias is None or alias.is_write:
+                self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class Trainer:
+        log_every_n_steps, global_step = 5, 0
+
+    guard, trainer, per_step = NaNGuard("stop", None), Trainer(), []
+    for step in range(10):
+        trainer.global_step = step
+        loss = torch.tensor(0.5, requires_grad=True) * 2
+        with Kernels() as kernels:
+            guard.on_before_backward(trainer, None, loss)
+        per_step.append(kernels.ops)
+    quiet = [ops for step, ops in enumerate(per_step) if step % 5 != 4 and step > 0]  # step 0 makes the window
+    assert all(ops == ["aten.copy_.default"] for ops in quiet), quiet
+    assert all(len(per_step[step]) > 3 for step in (4, 9))  # the window's check and its copies to the host
+    with pytest.raises(TrainingStopped, match=r"non-finite training loss \(nan\) at step 12;"):
+        for step in range(10, 15):
+            trainer.global_step = step
+            guard.on_before_backward(trainer, None, torch.tensor(float("nan") if step in (12, 13) else 0.5))
+
+
 def test_nan_loss_skip_skips_the_steps(train):
     m, _ = train("on_nan=skip", "model._target_=spies.ProbeNet", "~model.width", "+model.nan_after=3")
     assert m["status"] == "ok" and m["nan_skipped_steps"] == 8 - 3

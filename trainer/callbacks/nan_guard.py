@@ -1,12 +1,14 @@
 """NaNGuard (``on_nan=stop``): stop at the first non-finite training loss instead of training on garbage.
 
 Reading the loss on the host every step would force a device sync per step on a GPU. So the check
-is kept on the device (the first bad step is recorded there without a sync); every
-``log_every_n_steps`` steps that record is copied to the host without waiting (``HostReads``) and
-looked at once it has arrived, a few steps later; at epoch end and before every checkpoint save it
-is read outright, so a NaN never reaches a checkpoint. The same path runs on a CPU (where the
-copy arrives at once), so the CPU suite runs what a GPU runs. The message names the first bad step
-and the last good checkpoint. ``on_nan=off`` removes the check.
+is kept on the device: each step's loss is copied into a window of the last ``log_every_n_steps``
+losses (one small copy per step, the guard's only work on most steps), and at the window's end the
+window is checked at once (a few kernels) into a record of the first bad loss so far, which is
+copied to the host without waiting (``HostReads``) and looked at once it has arrived, a few steps
+later. At epoch end and before every checkpoint save the window so far is checked and the record
+read outright, so a NaN never reaches a checkpoint. The same path runs on a CPU (where the copy
+arrives at once), so the CPU suite runs what a GPU runs. The message names the first bad step and
+the last good checkpoint. ``on_nan=off`` removes the check.
 
 With ``on_nan=skip`` the built-in classifier skips the step instead (its training_step returns
 None, so Lightning does no backward and no optimizer step; deciding that needs the value on the
@@ -34,7 +36,12 @@ class NaNGuard(pl.Callback):
         self.mode = mode
         self.checkpoint_dir = checkpoint_dir
         self.skipped = 0
-        self._first_bad: torch.Tensor | None = None  # on the device: -1, or the first non-finite step
+        self._window: torch.Tensor | None = None  # on the device: the losses since the last check
+        self._filled = 0
+        self._calls = 0  # losses seen; the record counts them, the host maps them to steps
+        self._steps: list = []  # the global step of each loss since the last clean read (from call _base)
+        self._base = 0
+        self._first_bad: torch.Tensor | None = None  # on the device: -1, or the call of the first non-finite loss
         self._bad_value: torch.Tensor | None = None
         self._reads = HostReads()
         self._pushes = 0
@@ -44,22 +51,46 @@ class NaNGuard(pl.Callback):
         if self.mode != "stop":
             return
         loss = loss.detach()
-        if self._first_bad is None:
-            self._first_bad = torch.full((), -1, dtype=torch.long, device=loss.device)
-            self._bad_value = torch.zeros((), dtype=loss.dtype, device=loss.device)
-        newly_bad = (~torch.isfinite(loss)) & (self._first_bad < 0)
-        self._first_bad = torch.where(newly_bad, torch.full_like(self._first_bad, trainer.global_step), self._first_bad)
-        self._bad_value = torch.where(newly_bad, loss, self._bad_value)
-        if (trainer.global_step + 1) % max(1, trainer.log_every_n_steps) == 0:
-            self._pushes += 1  # a pair: the value arrives before its step (pushed first, read in order)
+        every = max(1, trainer.log_every_n_steps)
+        window = self._window
+        if window is None or window.numel() != every or window.dtype != loss.dtype or window.device != loss.device:
+            self._check_window()
+            self._window = torch.empty(every, dtype=loss.dtype, device=loss.device)
+            if self._first_bad is None:
+                self._first_bad = torch.full((), -1, dtype=torch.long, device=loss.device)
+                self._bad_value = torch.zeros((), dtype=torch.float64, device=loss.device)
+        self._window[self._filled].copy_(loss)  # the one kernel of most steps
+        self._filled += 1
+        self._calls += 1
+        self._steps.append(trainer.global_step)
+        if self._filled == every or (trainer.global_step + 1) % every == 0:
+            self._check_window()
+            self._pushes += 1  # a pair: the value arrives before its call (pushed first, read in order)
             self._reads.push(("bad_value", self._pushes), self._bad_value)
             self._reads.push(("first_bad", self._pushes), self._first_bad)
-        for (tag, push), value in self._reads.ready():  # copies asked for earlier that have arrived
+        self._look_at(self._reads.ready())  # copies asked for earlier that have arrived
+
+    def _check_window(self) -> None:
+        """Fold the window's losses into the record (a few kernels on the device; no sync) and empty it."""
+        if not self._filled:
+            return
+        losses = self._window[: self._filled]
+        bad = ~torch.isfinite(losses)
+        first = bad.to(torch.uint8).argmax()  # the first bad loss, where there is one
+        newly_bad = bad.any() & (self._first_bad < 0)
+        start = self._calls - self._filled  # the window's first call
+        self._first_bad = torch.where(newly_bad, first + start, self._first_bad)
+        self._bad_value = torch.where(newly_bad, losses[first].to(torch.float64), self._bad_value)
+        self._filled = 0
+
+    def _look_at(self, values) -> None:
+        """Stop with the first bad loss a record that arrived shows (its own pair's value, if not dropped)."""
+        for (tag, push), value in values:
             if tag == "bad_value":
                 self._arrived_bad_value = (push, value)
             elif value >= 0:  # stopped with the values that arrived: reading the device here would wait for it
                 arrived, bad = self._arrived_bad_value
-                self._stop(int(value), bad if arrived == push else float("nan"))  # its own pair's value, if not dropped
+                self._stop(self._steps[int(value) - self._base], bad if arrived == push else float("nan"))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.mode == "skip" and not outputs:  # training_step returned None: no backward, no step
@@ -73,12 +104,16 @@ class NaNGuard(pl.Callback):
         self._raise_if_bad(trainer)
 
     def _raise_if_bad(self, trainer) -> None:
-        """Read the record outright (a device sync): at epoch end and before a checkpoint save only."""
+        """Check the window so far and read the record outright (a device sync): at epoch end and
+        before a checkpoint save only."""
         if self._first_bad is None:
             return
-        step = int(self._first_bad)
-        if step >= 0:
-            self._stop(step, float(self._bad_value))
+        self._check_window()
+        list(self._reads.drain())  # the copies in flight: their news is in the record read now
+        call = int(self._first_bad)
+        if call >= 0:
+            self._stop(self._steps[call - self._base], float(self._bad_value))
+        self._base, self._steps = self._calls, []  # all clean so far: no step before here will be named
 
     def _stop(self, step: int, value: float) -> None:
         raise TrainingStopped(
