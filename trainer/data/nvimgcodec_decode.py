@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -47,8 +48,6 @@ import torchvision.io
 from trainer.errors import ConfigError, TrainingStopped
 
 log = logging.getLogger(__name__)
-
-LIBRARIES = ("torchvision", "nvimgcodec")  # data.nvjpeg_library
 
 
 def _restore(saved: list) -> None:
@@ -92,7 +91,8 @@ def _output_to_log():
         finally:
             _restore(saved)
             sink.seek(0)
-            for line in sink.read().decode(errors="replace").splitlines():
+            printed = re.sub(r"\x1b\[[0-9;]*m", "", sink.read().decode(errors="replace"))  # no colour codes
+            for line in printed.splitlines():
                 if line.strip():
                     optional = any(name in line for name in OPTIONAL_LIBRARIES)
                     log.log(logging.DEBUG if optional else logging.WARNING, "nvImageCodec at import: %s", line)
