@@ -305,8 +305,10 @@ def test_nan_loss_is_found_by_the_deferred_read_and_never_reaches_a_checkpoint(t
 
 def test_nan_guard_does_one_copy_per_step_and_checks_the_window_at_its_end():
     """on_nan=stop's device work per step, counted (not timed): one copy of the loss into the window,
-    and the check (a few kernels, and the record's copy to the host) only at the window's end; a NaN
-    in the middle of a window is still named by its own step."""
+    and the check (a few kernels, none reading a value on the host, and the record's copy to the
+    host) only at the window's end. The first bad loss is named by its own step: mid-window, under
+    gradient accumulation (a step's losses seen twice), in a resumed run (steps from 100), after an
+    outright read (a checkpoint save) part-way; the steps kept to name it stay about a window long."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from trainer.callbacks.nan_guard import NaNGuard
@@ -324,22 +326,35 @@ def test_nan_guard_does_one_copy_per_step_and_checks_the_window_at_its_end():
             return func(*args, **(kwargs or {}))
 
     class Trainer:
-        log_every_n_steps, global_step = 5, 0
+        log_every_n_steps, global_step = 5, 100
 
     guard, trainer, per_step = NaNGuard("stop", None), Trainer(), []
-    for step in range(10):
+    for step in range(100, 110):
         trainer.global_step = step
-        loss = torch.tensor(0.5, requires_grad=True) * 2
+        loss = torch.tensor([0.5], requires_grad=True) * 2  # a one-element loss of shape [1]
         with Kernels() as kernels:
             guard.on_before_backward(trainer, None, loss)
         per_step.append(kernels.ops)
-    quiet = [ops for step, ops in enumerate(per_step) if step % 5 != 4 and step > 0]  # step 0 makes the window
+    quiet = [ops for k, ops in enumerate(per_step) if k % 5 != 4 and k > 0]  # the first call makes the window
     assert all(ops == ["aten.copy_.default"] for ops in quiet), quiet
-    assert all(len(per_step[step]) > 3 for step in (4, 9))  # the window's check and its copies to the host
-    with pytest.raises(TrainingStopped, match=r"non-finite training loss \(nan\) at step 12;"):
-        for step in range(10, 15):
+    assert all(len(per_step[k]) > 3 for k in (4, 9))  # the window's check and its copies to the host
+    trainer.global_step = 110
+    guard.on_before_backward(trainer, None, torch.tensor(0.5))  # a window of one, checked here:
+    with Kernels() as kernels:
+        guard._check_window()
+    assert kernels.ops and "aten._local_scalar_dense.default" not in kernels.ops, kernels.ops  # no host read
+
+    def steps(numbers, nan_at=(), repeat=1):
+        for step in numbers:
             trainer.global_step = step
-            guard.on_before_backward(trainer, None, torch.tensor(float("nan") if step in (12, 13) else 0.5))
+            for _ in range(repeat):  # gradient accumulation: on_before_backward once per micro-batch
+                guard.on_before_backward(trainer, None, torch.tensor(float("nan") if step in nan_at else 0.5))
+
+    steps(range(110, 400), repeat=2)
+    assert len(guard._steps) <= 2 * 5 * 2  # clean records let go of their steps
+    guard.on_save_checkpoint(trainer, None, {})  # an outright read part-way: clean
+    with pytest.raises(TrainingStopped, match=r"non-finite training loss \(nan\) at step 402;"):
+        steps(range(400, 420), nan_at=(402, 403), repeat=2)
 
 
 def test_nan_loss_skip_skips_the_steps(train):

@@ -1,12 +1,13 @@
 """NaNGuard (``on_nan=stop``): stop at the first non-finite training loss instead of training on garbage.
 
 Reading the loss on the host every step would force a device sync per step on a GPU. So the check
-is kept on the device: each step's loss is copied into a window of the last ``log_every_n_steps``
-losses (one small copy per step, the guard's only work on most steps), and at the window's end the
-window is checked at once (a few kernels) into a record of the first bad loss so far, which is
-copied to the host without waiting (``HostReads``) and looked at once it has arrived, a few steps
-later. At epoch end and before every checkpoint save the window so far is checked and the record
-read outright, so a NaN never reaches a checkpoint. The same path runs on a CPU (where the copy
+is kept on the device: each loss (each micro-batch's, under gradient accumulation) is copied into a
+window of the losses since the last check (one small copy, the guard's only work on most steps).
+Every ``log_every_n_steps`` steps, or when the window is full, the window is checked at once (a few
+kernels, no sync) into a record of the first bad loss so far, which is copied to the host without
+waiting (``HostReads``) and looked at once it has arrived, a few steps later. At epoch end and
+before every checkpoint save the window so far is checked and the record read outright, so a NaN
+never reaches a checkpoint. The same path runs on a CPU (where the copy
 arrives at once), so the CPU suite runs what a GPU runs. The message names the first bad step and
 the last good checkpoint. ``on_nan=off`` removes the check.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 
 import pytorch_lightning as pl
 import torch
@@ -41,6 +43,7 @@ class NaNGuard(pl.Callback):
         self._calls = 0  # losses seen; the record counts them, the host maps them to steps
         self._steps: list = []  # the global step of each loss since the last clean read (from call _base)
         self._base = 0
+        self._pushed: deque = deque()  # (push, losses seen by then): a clean record lets go of their steps
         self._first_bad: torch.Tensor | None = None  # on the device: -1, or the call of the first non-finite loss
         self._bad_value: torch.Tensor | None = None
         self._reads = HostReads()
@@ -50,7 +53,7 @@ class NaNGuard(pl.Callback):
     def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
         if self.mode != "stop":
             return
-        loss = loss.detach()
+        loss = loss.detach().reshape(())  # a one-element loss of any shape (a view)
         every = max(1, trainer.log_every_n_steps)
         window = self._window
         if window is None or window.numel() != every or window.dtype != loss.dtype or window.device != loss.device:
@@ -66,6 +69,7 @@ class NaNGuard(pl.Callback):
         if self._filled == every or (trainer.global_step + 1) % every == 0:
             self._check_window()
             self._pushes += 1  # a pair: the value arrives before its call (pushed first, read in order)
+            self._pushed.append((self._pushes, self._calls))
             self._reads.push(("bad_value", self._pushes), self._bad_value)
             self._reads.push(("first_bad", self._pushes), self._first_bad)
         self._look_at(self._reads.ready())  # copies asked for earlier that have arrived
@@ -80,7 +84,8 @@ class NaNGuard(pl.Callback):
         newly_bad = bad.any() & (self._first_bad < 0)
         start = self._calls - self._filled  # the window's first call
         self._first_bad = torch.where(newly_bad, first + start, self._first_bad)
-        self._bad_value = torch.where(newly_bad, losses[first].to(torch.float64), self._bad_value)
+        value = losses.gather(0, first.view(1)).view(())  # not losses[first]: that reads the index on the host
+        self._bad_value = torch.where(newly_bad, value.to(torch.float64), self._bad_value)
         self._filled = 0
 
     def _look_at(self, values) -> None:
@@ -91,6 +96,14 @@ class NaNGuard(pl.Callback):
             elif value >= 0:  # stopped with the values that arrived: reading the device here would wait for it
                 arrived, bad = self._arrived_bad_value
                 self._stop(self._steps[int(value) - self._base], bad if arrived == push else float("nan"))
+            else:  # clean up to this push: its losses' steps will never be named
+                self._forget_until(push)
+
+    def _forget_until(self, push: int) -> None:
+        while self._pushed and self._pushed[0][0] <= push:
+            _, seen = self._pushed.popleft()
+            del self._steps[: seen - self._base]
+            self._base = seen
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.mode == "skip" and not outputs:  # training_step returned None: no backward, no step
@@ -114,6 +127,7 @@ class NaNGuard(pl.Callback):
         if call >= 0:
             self._stop(self._steps[call - self._base], float(self._bad_value))
         self._base, self._steps = self._calls, []  # all clean so far: no step before here will be named
+        self._pushed.clear()
 
     def _stop(self, step: int, value: float) -> None:
         raise TrainingStopped(
