@@ -131,9 +131,13 @@ else
   echo "note: NVIDIA DALI is not installed here: the jpeg table has no dali row (pip install 'trainer-switchboard[dali]')"
 fi
 # nvJPEG through nvImageCodec (data.nvjpeg_library=nvimgcodec) where it is installed and decodes on the GPU
-# (nvJPEG loads): without CUDA the row decodes on the CPU as the all row does
-if "$PYTHON" -c 'import torch; from trainer.data.nvimgcodec_decode import BatchDecoder as B; B().prepare(torch.device("cuda", 0))' >/dev/null 2>&1; then
-  JPEG_ROWS="$JPEG_ROWS,all_nvimgcodec"
+# (nvJPEG loads); not in a dry run: without CUDA the row decodes on the CPU as the all row does
+if [ "$DRY_RUN" = 0 ]; then
+  if "$PYTHON" -c 'import torch; from trainer.data.nvimgcodec_decode import BatchDecoder as B; B().prepare(torch.device("cuda", 0))' >/dev/null 2>&1; then
+    JPEG_ROWS="$JPEG_ROWS,all_nvimgcodec"
+  else
+    echo "note: nvImageCodec does not decode on this GPU: the jpeg table has no all_nvimgcodec row (pip install 'trainer-switchboard[nvimgcodec]')"
+  fi
 fi
 if [ -n "$SYNTHETIC_ROWS_ARG" ]; then SYNTHETIC_ROWS=$SYNTHETIC_ROWS_ARG; fi
 if [ -n "$JPEG_ROWS_ARG" ]; then JPEG_ROWS=$JPEG_ROWS_ARG; fi
