@@ -252,14 +252,17 @@ def test_hardware_checks(fake_gpu, compose):
 
 def test_system_monitor_samples_every_interval_not_every_step(train, monkeypatch):
     """32 steps of about 10 ms per epoch and a 0.1 s interval: a handful of readings per epoch, each
-    covering at least the interval (but an epoch's last, which closes its window), not one per step."""
+    covering at least the interval (but an epoch's last, which closes its window), not one per step.
+    With no validation between, the closing reading of an epoch is the next one's baseline: the
+    process tree is not walked again while the GPU waits for the next epoch's first step."""
     from trainer.callbacks import SystemMonitor
 
-    readings = []
-    real = SystemMonitor.sample
+    readings, baselines = [], []
+    real, real_baseline = SystemMonitor.sample, SystemMonitor._baseline
     monkeypatch.setattr(
         SystemMonitor, "sample", lambda self, trainer=None: readings.append(real(self, trainer)) or readings[-1]
     )
+    monkeypatch.setattr(SystemMonitor, "_baseline", lambda self: baselines.append(1) or real_baseline(self))
     m, out = train(
         "monitor.interval_s=0.1",
         "data=custom",
@@ -278,6 +281,7 @@ def test_system_monitor_samples_every_interval_not_every_step(train, monkeypatch
     for epoch in (0, 1):
         windows = [r["window_s"] for r in readings if r["epoch"] == epoch]
         assert windows and all(w >= 0.1 for w in windows[:-1]), windows
+    assert len(baselines) == 2, baselines  # when built, and at the first epoch's start only
     evidence = m["diagnosis"]["evidence"]
     assert evidence["cpu_busy_cores"] is not None and 0 <= evidence["cpu_busy_cores"] <= 2.5
 

@@ -256,12 +256,16 @@ def test_the_monitor_averages_the_steady_epochs_only():
     assert monitor.averages({1}) == {"cpu_busy_cores": round((4.9 + 0.2) / 5, 4)}
 
 
-def test_a_run_takes_one_reading_per_epoch_when_the_interval_is_longer(train):
-    """Each epoch's window closes before validation: an epoch shorter than the interval still
-    gets its reading, so the steady epochs have readings of their own."""
+def test_a_run_takes_one_reading_per_epoch_when_the_interval_is_longer(train, monkeypatch):
+    """Each epoch's window closes before validation and opens again after it (a baseline at each
+    epoch's start): an epoch shorter than the interval still gets its reading, so the steady epochs
+    have readings of their own, and none covers a validation."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    baselines, real_baseline = [], SystemMonitor._baseline
+    monkeypatch.setattr(SystemMonitor, "_baseline", lambda self: baselines.append(1) or real_baseline(self))
     m, out = train("monitor.interval_s=30", "data.num_samples=1024", "trainer.max_epochs=3")
+    assert len(baselines) == 1 + 3  # when built, then after each validation, at the next epoch's start
     events = EventAccumulator(str(out))
     events.Reload()
     assert len(events.Scalars("system/cpu_busy_cores")) == 3

@@ -49,6 +49,7 @@ class SystemMonitor(pl.Callback):
         self._gpu: Optional[sysstats.GpuReader] = None
         self._epoch = 0
         self._open = False
+        self._just_closed = False  # the last epoch's window closed at its end, nothing ran since
         self._baseline()
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -69,25 +70,30 @@ class SystemMonitor(pl.Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._epoch = trainer.current_epoch
         self._open = True
-        self._baseline()
+        if not self._just_closed:  # else the closing reading, a few ms ago, is the baseline: no second
+            self._baseline()  # walk of the process tree (1.7 ms) while the GPU waits for the first step
+        self._just_closed = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._open and time.monotonic() - self._last_t >= self.interval_s:
             self.sample(trainer)
 
     def on_validation_start(self, trainer, pl_module) -> None:
+        self._just_closed = False  # the next window starts after validation
         if self._open and not trainer.sanity_checking:
             self._close(trainer)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if self._open:
-            self._close(trainer)
+            self._just_closed = self._close(trainer)
 
-    def _close(self, trainer) -> None:
-        """End the epoch's window: a last reading unless it would cover almost no time."""
+    def _close(self, trainer) -> bool:
+        """End the epoch's window: a last reading unless it would cover almost no time (then False)."""
         self._open = False
         if time.monotonic() - self._last_t >= _MIN_WINDOW_S:
             self.sample(trainer)
+            return True
+        return False
 
     def sample(self, trainer=None) -> Dict[str, float]:
         now = time.monotonic()
