@@ -7,9 +7,9 @@ Every ``log_every_n_steps`` steps, or when the window is full, the window is che
 kernels, no sync) into a record of the first bad loss so far, which is copied to the host without
 waiting (``HostReads``) and looked at once it has arrived, a few steps later. At epoch end and
 before every checkpoint save the window so far is checked and the record read outright, so a NaN
-never reaches a checkpoint. The same path runs on a CPU (where the copy
-arrives at once), so the CPU suite runs what a GPU runs. The message names the first bad step and
-the last good checkpoint. ``on_nan=off`` removes the check.
+never reaches a checkpoint. The same path runs on a CPU (where the copy arrives at once), so the
+CPU suite runs what a GPU runs. The message names the first bad step and the last good checkpoint.
+``on_nan=off`` removes the check.
 
 With ``on_nan=skip`` the built-in classifier skips the step instead (its training_step returns
 None, so Lightning does no backward and no optimizer step; deciding that needs the value on the
