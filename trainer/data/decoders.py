@@ -31,12 +31,25 @@ from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
 
 from trainer.data.storage import explain
+from trainer.errors import TrainingStopped
 
 log = logging.getLogger(__name__)
 
 
 # what PIL, torchvision and simplejpeg raise for a corrupt or truncated image file
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError)
+
+REPLACE_THE_FILE = "Remove or replace the file, or set data.on_bad_sample=skip to skip such files and count them."
+
+
+def undecodable(on_bad_sample: str, where: str, why: str, remedy: str = REPLACE_THE_FILE) -> None:
+    """``data.on_bad_sample`` for an image that will not decode (``where``: its file or sample; ``why``:
+    the decoder's error): ``stop`` raises TrainingStopped naming it, ``skip`` logs it and returns None
+    (the caller drops the sample; the loaders count the short batches)."""
+    if on_bad_sample == "stop":
+        raise TrainingStopped(f"cannot decode {where} ({why}); stopped (data.on_bad_sample=stop). {remedy}") from None
+    log.warning("skipping undecodable image %s (%s)", where, why)
+    return None
 
 
 SCALED_DECODERS = ("pil", "turbo")  # the decoders that can decode a JPEG at a reduced size

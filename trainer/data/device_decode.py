@@ -58,7 +58,7 @@ from torchvision.io import ImageReadMode
 
 from trainer.data.augment import CROP_RATIO, Augmentation, uint8_train_steps
 from trainer.data.batched_crops import center_boxes, random_resized_boxes, resized_crops, to_device
-from trainer.data.decoders import Loader
+from trainer.data.decoders import Loader, undecodable
 from trainer.data.nvimgcodec_decode import BatchDecoder
 from trainer.data.prefetch import process_stream
 from trainer.errors import TrainingStopped
@@ -207,16 +207,7 @@ class DeviceDecoder:
             with _decoding_on(device):
                 return torchvision.io.decode_jpeg(item, mode=ImageReadMode.RGB, device=device)
         except RuntimeError as e:
-            return self._undecodable(path, f"nvJPEG: {str(e).splitlines()[0]}")
-
-    def _undecodable(self, path: str, why: str) -> None:
-        if self.on_bad_sample == "stop":
-            raise TrainingStopped(
-                f"cannot decode {path} ({why}); stopped (data.on_bad_sample=stop). "
-                "Remove or replace the file, or set data.on_bad_sample=skip to skip such files and count them."
-            ) from None
-        log.warning("skipping undecodable image %s (%s)", path, why)
-        return None
+            return undecodable(self.on_bad_sample, path, f"nvJPEG: {str(e).splitlines()[0]}")
 
     def decode(self, batch: EncodedBatch, device: torch.device) -> List[Optional[torch.Tensor]]:
         images: List[Optional[torch.Tensor]] = [None] * len(batch)
@@ -226,7 +217,9 @@ class DeviceDecoder:
         if files and self._codec is not None:  # one batched call; None for a file it could not decode
             decoded = self._codec(files, device, [batch.paths[i] for i in batch.jpeg_at])
             for i, image in zip(batch.jpeg_at, decoded):
-                images[i] = image if image is not None else self._undecodable(batch.paths[i], "nvImageCodec")
+                images[i] = (
+                    image if image is not None else undecodable(self.on_bad_sample, batch.paths[i], "nvImageCodec")
+                )
         elif files:
             try:  # one batched call: nvJPEG decodes the whole batch on the device
                 with _decoding_on(device):

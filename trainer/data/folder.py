@@ -7,7 +7,6 @@ split is the same in every run).
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from typing import Optional, Tuple
@@ -19,10 +18,10 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from torchvision.transforms import v2
 
 from trainer.data.augment import CROP_RATIO, Augmentation, transforms_for
-from trainer.data.decoders import DECODE_ERRORS, Loader
+from trainer.data.decoders import DECODE_ERRORS, Loader, undecodable
 from trainer.data.device_decode import BytesLoader
 from trainer.data.storage import explain, is_remote, local_path, open_root
-from trainer.errors import ConfigError, TrainingStopped
+from trainer.errors import ConfigError
 
 CROP_SCALE = Augmentation().crop_scale  # RandomResizedCrop's range of area fractions (data.crop_min_scale's default)
 VAL_RESIZE = (
@@ -97,14 +96,7 @@ def _safe_image_folder_class():
             try:
                 return super().__getitem__(index)
             except DECODE_ERRORS as e:
-                path = self.samples[index][0]
-                if self.on_bad_sample == "stop":
-                    raise TrainingStopped(
-                        f"cannot decode {path} ({type(e).__name__}: {e}); stopped (data.on_bad_sample=stop). "
-                        "Remove or replace the file, or set data.on_bad_sample=skip to skip such files and count them."
-                    ) from None
-                logging.getLogger(__name__).warning("skipping undecodable image %s (%s)", path, e)
-                return None
+                return undecodable(self.on_bad_sample, self.samples[index][0], f"{type(e).__name__}: {e}")
 
     return SafeImageFolder
 

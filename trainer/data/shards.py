@@ -36,9 +36,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler
 
-from trainer.data.decoders import DECODE_ERRORS
+from trainer.data.decoders import DECODE_ERRORS, undecodable
 from trainer.data.storage import explain
-from trainer.errors import ConfigError, TrainingStopped
+from trainer.errors import ConfigError
 from trainer.rank import world_size
 
 log = logging.getLogger(__name__)
@@ -121,14 +121,12 @@ class BlockImages(Dataset):
         try:
             image = self.decode(data)
         except DECODE_ERRORS as e:
-            where = f"sample {row} of {self.where(block)}"
-            if self.on_bad_sample == "stop":
-                raise TrainingStopped(
-                    f"cannot decode {where} ({type(e).__name__}: {e}); stopped (data.on_bad_sample=stop). "
-                    "Set data.on_bad_sample=skip to skip such samples and count them."
-                ) from None
-            log.warning("skipping undecodable image: %s (%s)", where, e)
-            return None
+            return undecodable(
+                self.on_bad_sample,
+                f"sample {row} of {self.where(block)}",
+                f"{type(e).__name__}: {e}",
+                "Set data.on_bad_sample=skip to skip such samples and count them.",
+            )
         return (self.transform(image) if self.transform is not None else image), int(label)
 
 
