@@ -146,7 +146,7 @@ class BatchDecoder:
     decodes it). A returned image is valid until the next call (its memory is decoded into again).
     One per ``DeviceDecoder``; safe to call from the prefetch thread and the step loop."""
 
-    BACKENDS = {"cuda": "GPU_ONLY", "hardware": "HW_GPU_ONLY"}  # for measurements: one of nvImageCodec's decoders
+    BACKENDS = {"cuda": "GPU_ONLY"}  # for measurements: nvJPEG's CUDA decoder alone, not the JPEG engine
 
     def __init__(self, backend: Optional[str] = None) -> None:
         nvimgcodec()  # not installed: the run stops here, before its first step, saying how to install it
