@@ -600,7 +600,7 @@ def test_nvimgcodec_decodes_into_last_batchs_images_only_after_their_reads_have_
                 reused += [im.data_ptr() for im in following] == pointers
                 torch.cuda.synchronize(device)
                 wrong += int((sums.cpu() != expected).sum())
-                assert all(im.shape == (3, side, side) for im in following)
+                assert len(following) == n and all(im.shape == (3, side, side) for im in following)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     assert wrong == 0, f"{wrong} of {tries * n} sums read pixels of the batch decoded after them ({reused} reused)"
