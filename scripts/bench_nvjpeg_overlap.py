@@ -100,6 +100,9 @@ class Step:
             torch.mm(x, self.a, out=self.c)
 
 
+CODEC_WAYS = {"nvimgcodec": None, "nvimgcodec_cuda": "cuda"}  # way name -> BatchDecoder's backend
+
+
 def codec(backend=None):
     """The product's nvImageCodec batch decode (data.nvjpeg_library=nvimgcodec); ``backend="cuda"``:
     nvJPEG's CUDA decoder only."""
@@ -248,9 +251,9 @@ def main(argv=None) -> int:
         try:
             if way.startswith("thread-"):
                 seconds = way_thread(step, files, args, device, int(way.split("-")[1]))
-            elif way.startswith(("nvimgcodec-", "nvimgcodec_cuda-")):  # on a CPU: nvImageCodec's CPU decoder
-                backend = "cuda" if way.startswith("nvimgcodec_cuda-") else None
-                seconds = way_thread(step, files, args, device, int(way.split("-")[1]), codec(backend))
+            elif way.split("-")[0] in CODEC_WAYS:  # on a CPU: nvImageCodec's CPU decoder
+                name, k = way.split("-")
+                seconds = way_thread(step, files, args, device, int(k), codec(CODEC_WAYS[name]))
             else:
                 seconds = {"compute": way_compute, "serial": way_serial, "process": way_process}[way](
                     step, files, args, device
@@ -282,8 +285,8 @@ def main(argv=None) -> int:
         )
 
     decode_alone = {"torchvision": alone(None)}
-    for name, backend in (("nvimgcodec", None), ("nvimgcodec_cuda", "cuda")):
-        if any(r["way"].startswith(name + "-") and "error" not in r for r in rows):
+    for name, backend in CODEC_WAYS.items():
+        if any(r["way"].split("-")[0] == name and "error" not in r for r in rows):
             decode_alone[name] = alone(codec(backend))
     result = {
         "what": "nvJPEG beside a stand-in step (scripts/bench_nvjpeg_overlap.py)",
