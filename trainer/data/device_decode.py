@@ -49,7 +49,6 @@ tested on machines without a GPU.
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import List, Optional
 
 import torch
@@ -62,8 +61,6 @@ from trainer.data.decoders import Loader, undecodable
 from trainer.data.nvimgcodec_decode import BatchDecoder
 from trainer.data.prefetch import process_stream
 from trainer.errors import TrainingStopped
-
-log = logging.getLogger(__name__)
 
 JPEG_MAGIC = b"\xff\xd8"
 
