@@ -49,7 +49,7 @@ class SystemMonitor(pl.Callback):
         self._gpu: Optional[sysstats.GpuReader] = None
         self._epoch = 0
         self._open = False
-        self._just_closed = False  # the last epoch's window closed at its end, nothing ran since
+        self._just_closed = False  # the last epoch's window closed at its end (Lightning validates before that)
         self._baseline()
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -70,8 +70,8 @@ class SystemMonitor(pl.Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._epoch = trainer.current_epoch
         self._open = True
-        if not self._just_closed:  # else the closing reading, a few ms ago, is the baseline: no second
-            self._baseline()  # walk of the process tree (1.7 ms) while the GPU waits for the first step
+        if not self._just_closed:  # else the last reading (at most _MIN_WINDOW_S of training ago) is the baseline: no
+            self._baseline()  # second walk of the process tree (1.7 ms) while the GPU waits for the first step
         self._just_closed = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -79,21 +79,19 @@ class SystemMonitor(pl.Callback):
             self.sample(trainer)
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        self._just_closed = False  # the next window starts after validation
         if self._open and not trainer.sanity_checking:
             self._close(trainer)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         if self._open:
-            self._just_closed = self._close(trainer)
+            self._close(trainer)
+            self._just_closed = True
 
-    def _close(self, trainer) -> bool:
-        """End the epoch's window: a last reading unless it would cover almost no time (then False)."""
+    def _close(self, trainer) -> None:
+        """End the epoch's window: a last reading unless it would cover almost no time."""
         self._open = False
         if time.monotonic() - self._last_t >= _MIN_WINDOW_S:
             self.sample(trainer)
-            return True
-        return False
 
     def sample(self, trainer=None) -> Dict[str, float]:
         now = time.monotonic()
