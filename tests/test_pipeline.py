@@ -1172,6 +1172,28 @@ def test_the_training_process_leaves_its_loader_workers_their_cores(train, add_c
         torch.set_num_threads(before)
 
 
+def test_omp_num_threads_bounds_the_threads_and_launched_ranks_get_their_share_in_it(compose, monkeypatch):
+    """The user's OMP_NUM_THREADS bounds the step's threads (torch's own reading of it); the ranks the
+    launcher starts through torchrun get their share of the node's cores in it where the user set
+    none, since torchrun would set 1 and each rank would read that as the user's bound."""
+    from trainer.launch.processes import ranks_env
+    from trainer.switches.switchboard import set_intra_op_threads
+
+    monkeypatch.setattr("trainer.measure.hardware.usable_cores", lambda: 8)
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert set_intra_op_threads(workers=1) == 2 == torch.get_num_threads()
+        assert "OMP_NUM_THREADS" not in ranks_env(compose("strategy=ddp", "devices=2"))  # the user's passes on
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert set_intra_op_threads(workers=1) == 7 == torch.get_num_threads()
+        assert ranks_env(compose("strategy=ddp", "devices=2"))["OMP_NUM_THREADS"] == "4"
+        monkeypatch.setenv("OMP_NUM_THREADS", "4")  # what that rank reads: 4 cores, 3 threads beside 1 worker
+        assert set_intra_op_threads(workers=1, processes_per_node=2) == 3
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_decoded_images_are_let_go_only_once_their_crop_has_run():
     """The nvJPEG path's decoded images are freed into the decode stream's pool, which the next
     decode writes from a stream of its own: a batch is let go two decodes later, as it is where its

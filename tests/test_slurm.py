@@ -117,13 +117,15 @@ def test_a_sweep_on_slurm_writes_its_report_and_a_failed_job_keeps_its_row(tmp_p
         "data.num_samples=64",
         "data.image_size=16",
         "checkpoint.enabled=false",
-        "hydra.launcher.array_parallelism=2",  # side by side, one thread each on the cluster's 2 CPUs
-        env=ONE_THREAD,
+        "hydra.launcher.array_parallelism=2",  # side by side on the cluster's 2 CPUs, which it does not bind
     )
     out, _ = proc.communicate(timeout=300)
     rows = (sweep / "ab_report.csv").read_text().splitlines()
     assert len(rows) == 3 and ",failed," in rows[1] and ",ok," in rows[2], out[-3000:]
     assert "forward failed on purpose" in read_metrics(sweep / "0")["error"]
+    # each job keeps to its one allocated CPU (SLURM_CPUS_ON_NODE), though it may run on both
+    m = read_metrics(sweep / "1")
+    assert m["intra_op_threads"] == 1 and m["diagnosis"]["evidence"]["cpu_cores"] == 1, m["diagnosis"]
 
 
 def test_a_cancelled_sweep_job_keeps_a_failed_row(tmp_path, cluster):

@@ -54,7 +54,7 @@ print(sysstats.usable_cores(), hardware.detect().cpu_cores, sysstats.allowed_cpu
         burner.wait()
 
 
-def test_cgroup_quota_v2_and_v1_cut_the_usable_cores(tmp_path):
+def test_cgroup_quota_v2_and_v1_and_a_slurm_allocation_cut_the_usable_cores(tmp_path, monkeypatch):
     v2 = tmp_path / "v2"
     (v2 / "outer" / "job").mkdir(parents=True)
     (v2 / "outer" / "cpu.max").write_text("150000 100000\n")  # the parent limits to 1.5 cores
@@ -77,6 +77,14 @@ def test_cgroup_quota_v2_and_v1_cut_the_usable_cores(tmp_path):
     assert sysstats.usable_cores(cpus=[0, 1, 2], detect_limit=False) == 3
     (v2 / "outer" / "cpu.max").write_text("garbage\n")  # unreadable: no quota, no crash
     assert sysstats.cgroup_cpu_limit(str(tmp_path / "cgroup2"), str(v2)) is None
+    # a Slurm job's CPUs on this node, on a cluster that does not bind jobs to them (the affinity mask
+    # is the whole node): the threads and loader workers of a 1-CPU job keep to one core
+    assert sysstats.slurm_cpu_limit({}) is None and sysstats.slurm_cpu_limit({"SLURM_CPUS_ON_NODE": "x"}) is None
+    assert sysstats.slurm_cpu_limit({"SLURM_CPUS_ON_NODE": "3"}) == 3.0
+    cgroup = sysstats.cgroup_cpu_limit()
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "3")
+    assert sysstats.cpu_limit() == (3.0 if cgroup is None else min(cgroup, 3.0))
+    assert sysstats.usable_cores(cpus=list(range(16))) == (3 if cgroup is None else min(3, max(1, int(cgroup))))
 
 
 def test_busy_time_is_read_from_the_right_cpus_when_some_are_offline(tmp_path, monkeypatch):

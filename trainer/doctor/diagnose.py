@@ -188,8 +188,8 @@ def _notes(r: Reading, world_size: int) -> List[str]:
     """What the verdict should be read with: the hardware against the flags, competition, DALI, ranks."""
     notes = hardware_notes(r.hardware, r.flags)
     busy = r.system.get("cpu_busy_cores")
-    # busy is measured on the CPUs this run may use; under a cgroup quota those CPUs are shared
-    # by design and the quota, not other processes, bounds the run: no verdict on competition there
+    # busy is measured on the CPUs this run may use; under a quota (a cgroup's, a Slurm allocation) those
+    # CPUs are shared by design and the quota, not other processes, bounds the run: no verdict on competition
     if busy is not None and r.own is not None and r.hardware.get("cpu_quota") is None:
         others = busy - r.own
         if others > max(0.75, 0.4 * r.cores):

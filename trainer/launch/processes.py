@@ -33,7 +33,7 @@ from trainer.console import QUIET_ENV
 from trainer.errors import ConfigError
 from trainer.launch import stopping
 from trainer.launch.torchrun import FIRST_FAILURE, STOP_GRACE_ENV
-from trainer.measure import metrics
+from trainer.measure import hardware, metrics
 from trainer.paths import ROOT
 from trainer.rank import is_launched_rank
 
@@ -189,8 +189,7 @@ def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False, env: Op
     job = [str(ROOT / "train.py"), *job_overrides(cfg, out_dir, overrides)]
     extra_env = {**allocator_env(cfg), **(env or {})}
     if launches_ranks(cfg):
-        extra_env[STOP_GRACE_ENV] = str(stop_grace_s(cfg))  # what the agent waits for the ranks to save
-
+        extra_env.update(ranks_env(cfg))
         nproc = processes_per_node(cfg)
         stale = os.path.join(out_dir, "ranks", FIRST_FAILURE)  # an earlier launch's (this one resumes it)
         if os.path.exists(stale):
@@ -219,6 +218,18 @@ def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False, env: Op
     log.info("launching: %s%s", f"LD_PRELOAD={env['LD_PRELOAD']} " if "LD_PRELOAD" in env else "", " ".join(cmd))
     started = time.time()
     return _preempted_code(_wait_forwarding_stop(subprocess.Popen(cmd, env=env)), out_dir, started)
+
+
+def ranks_env(cfg) -> dict:
+    """What torchrun's agent and the ranks get besides this process's environment: the seconds the
+    agent waits for the ranks to save after a stop signal, and each rank's share of the node's cores
+    as ``OMP_NUM_THREADS`` where the user set none (torchrun would set 1, which a rank reads as the
+    user's bound on its intra-op threads: ``switchboard.set_intra_op_threads``)."""
+    env = {STOP_GRACE_ENV: str(stop_grace_s(cfg))}
+    if "OMP_NUM_THREADS" not in os.environ:
+        share = hardware.cores_per_process(hardware.usable_cores(), processes_per_node(cfg))
+        env["OMP_NUM_THREADS"] = str(max(1, share))
+    return env
 
 
 def job_overrides(cfg, out_dir: str, overrides: List[str]) -> List[str]:

@@ -28,7 +28,8 @@ class Hardware:
     bf16_native: bool  # bf16 math runs at full speed (CUDA sm80+, or a CPU with AVX512-BF16/AMX)
     fp16: bool  # fp16 autocast with loss scaling is available (CUDA only)
     capability: str = ""  # CUDA compute capability, e.g. "9.0"
-    cpu_quota: Optional[float] = None  # the cgroup's CPU quota in cores where it allows fewer than the affinity mask
+    # the CPU quota in cores (the cgroup's, or the Slurm job's allocation here) where it allows fewer than the affinity mask
+    cpu_quota: Optional[float] = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -77,7 +78,8 @@ def machine_record() -> dict:
 
 
 def usable_cores() -> int:
-    """CPU cores this run can keep busy: its affinity mask cut to its cgroup's CPU quota (see sysstats)."""
+    """CPU cores this run can keep busy: its affinity mask cut to its cgroup's CPU quota and its Slurm
+    job's allocation on this node (see sysstats)."""
     return from_affinity_and_quota()
 
 
@@ -125,7 +127,7 @@ def bf16_slowdown(module, image_size: int) -> float:
 def detect(accelerator: str = "auto") -> Hardware:
     import torch  # lazy: keeps torch out of the doctor, the tuner's own process and the built-in set's cutting processes
 
-    cpus, limit = sysstats.allowed_cpus(), sysstats.cgroup_cpu_limit()  # read once for both
+    cpus, limit = sysstats.allowed_cpus(), sysstats.cpu_limit()  # read once for both
     cores = sysstats.usable_cores(cpus, limit)
     quota = sysstats.quota_limit(cpus, limit)
     if accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available():

@@ -3,7 +3,7 @@
 The system monitor and the doctor compare what this run's processes use with what is available to
 them. Both sides must be about the same CPUs and the same GPU, or a container on a big host reads
 as "other processes are busy" and a rank on cuda:3 reports GPU 0. psutil reads the processes and
-counters; the pieces psutil does not have are here: the cgroup CPU quota (containers, Slurm),
+counters; the pieces psutil does not have are here: the CPU quota (a container's cgroup, a Slurm job's allocation),
 which disks to count, and which NVML device is a rank's ``cuda:<i>``.
 """
 
@@ -75,6 +75,28 @@ def cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/f
     return min(limits) if limits else None
 
 
+def slurm_cpu_limit(environ=None) -> Optional[float]:
+    """The CPUs Slurm allocated to this job on this node (``SLURM_CPUS_ON_NODE``; None outside a job).
+
+    Where Slurm binds a job to its CPUs (task/affinity, task/cgroup) the affinity mask says so
+    already. Where it does not, every job on a node sees all of its cores, and two one-CPU jobs
+    sharing two cores each ran two intra-op threads: their spinning OpenMP threads slowed both 15 to
+    75 times over (a tiny CNN's epoch 0.35 s alone, 5.5-27 s in each of the two jobs).
+    """
+    try:
+        cpus = int((os.environ if environ is None else environ).get("SLURM_CPUS_ON_NODE", ""))
+    except ValueError:
+        return None
+    return float(cpus) if cpus > 0 else None
+
+
+def cpu_limit() -> Optional[float]:
+    """The cores this process's CPU time is bounded to, in cores (None: no bound but the affinity
+    mask): the tighter of its cgroup's quota and its Slurm job's allocation on this node."""
+    limits = [x for x in (cgroup_cpu_limit(), slurm_cpu_limit()) if x is not None]
+    return min(limits) if limits else None
+
+
 def _ratio(quota: Optional[str], period: Optional[str]) -> List[float]:
     """[quota / period] in cores, or [] for no quota (v1's -1) or an unreadable file."""
     try:
@@ -85,7 +107,7 @@ def _ratio(quota: Optional[str], period: Optional[str]) -> List[float]:
 
 
 def quota_limit(cpus: List[int], limit: Optional[float]) -> Optional[float]:
-    """The cgroup quota ``limit`` when it allows fewer cores than the affinity mask ``cpus`` (else None: it limits nothing)."""
+    """The quota ``limit`` (``cpu_limit``'s) when it allows fewer cores than the affinity mask ``cpus`` (else None: it limits nothing)."""
     return limit if limit is not None and limit < len(cpus) else None
 
 
@@ -108,10 +130,11 @@ def _read(path: str) -> Optional[str]:
 
 
 def usable_cores(cpus: Optional[List[int]] = None, limit: Optional[float] = None, detect_limit: bool = True) -> int:
-    """Cores this run can keep busy: the affinity mask, cut to the cgroup quota (rounded down, at least 1)."""
+    """Cores this run can keep busy: the affinity mask, cut to the cgroup quota and the Slurm job's
+    allocation (``cpu_limit``; rounded down, at least 1)."""
     n = len(cpus if cpus is not None else allowed_cpus()) or 1
     if limit is None and detect_limit:
-        limit = cgroup_cpu_limit()
+        limit = cpu_limit()
     if limit is not None:
         n = min(n, max(1, math.floor(limit + 1e-6)))
     return n

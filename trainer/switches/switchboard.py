@@ -274,21 +274,36 @@ def apply_global_settings(cfg) -> None:
 
 def set_intra_op_threads(workers: int, processes_per_node: int = 1) -> int:
     """The training process's intra-op threads: its share of the node's cores less its loader workers
-    (at least 1), set for this job and returned. torch's default is every core, and each loader worker
-    runs one thread of its own, so with workers the step's threads and theirs oversubscribed the
-    cores: on a 2-core CPU one worker slowed the step more than it fed it. Set at every job's start,
-    so a local sweep's next job gets its own count back."""
+    (at least 1), at most ``OMP_NUM_THREADS`` where that is set; set for this job and returned.
+    torch's default is every core, and each loader worker runs one thread of its own, so with workers
+    the step's threads and theirs oversubscribed the cores: on a 2-core CPU one worker slowed the step
+    more than it fed it. ``OMP_NUM_THREADS`` is the user's own bound, as torch itself reads it (the
+    ranks ``trainer.launch.processes`` starts get their share in it, not torchrun's default of 1).
+    Set at every job's start, so a local sweep's next job gets its own count back."""
     cores = hardware.cores_per_process(hardware.usable_cores(), processes_per_node)
     threads = max(1, cores - workers)
-    torch.set_num_threads(threads)
-    if workers:
+    bound = omp_num_threads()
+    if bound is not None and bound < threads:
+        log.info("intra-op threads: %d (OMP_NUM_THREADS; %d cores for this process)", bound, cores)
+        threads = bound
+    elif workers:
         log.info(
             "intra-op threads: %d (%d cores for this process, %d of them to its loader workers)",
             threads,
             cores,
             workers,
         )
+    torch.set_num_threads(threads)
     return threads
+
+
+def omp_num_threads() -> Optional[int]:
+    """``OMP_NUM_THREADS`` as a thread count (None where unset or not a positive number)."""
+    try:
+        n = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        return None
+    return n if n > 0 else None
 
 
 def scaled_lr(cfg, world_size: int) -> tuple:
