@@ -1168,6 +1168,10 @@ def test_the_training_process_leaves_its_loader_workers_their_cores(train, add_c
         seen.clear()
         m, _ = train(*host)
         assert m["intra_op_threads"] == 4 and seen and set(seen) == {4}
+        # through Lightning's DDP launcher (one process here), which sets its own count before training
+        seen.clear()
+        m, _ = train(*host, "data.num_workers=1", "strategy=ddp")
+        assert m["flags"]["strategy"] == "ddp" and m["intra_op_threads"] == 3 and set(seen) == {3}, set(seen)
     finally:
         torch.set_num_threads(before)
 
@@ -1175,7 +1179,7 @@ def test_the_training_process_leaves_its_loader_workers_their_cores(train, add_c
 def test_omp_num_threads_bounds_the_threads_and_launched_ranks_get_their_share_in_it(compose, monkeypatch):
     """The user's OMP_NUM_THREADS bounds the step's threads (torch's own reading of it); the ranks the
     launcher starts through torchrun get their share of the node's cores in it where the user set
-    none, since torchrun would set 1 and each rank would read that as the user's bound."""
+    none, and in a rank of the user's own torchrun its default of 1 is not taken as the user's."""
     from trainer.launch.processes import ranks_env
     from trainer.switches.switchboard import set_intra_op_threads
 
@@ -1190,6 +1194,12 @@ def test_omp_num_threads_bounds_the_threads_and_launched_ranks_get_their_share_i
         assert ranks_env(compose("strategy=ddp", "devices=2"))["OMP_NUM_THREADS"] == "4"
         monkeypatch.setenv("OMP_NUM_THREADS", "4")  # what that rank reads: 4 cores, 3 threads beside 1 worker
         assert set_intra_op_threads(workers=1, processes_per_node=2) == 3
+        # a rank of the user's own torchrun: a 1 there is torchrun's default, any other value the user's
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        assert set_intra_op_threads(workers=1, processes_per_node=2) == 3
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        assert set_intra_op_threads(workers=1, processes_per_node=2) == 2
     finally:
         torch.set_num_threads(before)
 

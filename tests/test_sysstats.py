@@ -81,10 +81,30 @@ def test_cgroup_quota_v2_and_v1_and_a_slurm_allocation_cut_the_usable_cores(tmp_
     # is the whole node): the threads and loader workers of a 1-CPU job keep to one core
     assert sysstats.slurm_cpu_limit({}) is None and sysstats.slurm_cpu_limit({"SLURM_CPUS_ON_NODE": "x"}) is None
     assert sysstats.slurm_cpu_limit({"SLURM_CPUS_ON_NODE": "3"}) == 3.0
-    cgroup = sysstats.cgroup_cpu_limit()
     monkeypatch.setenv("SLURM_CPUS_ON_NODE", "3")
-    assert sysstats.cpu_limit() == (3.0 if cgroup is None else min(cgroup, 3.0))
-    assert sysstats.usable_cores(cpus=list(range(16))) == (3 if cgroup is None else min(3, max(1, int(cgroup))))
+    monkeypatch.setattr(sysstats, "cgroup_cpu_limit", lambda: None)  # this machine's own quota, if any, aside
+    assert sysstats.cpu_limit() == 3.0 and sysstats.usable_cores(cpus=list(range(16))) == 3
+    monkeypatch.setattr(sysstats, "cgroup_cpu_limit", lambda: 2.0)  # the tighter of the two
+    assert sysstats.cpu_limit() == 2.0 and sysstats.usable_cores(cpus=list(range(16))) == 2
+
+
+def test_a_rank_srun_started_as_one_of_several_tasks_has_its_tasks_cpus(monkeypatch):
+    """srun with 4 tasks of 8 CPUs on a node: each rank's share is its task's 8 CPUs, whether Slurm binds
+    the task to them (its mask: 8 CPUs, which divided again by 4 ranks left 2) or not (the node's 32
+    allocated CPUs over 4 ranks). The ranks of a torchrun (one task) share their task's CPUs."""
+    from trainer.measure import hardware
+
+    srun = {"SLURM_NTASKS": "4", "SLURM_CPUS_PER_TASK": "8"}
+    assert sysstats.slurm_task_cpus(srun) == 8
+    assert sysstats.slurm_task_cpus({**srun, "SLURM_NTASKS": "1"}) is None
+    assert sysstats.slurm_task_cpus({**srun, "TORCHELASTIC_RUN_ID": "x"}) is None
+    assert sysstats.slurm_task_cpus({"SLURM_NTASKS": "4"}) is None
+    assert hardware.cores_per_process(8, 4) == 2  # outside Slurm: the node's cores over its processes
+    for key, value in srun.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert hardware.cores_per_process(8, 4) == 8 and hardware.cores_per_process(32, 4) == 8
+    assert hardware.workers_per_process(8, 4) == 7
 
 
 def test_busy_time_is_read_from_the_right_cpus_when_some_are_offline(tmp_path, monkeypatch):

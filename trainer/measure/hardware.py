@@ -84,7 +84,15 @@ def usable_cores() -> int:
 
 
 def cores_per_process(cores: int, processes_per_node: int = 1) -> int:
-    """Each of a node's processes' share of its ``cores``."""
+    """Each of a node's processes' share of its ``cores``.
+
+    A rank Slurm started as one task of several (srun) has its task's CPUs: where Slurm binds tasks to
+    their CPUs (task/affinity, task/cgroup) its affinity mask is already its own task's alone, and
+    dividing that again by the ranks per node left each rank a quarter of its CPUs with 4 ranks (2 of
+    8: one loader worker)."""
+    task = sysstats.slurm_task_cpus()
+    if task is not None:
+        return min(cores, task)
     return cores // max(1, processes_per_node)
 
 

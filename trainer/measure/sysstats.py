@@ -90,6 +90,18 @@ def slurm_cpu_limit(environ=None) -> Optional[float]:
     return float(cpus) if cpus > 0 else None
 
 
+def slurm_task_cpus(environ=None) -> Optional[int]:
+    """The CPUs of this process's own Slurm task (``SLURM_CPUS_PER_TASK``) where Slurm started it as
+    one of a job step's several tasks (srun: one rank per task, ``SLURM_NTASKS`` > 1) and not through
+    torchrun (whose ranks share their task's CPUs); None otherwise."""
+    env = os.environ if environ is None else environ
+    try:
+        tasks, cpus = int(env.get("SLURM_NTASKS", "1")), int(env.get("SLURM_CPUS_PER_TASK", ""))
+    except ValueError:
+        return None
+    return cpus if tasks > 1 and cpus > 0 and "TORCHELASTIC_RUN_ID" not in env else None
+
+
 def cpu_limit() -> Optional[float]:
     """The cores this process's CPU time is bounded to, in cores (None: no bound but the affinity
     mask): the tighter of its cgroup's quota and its Slurm job's allocation on this node."""

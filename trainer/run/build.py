@@ -223,6 +223,7 @@ def build_callbacks(parts: Parts) -> Callbacks:
     found.all = [
         parts.timer,
         MetricsJournal(parts),  # after the timer: the epoch it recorded goes into metrics.json
+        switchboard.KeepIntraOpThreads(parts.notes["intra_op_threads"]),
         found.peak,
         ResumableState(),
         found.preemption,

@@ -16,6 +16,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
+import pytorch_lightning as pl
 import torch
 from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 from torch.nn.parallel import DistributedDataParallel
@@ -274,15 +275,14 @@ def apply_global_settings(cfg) -> None:
 
 def set_intra_op_threads(workers: int, processes_per_node: int = 1) -> int:
     """The training process's intra-op threads: its share of the node's cores less its loader workers
-    (at least 1), at most ``OMP_NUM_THREADS`` where that is set; set for this job and returned.
-    torch's default is every core, and each loader worker runs one thread of its own, so with workers
-    the step's threads and theirs oversubscribed the cores: on a 2-core CPU one worker slowed the step
-    more than it fed it. ``OMP_NUM_THREADS`` is the user's own bound, as torch itself reads it (the
-    ranks ``trainer.launch.processes`` starts get their share in it, not torchrun's default of 1).
-    Set at every job's start, so a local sweep's next job gets its own count back."""
+    (at least 1), at most the user's ``OMP_NUM_THREADS`` (``thread_bound``); set for this job and
+    returned. torch's default is every core, and each loader worker runs one thread of its own, so with
+    workers the step's threads and theirs oversubscribed the cores: on a 2-core CPU one worker slowed
+    the step more than it fed it. Set at every job's start, so a local sweep's next job gets its own
+    count back, and again once Lightning's launcher has set its own (``KeepIntraOpThreads``)."""
     cores = hardware.cores_per_process(hardware.usable_cores(), processes_per_node)
     threads = max(1, cores - workers)
-    bound = omp_num_threads()
+    bound = thread_bound()
     if bound is not None and bound < threads:
         log.info("intra-op threads: %d (OMP_NUM_THREADS; %d cores for this process)", bound, cores)
         threads = bound
@@ -297,13 +297,34 @@ def set_intra_op_threads(workers: int, processes_per_node: int = 1) -> int:
     return threads
 
 
-def omp_num_threads() -> Optional[int]:
-    """``OMP_NUM_THREADS`` as a thread count (None where unset or not a positive number)."""
+def thread_bound() -> Optional[int]:
+    """The user's ``OMP_NUM_THREADS`` as a bound on the intra-op threads (torch reads it so too); None
+    where unset or not a positive number. In a rank torchrun started, a 1 is torchrun's own default
+    (it sets 1 wherever the variable is unset), not the user's: no bound, each rank takes its share of
+    the node's cores. The ranks this framework launches get that share in the variable
+    (``trainer.launch.processes.ranks_env``)."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
     try:
-        n = int(os.environ.get("OMP_NUM_THREADS", ""))
+        n = int(value)
     except ValueError:
         return None
-    return n if n > 0 else None
+    if n <= 0 or (n == 1 and "TORCHELASTIC_RUN_ID" in os.environ):
+        return None
+    return n
+
+
+class KeepIntraOpThreads(pl.Callback):
+    """Sets the job's intra-op threads again once Lightning's launcher has run. Lightning's DDP and
+    FSDP strategies launch through ``_SubprocessScriptLauncher`` also where the ranks already exist
+    (srun's tasks, one process), and its ``launch`` sets torch's threads to the affinity mask's CPUs
+    over the processes wherever ``OMP_NUM_THREADS`` is unset (``_set_num_threads_if_needed``), after
+    the job set its own: the loader workers' cores and a Slurm allocation were lost there."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        torch.set_num_threads(self.threads)
 
 
 def scaled_lr(cfg, world_size: int) -> tuple:
