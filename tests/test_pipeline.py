@@ -213,6 +213,14 @@ def test_nvimgcodec_decodes_into_the_last_batchs_images_only_on_their_stream_and
         codec([good], torch.device("cpu"), ["good.jpg"])
 
 
+def test_nvimgcodec_host_threads_are_half_the_cores_this_run_may_use(monkeypatch):
+    from trainer.data.nvimgcodec_decode import host_threads
+
+    for cores, threads in ((1, 1), (6, 3), (64, 8)):  # its mask, quota or Slurm allocation; not the machine's
+        monkeypatch.setattr("trainer.measure.hardware.usable_cores", lambda cores=cores: cores)
+        assert host_threads() == threads, cores
+
+
 def test_nvimgcodec_not_installed_stops_the_run_before_it_starts_saying_how_to_install_it(monkeypatch):
     import sys
 

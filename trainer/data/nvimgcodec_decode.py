@@ -46,6 +46,7 @@ import torch
 import torchvision.io
 
 from trainer.errors import ConfigError, TrainingStopped
+from trainer.measure import hardware
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +123,11 @@ def nvimgcodec():
         return _MODULE
 
 
-def _cpu_threads() -> int:
+def host_threads() -> int:
     """nvImageCodec's host threads (header parsing; on GPUs without a JPEG engine part of the Huffman
-    decoding): half the cores, at most 8, beside the loader's workers."""
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
+    decoding): half the cores this run may use (its affinity mask, quota, Slurm allocation), at most 8,
+    beside the loader's workers."""
+    return max(1, min(8, hardware.usable_cores() // 2))
 
 
 def _host_tensor(image) -> torch.Tensor:
@@ -166,7 +168,7 @@ class BatchDecoder:
                 only = (
                     [codec.Backend(getattr(codec.BackendKind, self.BACKENDS[self.backend]))] if self.backend else None
                 )
-                decoder = codec.Decoder(device_id=index, max_num_cpu_threads=_cpu_threads(), backends=only)
+                decoder = codec.Decoder(device_id=index, max_num_cpu_threads=host_threads(), backends=only)
                 self._probe(codec, decoder, device)
             else:
                 decoder = codec.Decoder(
