@@ -427,13 +427,6 @@ def test_no_competition_verdict_under_a_cgroup_quota():
     )
     assert not any("other processes" in n for n in d["hardware"])
     assert "this run using 0.9 of its 1.5-core quota" in d["verdict"] and "1.9 of" not in d["verdict"]
-    # a node's quota (a Slurm allocation) shared by 4 ranks: rank 0's reading against its share
-    node = dict(CPU, cpu_quota=32.0, cpu_cores=32)
-    d = doctor.diagnose(
-        metrics={"data_wait_fraction": 0.05}, system=busy, hardware=node, flags={}, data={}, is_convnet=True,
-        processes_per_node=4,
-    )  # fmt: skip
-    assert "rank 0 using 0.9 of its 8-core share of the 32-core quota" in d["verdict"], d["verdict"]
 
 
 def test_input_bound_on_an_object_store_read_directly_says_cache_it_first():

@@ -45,7 +45,7 @@ from trainer.doctor.advice import (
 )
 from trainer.doctor.facts import Facts
 from trainer.doctor.feeding import feeding
-from trainer.measure.hardware import cores_per_process, workers_per_process
+from trainer.measure.hardware import workers_per_process
 
 INPUT_BOUND = 0.25  # data wait share of training time above which the input pipeline is the bottleneck
 TRANSFER_FRACTION_BOUND = 0.20  # transfer share of training time (every run)
@@ -114,11 +114,7 @@ class Reading:
         peak = metrics.get("peak_memory_reserved_mb") or metrics.get("peak_memory_mb")
         # the workers the run used (metrics.json's num_workers: data.auto_workers picks its own), else the config's
         used = metrics.get("num_workers")
-        if quota is not None and own is not None and processes_per_node > 1:
-            # the node's quota is all its ranks'; the reading is rank 0's processes: its share is the measure
-            share = cores_per_process(int(quota), processes_per_node)
-            busy_text = f"rank 0 using {own:.1f} of its {share}-core share of the {quota:g}-core quota"
-        elif quota is not None and own is not None:
+        if quota is not None and own is not None:
             # under a quota the allowed CPUs are shared by design: say what this run itself used
             busy_text = f"this run using {own:.1f} of its {quota:g}-core quota"
         else:
