@@ -1161,6 +1161,7 @@ def test_the_training_process_leaves_its_loader_workers_their_cores(train, add_c
     thread): 1 worker on 4 cores, 3 threads in every step; the next job of the process (a local
     sweep's) sets its own count again, every core with no workers."""
     monkeypatch.setattr("trainer.measure.hardware.usable_cores", lambda: 4)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # no bound of the user's, as Lightning's launcher reads it
     seen = []
 
     class Threads(pl.Callback):
@@ -1188,7 +1189,9 @@ def test_omp_num_threads_bounds_the_threads_and_launched_ranks_get_their_share_i
     """The user's OMP_NUM_THREADS bounds the step's threads (torch's own reading of it); the ranks the
     launcher starts through torchrun get their share of the node's cores in it where the user set
     none, and in a rank of the user's own torchrun its default of 1 is not taken as the user's."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     from trainer.launch.processes import ranks_env
+    from trainer.launch.torchrun import STOP_GRACE_ENV
     from trainer.switches.switchboard import set_intra_op_threads
 
     monkeypatch.setattr("trainer.measure.hardware.usable_cores", lambda: 8)
@@ -1202,12 +1205,18 @@ def test_omp_num_threads_bounds_the_threads_and_launched_ranks_get_their_share_i
         assert ranks_env(compose("strategy=ddp", "devices=2"))["OMP_NUM_THREADS"] == "4"
         monkeypatch.setenv("OMP_NUM_THREADS", "4")  # what that rank reads: 4 cores, 3 threads beside 1 worker
         assert set_intra_op_threads(workers=1, processes_per_node=2) == 3
-        # a rank of the user's own torchrun: a 1 there is torchrun's default, any other value the user's
+        # a rank of the user's own torchrun with 2 ranks a node: a 1 there is torchrun's default, any
+        # other value the user's; in a rank this framework launched (it sets the stop grace) a 1 is the user's
         monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+        monkeypatch.delenv(STOP_GRACE_ENV, raising=False)
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
         assert set_intra_op_threads(workers=1, processes_per_node=2) == 3
         monkeypatch.setenv("OMP_NUM_THREADS", "2")
         assert set_intra_op_threads(workers=1, processes_per_node=2) == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        monkeypatch.setenv(STOP_GRACE_ENV, "300")
+        assert set_intra_op_threads(workers=1, processes_per_node=2) == 1
     finally:
         torch.set_num_threads(before)
 

@@ -94,15 +94,18 @@ def test_a_rank_srun_started_as_one_of_several_tasks_has_its_tasks_cpus(monkeypa
     allocated CPUs over 4 ranks). The ranks of a torchrun (one task) share their task's CPUs."""
     from trainer.measure import hardware
 
-    srun = {"SLURM_NTASKS": "4", "SLURM_CPUS_PER_TASK": "8"}
+    srun = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4", "SLURM_CPUS_PER_TASK": "8"}
     assert sysstats.slurm_task_cpus(srun) == 8
-    assert sysstats.slurm_task_cpus({**srun, "SLURM_NTASKS": "1"}) is None
+    assert sysstats.slurm_task_cpus({**srun, "SLURM_STEP_NUM_TASKS": "1"}) is None
     assert sysstats.slurm_task_cpus({**srun, "TORCHELASTIC_RUN_ID": "x"}) is None
-    assert sysstats.slurm_task_cpus({"SLURM_NTASKS": "4"}) is None
+    assert sysstats.slurm_task_cpus({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4"}) is None
+    # the batch script's (or salloc's) own shell of a 4-task job is no task of a step
+    assert sysstats.slurm_task_cpus({"SLURM_NTASKS": "4", "SLURM_CPUS_PER_TASK": "8"}) is None
+    for key in (*srun, "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
     assert hardware.cores_per_process(8, 4) == 2  # outside Slurm: the node's cores over its processes
     for key, value in srun.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
     assert hardware.cores_per_process(8, 4) == 8 and hardware.cores_per_process(32, 4) == 8
     assert hardware.workers_per_process(8, 4) == 7
 

@@ -91,15 +91,16 @@ def slurm_cpu_limit(environ=None) -> Optional[float]:
 
 
 def slurm_task_cpus(environ=None) -> Optional[int]:
-    """The CPUs of this process's own Slurm task (``SLURM_CPUS_PER_TASK``) where Slurm started it as
-    one of a job step's several tasks (srun: one rank per task, ``SLURM_NTASKS`` > 1) and not through
-    torchrun (whose ranks share their task's CPUs); None otherwise."""
+    """The CPUs of this process's own Slurm task (``SLURM_CPUS_PER_TASK``) where srun started it as one
+    of a job step's several tasks (one rank per task) and not through torchrun (whose ranks share
+    their task's CPUs); None otherwise, also in the batch script's or salloc's own shell."""
     env = os.environ if environ is None else environ
     try:
-        tasks, cpus = int(env.get("SLURM_NTASKS", "1")), int(env.get("SLURM_CPUS_PER_TASK", ""))
+        tasks, cpus = int(env.get("SLURM_STEP_NUM_TASKS", "1")), int(env.get("SLURM_CPUS_PER_TASK", ""))
     except ValueError:
         return None
-    return cpus if tasks > 1 and cpus > 0 and "TORCHELASTIC_RUN_ID" not in env else None
+    step_task = env.get("SLURM_STEP_ID") is not None and tasks > 1
+    return cpus if step_task and cpus > 0 and "TORCHELASTIC_RUN_ID" not in env else None
 
 
 def cpu_limit() -> Optional[float]:

@@ -22,6 +22,7 @@ from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, ModelParalle
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.errors import ConfigError
+from trainer.launch.torchrun import STOP_GRACE_ENV
 from trainer.measure import hardware
 from trainer.measure.hardware import Hardware
 from trainer.models.blocks import repeated_blocks
@@ -299,26 +300,32 @@ def set_intra_op_threads(workers: int, processes_per_node: int = 1) -> int:
 
 def thread_bound() -> Optional[int]:
     """The user's ``OMP_NUM_THREADS`` as a bound on the intra-op threads (torch reads it so too); None
-    where unset or not a positive number. In a rank torchrun started, a 1 is torchrun's own default
-    (it sets 1 wherever the variable is unset), not the user's: no bound, each rank takes its share of
-    the node's cores. The ranks this framework launches get that share in the variable
-    (``trainer.launch.processes.ranks_env``)."""
-    value = os.environ.get("OMP_NUM_THREADS", "")
+    where unset or not a positive number. In a rank of the user's own torchrun with several ranks per
+    node, a 1 is torchrun's default (it sets 1 wherever the variable is unset), not the user's: no
+    bound, each rank takes its share of the node's cores. The ranks this framework launches get that
+    share in the variable where the user set none (``trainer.launch.processes.ranks_env``, which also
+    sets ``STOP_GRACE_ENV``): a 1 there is the user's."""
     try:
-        n = int(value)
+        n = int(os.environ.get("OMP_NUM_THREADS", ""))
     except ValueError:
         return None
-    if n <= 0 or (n == 1 and "TORCHELASTIC_RUN_ID" in os.environ):
+    if n <= 0:
         return None
-    return n
+    torchruns_default = (
+        n == 1
+        and "TORCHELASTIC_RUN_ID" in os.environ
+        and STOP_GRACE_ENV not in os.environ
+        and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1
+    )
+    return None if torchruns_default else n
 
 
 class KeepIntraOpThreads(pl.Callback):
-    """Sets the job's intra-op threads again once Lightning's launcher has run. Lightning's DDP and
-    FSDP strategies launch through ``_SubprocessScriptLauncher`` also where the ranks already exist
-    (srun's tasks, one process), and its ``launch`` sets torch's threads to the affinity mask's CPUs
-    over the processes wherever ``OMP_NUM_THREADS`` is unset (``_set_num_threads_if_needed``), after
-    the job set its own: the loader workers' cores and a Slurm allocation were lost there."""
+    """Sets the job's intra-op threads again once Lightning's launcher has run. Lightning's DDP strategy
+    launches through ``_SubprocessScriptLauncher`` also where the ranks already exist (srun's tasks,
+    one process), and its ``launch`` sets torch's threads to the affinity mask's CPUs over the
+    processes wherever ``OMP_NUM_THREADS`` is unset (``_set_num_threads_if_needed``), after the job
+    set its own: the loader workers' cores and a Slurm allocation were lost there."""
 
     def __init__(self, threads: int) -> None:
         self.threads = threads
