@@ -20,7 +20,8 @@ from conftest import ROOT, clean_env, final_loss, read_metrics, run_cli
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.whole_machine]  # one cluster, its 2 CPUs
 
-# ~4 s of training in 512 steps, a checkpoint every 7 steps: a preemption lands mid-run
+# ~2 s of training in 512 steps on one CPU, a checkpoint every 7 steps: a preemption lands mid-run (at about
+# step 15: the tests signal a job once its first checkpoint exists)
 RUN = [
     "seed=42",
     "data.num_samples=1024",
