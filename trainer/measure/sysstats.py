@@ -75,6 +75,23 @@ def cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/f
     return min(limits) if limits else None
 
 
+def env_count(name: str, environ=None) -> Optional[int]:
+    """The environment variable ``name`` as a count of CPUs, threads or tasks: a positive whole number,
+    else None (unset, or not one)."""
+    try:
+        n = int((os.environ if environ is None else environ).get(name, ""))
+    except ValueError:
+        return None
+    return n if n > 0 else None
+
+
+def srun_task(environ=None) -> bool:
+    """Whether srun started this process as one of a job step's several tasks (not the batch script's
+    or salloc's own shell, where ``SLURM_NTASKS`` is set too)."""
+    env = os.environ if environ is None else environ
+    return env.get("SLURM_STEP_ID") is not None and (env_count("SLURM_STEP_NUM_TASKS", env) or 1) > 1
+
+
 def slurm_cpu_limit(environ=None) -> Optional[float]:
     """The CPUs Slurm allocated to this job on this node (``SLURM_CPUS_ON_NODE``; None outside a job).
 
@@ -83,11 +100,8 @@ def slurm_cpu_limit(environ=None) -> Optional[float]:
     sharing two cores each ran two intra-op threads: their spinning OpenMP threads slowed both 15 to
     75 times over (a tiny CNN's epoch 0.35 s alone, 5.5-27 s in each of the two jobs).
     """
-    try:
-        cpus = int((os.environ if environ is None else environ).get("SLURM_CPUS_ON_NODE", ""))
-    except ValueError:
-        return None
-    return float(cpus) if cpus > 0 else None
+    cpus = env_count("SLURM_CPUS_ON_NODE", environ)
+    return float(cpus) if cpus is not None else None
 
 
 def slurm_task_cpus(environ=None) -> Optional[int]:
@@ -95,12 +109,9 @@ def slurm_task_cpus(environ=None) -> Optional[int]:
     of a job step's several tasks (one rank per task) and not through torchrun (whose ranks share
     their task's CPUs); None otherwise, also in the batch script's or salloc's own shell."""
     env = os.environ if environ is None else environ
-    try:
-        tasks, cpus = int(env.get("SLURM_STEP_NUM_TASKS", "1")), int(env.get("SLURM_CPUS_PER_TASK", ""))
-    except ValueError:
+    if not srun_task(env) or "TORCHELASTIC_RUN_ID" in env:
         return None
-    step_task = env.get("SLURM_STEP_ID") is not None and tasks > 1
-    return cpus if step_task and cpus > 0 and "TORCHELASTIC_RUN_ID" not in env else None
+    return env_count("SLURM_CPUS_PER_TASK", env)
 
 
 def cpu_limit() -> Optional[float]:
@@ -221,8 +232,7 @@ class ProcessTree:
 
     def __init__(self, root: Optional[psutil.Process] = None) -> None:
         me = psutil.Process()
-        srun_task = os.environ.get("SLURM_STEP_ID") is not None and int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
-        if root is None and (os.environ.get("TORCHELASTIC_RUN_ID") or srun_task):
+        if root is None and (os.environ.get("TORCHELASTIC_RUN_ID") or srun_task()):
             try:
                 root = me.parent()
             except psutil.Error:

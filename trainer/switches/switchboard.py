@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.errors import ConfigError
 from trainer.launch.torchrun import STOP_GRACE_ENV
-from trainer.measure import hardware
+from trainer.measure import hardware, sysstats
 from trainer.measure.hardware import Hardware
 from trainer.models.blocks import repeated_blocks
 from trainer.models.build import refuse_unsharded_user_module
@@ -305,17 +305,12 @@ def thread_bound() -> Optional[int]:
     bound, each rank takes its share of the node's cores. The ranks this framework launches get that
     share in the variable where the user set none (``trainer.launch.processes.ranks_env``, which also
     sets ``STOP_GRACE_ENV``): a 1 there is the user's."""
-    try:
-        n = int(os.environ.get("OMP_NUM_THREADS", ""))
-    except ValueError:
-        return None
-    if n <= 0:
-        return None
+    n = sysstats.env_count("OMP_NUM_THREADS")
     torchruns_default = (
         n == 1
         and "TORCHELASTIC_RUN_ID" in os.environ
         and STOP_GRACE_ENV not in os.environ
-        and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1
+        and (sysstats.env_count("LOCAL_WORLD_SIZE") or 1) > 1
     )
     return None if torchruns_default else n
 
