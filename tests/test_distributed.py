@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 
@@ -187,6 +188,27 @@ def test_more_cpu_processes_than_cores_is_refused(compose):
     with pytest.raises(ConfigError, match=r"'devices=8'.*devices=1\.\.2"):
         switchboard.resolve(compose("strategy=ddp", "devices=8"), Hardware("cpu", "cpu", 1, 2, False, False))
     switchboard.resolve(compose("strategy=ddp", "devices=2"), Hardware("cpu", "cpu", 1, 2, False, False))
+
+
+def test_a_ddp_job_in_a_slurm_batch_scripts_own_shell_starts_its_ranks_and_srun_tasks_do_not(compose, monkeypatch):
+    """The environments are a local cluster's, read with ``env`` in an sbatch --ntasks-per-node=2 job:
+    its batch script's shell (SLURM_NTASKS=2, no job step), and one of srun's two tasks. Run in the
+    shell, ``python train.py strategy=ddp devices=2`` is one process that must start its ranks itself
+    (taken for a rank, it waited for a second rank nothing would start); srun's tasks are the ranks."""
+    from trainer.launch import processes
+
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_"))] + ["LOCAL_RANK", "RANK"]:
+        monkeypatch.delenv(key, raising=False)
+    cfg = compose("strategy=ddp", "devices=2", "accelerator=cpu")
+    batch_shell = {"SLURM_JOB_ID": "412", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_PROCID": "0"}
+    for key, value in batch_shell.items():
+        monkeypatch.setenv(key, value)
+    assert not processes.inside_launcher() and processes.launches_ranks(cfg)
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
+    assert processes.inside_launcher() and not processes.launches_ranks(cfg)
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")  # srun of one task: that task starts the ranks
+    assert not processes.inside_launcher() and processes.launches_ranks(cfg)
 
 
 def test_ddp_knobs_reach_the_strategy(compose):
