@@ -190,6 +190,33 @@ def test_more_cpu_processes_than_cores_is_refused(compose):
     switchboard.resolve(compose("strategy=ddp", "devices=2"), Hardware("cpu", "cpu", 1, 2, False, False))
 
 
+def test_strategy_auto_with_several_processes_runs_as_ddp_and_devices_minus_one_means_a_count(
+    compose, train, monkeypatch
+):
+    """strategy=auto with devices=2 (or num_nodes=2) is Lightning's DDP; the job says so in its config, so
+    that torchrun starts its ranks (Lightning's own launcher re-ran the command line: a second banner,
+    a second sweep under -m). devices=-1 on a CPU is one process (Lightning refused -1 there)."""
+    from trainer.launch import processes
+
+    for key in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_STEP_ID"):
+        monkeypatch.delenv(key, raising=False)
+    for overrides, strategy in (
+        (("devices=2", "accelerator=cpu"), "ddp"),
+        (("num_nodes=2", "accelerator=cpu"), "ddp"),
+        (("devices=1", "accelerator=cpu"), "auto"),
+        (("devices=-1", "accelerator=cpu"), "auto"),
+        (("devices=2", "accelerator=cpu", "strategy=fsdp2"), "fsdp2"),
+    ):
+        cfg = compose(*overrides)
+        processes.settle_strategy(cfg)
+        assert cfg.strategy == strategy, overrides
+    cfg = compose("devices=2", "accelerator=cpu")
+    processes.settle_strategy(cfg)
+    assert processes.launches_ranks(cfg)
+    m, _ = train("devices=-1", "accelerator=cpu")
+    assert m["status"] == "ok" and m["device"]["count"] == 1, m.get("error")
+
+
 def test_a_ddp_job_in_a_slurm_batch_scripts_own_shell_starts_its_ranks_and_srun_tasks_do_not(compose, monkeypatch):
     """The environments are a local cluster's, read with ``env`` in an sbatch --ntasks-per-node=2 job:
     its batch script's shell (SLURM_NTASKS=2, no job step), and one of srun's two tasks. Run in the

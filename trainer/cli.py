@@ -21,7 +21,14 @@ from trainer.config.compose import finish, prepare_hydra
 from trainer.console import quiet_known_warnings
 from trainer.errors import ConfigError, UserFacingError
 from trainer.launch import stopping
-from trainer.launch.processes import exit_launched_rank, inside_launcher, launch, leave_process_group, needs_launch
+from trainer.launch.processes import (
+    exit_launched_rank,
+    inside_launcher,
+    launch,
+    leave_process_group,
+    needs_launch,
+    settle_strategy,
+)
 from trainer.launch.run_dirs import OutputTaken, refuse_finished_run_dir
 from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 from trainer.launch.torchrun import first_failure
@@ -138,6 +145,7 @@ def task(cfg) -> None:
         return
     try:
         cfg = finish(cfg, job.overrides)
+        settle_strategy(cfg)
         _prepare_job_dir(cfg, job, resume=action == "resume")
         if needs_launch(cfg):
             _launch_job(cfg, job)

@@ -133,6 +133,23 @@ def allocator_env(cfg) -> dict:
     return {"LD_PRELOAD": preload, "TRAINER_ALLOCATOR_RELAUNCHED": name}
 
 
+def settle_strategy(cfg) -> None:
+    """``strategy=auto`` with more than one process (``devices=2``, ``-1`` or ``auto`` on a machine with
+    several GPUs, ``num_nodes=2``) is DDP, as Lightning would choose it; the job's config says so from
+    here on. Left to Lightning, its own launcher re-ran the command line in its children: every
+    process printed the job's banner and results, each took all of the node's cores for its threads,
+    and under ``-m`` each child started a sweep of its own. As ``strategy=ddp`` the job's ranks are
+    torchrun's (``launch``), with the DDP settings, the threads per rank and the checks of a DDP run.
+    """
+    if cfg.strategy == "auto" and processes_per_node(cfg) * int(cfg.num_nodes) > 1:
+        from omegaconf import open_dict  # lazy: keeps omegaconf out of train.py's start-up
+
+        with open_dict(cfg):
+            cfg.strategy = "ddp"
+        if not is_launched_rank():
+            log.info("strategy=auto with %d processes per node: DDP (strategy=ddp)", processes_per_node(cfg))
+
+
 def launches_ranks(cfg) -> bool:
     """Whether this process starts the job's ranks itself: one node, several processes, no launcher yet."""
     return cfg.strategy in DISTRIBUTED and processes_per_node(cfg) > 1 and cfg.num_nodes == 1 and not inside_launcher()

@@ -133,7 +133,9 @@ def resolve(cfg, hw: Hardware) -> Plan:
             "Find the batch once with strategy=auto and pass the number it prints, e.g. data.batch_size=256."
         )
     warnings += _no_effect_here(cfg, accelerator)
-    return Plan(accelerator, devices, cfg.num_nodes, precision, amp_dtype, cfg.strategy, warnings)
+    # -1 and auto as the count they mean here (Lightning refuses -1 on a CPU)
+    count = devices if isinstance(devices, int) and devices > 0 else per_node(accelerator, devices, hw)
+    return Plan(accelerator, count, cfg.num_nodes, precision, amp_dtype, cfg.strategy, warnings)
 
 
 def _refuse_with_sharding(cfg, ranks_per_node: int) -> None:
