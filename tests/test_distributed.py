@@ -180,14 +180,25 @@ def test_two_nodes_with_torchrun_on_localhost(tmp_path):
     assert m["status"] == "ok" and m["device"]["count"] == 2 and m["flags"]["num_nodes"] == 2
 
 
-def test_more_cpu_processes_than_cores_is_refused(compose):
+def test_more_cpu_processes_than_cores_is_refused(compose, monkeypatch):
+    """...but not in one of srun's tasks, each a rank with its own task's CPUs: where Slurm binds tasks to
+    their CPUs, each rank of `sbatch --ntasks-per-node=2 --cpus-per-task=1 ... accelerator=cpu` sees one."""
     from trainer.errors import ConfigError
     from trainer.measure.hardware import Hardware
     from trainer.switches import switchboard
 
+    for key in ("SLURM_STEP_ID", "SLURM_STEP_NUM_TASKS", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
     with pytest.raises(ConfigError, match=r"'devices=8'.*devices=1\.\.2"):
         switchboard.resolve(compose("strategy=ddp", "devices=8"), Hardware("cpu", "cpu", 1, 2, False, False))
     switchboard.resolve(compose("strategy=ddp", "devices=2"), Hardware("cpu", "cpu", 1, 2, False, False))
+    one_core = Hardware("cpu", "cpu", 1, 1, False, False)
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
+    switchboard.resolve(compose("strategy=ddp", "devices=2"), one_core)  # a task bound to its one CPU
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")  # torchrun's ranks in one task share its CPUs
+    with pytest.raises(ConfigError, match=r"'devices=2'"):
+        switchboard.resolve(compose("strategy=ddp", "devices=2"), one_core)
 
 
 def test_strategy_auto_with_several_processes_runs_as_ddp_and_devices_minus_one_means_a_count(

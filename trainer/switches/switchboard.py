@@ -112,7 +112,10 @@ def resolve(cfg, hw: Hardware) -> Plan:
             f"'devices={devices}' but this machine has {available} CUDA device(s). Allowed: 1..{available}, -1 or auto."
         )
 
-    if accelerator == "cpu" and isinstance(devices, int) and devices > hw.cpu_cores:
+    # srun's tasks are the ranks, each with the CPUs of its own task (where Slurm binds tasks to their
+    # CPUs, this process's mask is its task's alone): only the processes of one launcher share the mask
+    sharing = 1 if sysstats.srun_task() and "TORCHELASTIC_RUN_ID" not in os.environ else devices
+    if accelerator == "cpu" and isinstance(devices, int) and sharing > hw.cpu_cores:
         raise ConfigError(
             f"'devices={devices}' asks for {devices} CPU processes, but this process may use {hw.cpu_cores} core(s) here: they would "
             f"fight over the cores and every timing would be meaningless. Allowed on this machine: devices=1..{hw.cpu_cores} (or a GPU machine)."
