@@ -1191,7 +1191,7 @@ def test_omp_num_threads_bounds_the_threads_and_launched_ranks_get_their_share_i
     none, and in a rank of the user's own torchrun its default of 1 is not taken as the user's."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     from trainer.launch.processes import ranks_env
-    from trainer.launch.torchrun import STOP_GRACE_ENV
+    from trainer.launch.torchrun import LAUNCHED_RANKS_ENV, STOP_GRACE_ENV
     from trainer.switches.switchboard import set_intra_op_threads
 
     monkeypatch.setattr("trainer.measure.hardware.usable_cores", lambda: 8)
@@ -1206,16 +1206,19 @@ def test_omp_num_threads_bounds_the_threads_and_launched_ranks_get_their_share_i
         monkeypatch.setenv("OMP_NUM_THREADS", "4")  # what that rank reads: 4 cores, 3 threads beside 1 worker
         assert set_intra_op_threads(workers=1, processes_per_node=2) == 3
         # a rank of the user's own torchrun with 2 ranks a node: a 1 there is torchrun's default, any
-        # other value the user's; in a rank this framework launched (it sets the stop grace) a 1 is the user's
+        # other value the user's, also where the user set the stop grace as the README says; in a rank
+        # this framework launched (marked so) a 1 is the user's
+        assert ranks_env(compose("strategy=ddp", "devices=2"))[LAUNCHED_RANKS_ENV] == "1"
         monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-        monkeypatch.delenv(STOP_GRACE_ENV, raising=False)
+        monkeypatch.delenv(LAUNCHED_RANKS_ENV, raising=False)
+        monkeypatch.setenv(STOP_GRACE_ENV, "300")
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
         assert set_intra_op_threads(workers=1, processes_per_node=2) == 3
         monkeypatch.setenv("OMP_NUM_THREADS", "2")
         assert set_intra_op_threads(workers=1, processes_per_node=2) == 2
         monkeypatch.setenv("OMP_NUM_THREADS", "1")
-        monkeypatch.setenv(STOP_GRACE_ENV, "300")
+        monkeypatch.setenv(LAUNCHED_RANKS_ENV, "1")
         assert set_intra_op_threads(workers=1, processes_per_node=2) == 1
     finally:
         torch.set_num_threads(before)

@@ -32,7 +32,7 @@ from typing import List, Optional
 from trainer.console import QUIET_ENV
 from trainer.errors import ConfigError
 from trainer.launch import stopping
-from trainer.launch.torchrun import FIRST_FAILURE, STOP_GRACE_ENV
+from trainer.launch.torchrun import FIRST_FAILURE, LAUNCHED_RANKS_ENV, STOP_GRACE_ENV
 from trainer.measure import hardware, metrics, sysstats
 from trainer.paths import ROOT
 from trainer.rank import is_launched_rank
@@ -245,10 +245,11 @@ def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False, env: Op
 
 def ranks_env(cfg) -> dict:
     """What torchrun's agent and the ranks get besides this process's environment: the seconds the
-    agent waits for the ranks to save after a stop signal, and each rank's share of the node's cores
-    as ``OMP_NUM_THREADS`` where the user set none (torchrun would set 1, which a rank reads as the
-    user's bound on its intra-op threads: ``switchboard.set_intra_op_threads``)."""
-    env = {STOP_GRACE_ENV: str(stop_grace_s(cfg))}
+    agent waits for the ranks to save after a stop signal, each rank's share of the node's cores as
+    ``OMP_NUM_THREADS`` where the user set none (torchrun would set 1, which a rank reads as the
+    user's bound on its intra-op threads: ``switchboard.set_intra_op_threads``), and the mark that
+    this framework started them (``LAUNCHED_RANKS_ENV``: their ``OMP_NUM_THREADS`` is never torchrun's)."""
+    env = {STOP_GRACE_ENV: str(stop_grace_s(cfg)), LAUNCHED_RANKS_ENV: "1"}
     if "OMP_NUM_THREADS" not in os.environ:
         share = hardware.cores_per_process(hardware.usable_cores(), processes_per_node(cfg))
         env["OMP_NUM_THREADS"] = str(max(1, share))

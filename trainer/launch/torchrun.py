@@ -35,6 +35,8 @@ FIRST_FAILURE = "first_failure.json"  # in LOG_DIR: the failed rank's answer, fo
 # torchrun's own name (torch >= 2.12 reads it as --shutdown-timeout's default); read here for older torch too
 STOP_GRACE_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 TORCHRUN_STOP_GRACE_S = 30  # torchrun's default
+# set in the ranks this framework's launcher starts (processes.ranks_env), never by a user's own torchrun
+LAUNCHED_RANKS_ENV = "TRAINER_LAUNCHED_RANKS"
 USAGE = "usage: python -m trainer.torchrun LOG_DIR [torchrun's options] TRAINING_SCRIPT [its arguments]"
 
 

@@ -22,7 +22,7 @@ from pytorch_lightning.strategies import DDPStrategy, FSDPStrategy, ModelParalle
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.errors import ConfigError
-from trainer.launch.torchrun import STOP_GRACE_ENV
+from trainer.launch.torchrun import LAUNCHED_RANKS_ENV
 from trainer.measure import hardware, sysstats
 from trainer.measure.hardware import Hardware
 from trainer.models.blocks import repeated_blocks
@@ -308,13 +308,14 @@ def thread_bound() -> Optional[int]:
     where unset or not a positive number. In a rank of the user's own torchrun with several ranks per
     node, a 1 is torchrun's default (it sets 1 wherever the variable is unset), not the user's: no
     bound, each rank takes its share of the node's cores. The ranks this framework launches get that
-    share in the variable where the user set none (``trainer.launch.processes.ranks_env``, which also
-    sets ``STOP_GRACE_ENV``): a 1 there is the user's."""
+    share in the variable where the user set none (``trainer.launch.processes.ranks_env``, which marks
+    them with ``LAUNCHED_RANKS_ENV``): a 1 there is the user's. (Not the stop grace that launcher also
+    sets: the README tells users of their own torchrun to set it too.)"""
     n = sysstats.env_count("OMP_NUM_THREADS")
     torchruns_default = (
         n == 1
         and "TORCHELASTIC_RUN_ID" in os.environ
-        and STOP_GRACE_ENV not in os.environ
+        and LAUNCHED_RANKS_ENV not in os.environ
         and (sysstats.env_count("LOCAL_WORLD_SIZE") or 1) > 1
     )
     return None if torchruns_default else n
