@@ -635,6 +635,16 @@ def test_a_second_ctrl_c_leaves_the_launcher_waiting_for_its_job_to_end(monkeypa
     assert code == 130
 
 
+def test_a_launched_process_killed_by_a_signal_gives_the_shells_exit_status():
+    """128 + the signal's number, as torchrun's agent gives it and the README says (Python's negative
+    code through sys.exit came out as 244 for SIGUSR2)."""
+    from trainer.launch import processes
+
+    child = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGUSR2)"])
+    assert processes._wait_forwarding_stop(child) == 128 + 12
+    assert processes._wait_forwarding_stop(subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])) == 3
+
+
 def test_the_journal_written_after_each_epoch_reads_no_metric_lightning_reduces_across_ranks(train, monkeypatch):
     """metrics.json's running record is written by rank 0 alone, from an epoch-end hook: reading
     ``trainer.callback_metrics`` there computes the epoch's ``sync_dist`` metrics, an all-reduce the

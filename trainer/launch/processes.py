@@ -298,11 +298,16 @@ def _wait_forwarding_stop(proc: subprocess.Popen) -> int:
     ``stop_grace_s``. The ranks run in sessions of their own (torchrun starts them so), so no signal
     reaches them but the agent's. Ctrl-C in a terminal reaches this process and the agent together
     (one foreground process group) and is not passed on again: a second SIGINT at the agent is a
-    second Ctrl-C, which ends the ranks at once (``trainer.launch.torchrun``)."""
+    second Ctrl-C, which ends the ranks at once (``trainer.launch.torchrun``).
+
+    The exit status is the shell's: a process a signal killed (the allocator's one child) gives 128 +
+    the signal's number, as torchrun's agent does; Python's negative code passed to ``sys.exit`` came
+    out as 256 less the number (244 for SIGUSR2, 247 for SIGKILL)."""
     forwarded = False
     while True:
         try:
-            return proc.wait(timeout=0.5)
+            code = proc.wait(timeout=0.5)
+            break
         except subprocess.TimeoutExpired:
             name = stopping.requested()
             if name and name != "SIGINT" and not forwarded:
@@ -310,4 +315,6 @@ def _wait_forwarding_stop(proc: subprocess.Popen) -> int:
                 forwarded = True
         except KeyboardInterrupt:
             # a second Ctrl-C: the terminal sent it to the job's process too, which ends at once
-            return proc.wait()
+            code = proc.wait()
+            break
+    return 128 - code if code < 0 else code
