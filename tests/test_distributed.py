@@ -228,12 +228,17 @@ def test_strategy_auto_with_several_processes_runs_as_ddp_and_devices_minus_one_
     assert m["status"] == "ok" and m["device"]["count"] == 1, m.get("error")
 
 
-def test_a_ddp_job_in_a_slurm_batch_scripts_own_shell_starts_its_ranks_and_srun_tasks_do_not(compose, monkeypatch):
+def test_a_ddp_job_in_a_slurm_batch_scripts_own_shell_starts_its_ranks_and_srun_tasks_are_the_ranks(
+    compose, monkeypatch
+):
     """The environments are a local cluster's, read with ``env`` in an sbatch --ntasks-per-node=2 job:
     its batch script's shell (SLURM_NTASKS=2, no job step), and one of srun's two tasks. Run in the
     shell, ``python train.py strategy=ddp devices=2`` is one process that must start its ranks itself
     (taken for a rank, it waited for a second rank nothing would start); srun's tasks are the ranks."""
-    from trainer.launch import processes
+    from lightning_fabric.plugins.environments import SLURMEnvironment
+
+    from trainer.errors import ConfigError
+    from trainer.launch import processes, slurm
 
     for key in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_"))] + ["LOCAL_RANK", "RANK"]:
         monkeypatch.delenv(key, raising=False)
@@ -242,11 +247,20 @@ def test_a_ddp_job_in_a_slurm_batch_scripts_own_shell_starts_its_ranks_and_srun_
     for key, value in batch_shell.items():
         monkeypatch.setenv(key, value)
     assert not processes.inside_launcher() and processes.launches_ranks(cfg)
+    assert slurm.srun_ranks_environment() is None  # Lightning chooses (torchrun's ranks: TorchElastic)
     monkeypatch.setenv("SLURM_STEP_ID", "0")
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "2")
     assert processes.inside_launcher() and not processes.launches_ranks(cfg)
+    # srun's tasks are the ranks, and Lightning is told so also where it would ignore Slurm: a job named
+    # interactive (salloc's), where each task started ranks of its own (tests/test_slurm.py runs one)
+    monkeypatch.setenv("SLURM_JOB_NAME", "interactive")
+    assert isinstance(slurm.srun_ranks_environment(), SLURMEnvironment)
+    monkeypatch.delenv("SLURM_NTASKS_PER_NODE")  # srun -n 2: one paragraph, not Lightning's traceback
+    with pytest.raises(ConfigError, match=r"--ntasks \(-n\) but no --ntasks-per-node"):
+        slurm.srun_ranks_environment()
     monkeypatch.setenv("SLURM_STEP_NUM_TASKS", "1")  # srun of one task: that task starts the ranks
     assert not processes.inside_launcher() and processes.launches_ranks(cfg)
+    assert slurm.srun_ranks_environment() is None
 
 
 def test_ddp_knobs_reach_the_strategy(compose):

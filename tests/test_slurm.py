@@ -142,10 +142,11 @@ def test_a_cancelled_sweep_job_keeps_a_failed_row(tmp_path, cluster):
     assert len(rows) == 2 and ",failed," in rows[1] and "preempted by SIGTERM" in rows[1], out[-3000:]
 
 
-def _sbatch(tmp_path: Path, *args: str, tasks: int = 1, env: dict | None = None) -> tuple:
+def _sbatch(tmp_path: Path, *args: str, tasks: int = 1, env: dict | None = None, name: str = "train") -> tuple:
     out = _slurm(
         "sbatch",
         "--parsable",
+        f"--job-name={name}",
         "--partition=debug",
         "--nodes=1",
         f"--ntasks-per-node={tasks}",
@@ -282,6 +283,8 @@ def test_the_batch_script_requeues_itself_at_the_time_limit_signal_and_resumes(t
 
 
 def test_ddp_with_two_slurm_tasks_and_no_torchrun(tmp_path, cluster):
+    """Named interactive (salloc's name for a job), which Lightning reads as "not started by srun": each
+    task then started ranks of its own (four in two runs) unless told that srun's tasks are the ranks."""
     job, run_dir = _sbatch(
         tmp_path,
         "data.num_samples=256",
@@ -289,6 +292,7 @@ def test_ddp_with_two_slurm_tasks_and_no_torchrun(tmp_path, cluster):
         "trainer.max_epochs=2",
         "checkpoint.enabled=false",
         tasks=2,
+        name="interactive",
     )
     try:
         state = _wait_job_gone(job)
@@ -298,6 +302,9 @@ def test_ddp_with_two_slurm_tasks_and_no_torchrun(tmp_path, cluster):
         assert m["status"] == "ok" and m["device"]["count"] == 2 and m["flags"]["strategy"] == "ddp"
         assert not (run_dir / "ranks").exists()  # the ranks are Slurm's tasks: no torchrun of ours
         assert (run_dir / "train_rank1.log").exists()
+        assert sorted(p.name for p in run_dir.glob("*.log")) == ["train.log", "train_rank1.log"]  # two ranks only
+        assert not (run_dir / "metrics.failed.json").exists()
+        assert "srun` command is available" not in script_log
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
 

@@ -16,7 +16,7 @@ import warnings
 from typing import Any, Dict, Iterable, List, Optional, Set
 
 from trainer.measure.time_to_target import NOT_VALIDATED
-from trainer.rank import global_rank
+from trainer.rank import global_rank, srun_task
 
 # Lightning's INFO lines ("GPU available: ...", "TPU available: ...", the LitLogger tip, "Loading
 # `train_dataloader` to estimate ...", "`Trainer.fit` stopped: ...") say nothing a user of this
@@ -120,9 +120,11 @@ def quiet_known_warnings() -> None:
     warnings.filterwarnings(
         "ignore", message=r"The number of training batches \(\d+\) is smaller than the logging interval"
     )
-    if "SLURM_JOB_ID" not in os.environ:
+    if "SLURM_JOB_ID" not in os.environ or srun_task():
         # Lightning warns on every run that `srun` exists but is not used whenever Slurm's client is
-        # installed. Outside a Slurm job that is a machine that merely has Slurm: not a mistake.
+        # installed. Outside a Slurm job that is a machine that merely has Slurm: not a mistake. In one
+        # of srun's tasks srun was used; Lightning says otherwise where the job is named interactive or
+        # bash (salloc's), which it reads as "not srun" (trainer.launch.slurm.srun_ranks_environment).
         warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system but is not used")
 
 

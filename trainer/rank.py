@@ -6,6 +6,7 @@ the run dirs and the trackers need which run of a requeued Slurm job this is (``
 """
 
 import os
+from typing import Optional
 
 
 def world_size() -> int:
@@ -27,6 +28,30 @@ def is_launched_rank() -> bool:
     the sweep around it. (A rank srun started is a job of its own: ``launch.inside_launcher``.)
     """
     return "LOCAL_RANK" in os.environ
+
+
+def env_count(name: str, environ=None) -> Optional[int]:
+    """The environment variable ``name`` as a count of CPUs, threads or tasks: a positive whole number,
+    else None (unset, or not one)."""
+    try:
+        n = int((os.environ if environ is None else environ).get(name, ""))
+    except ValueError:
+        return None
+    return n if n > 0 else None
+
+
+def srun_task(environ=None) -> bool:
+    """Whether srun started this process as one of a job step's several tasks (not the batch script's
+    or salloc's own shell, where ``SLURM_NTASKS`` is set too)."""
+    env = os.environ if environ is None else environ
+    return env.get("SLURM_STEP_ID") is not None and (env_count("SLURM_STEP_NUM_TASKS", env) or 1) > 1
+
+
+def srun_rank(environ=None) -> bool:
+    """Whether this process is a rank srun started, one per task: one of a step's several tasks, and not
+    a rank of a torchrun in that task (whose ranks share their task's CPUs and are torchrun's)."""
+    env = os.environ if environ is None else environ
+    return srun_task(env) and "TORCHELASTIC_RUN_ID" not in env
 
 
 def global_rank() -> int:

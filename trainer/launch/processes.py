@@ -33,9 +33,9 @@ from trainer.console import QUIET_ENV
 from trainer.errors import ConfigError
 from trainer.launch import stopping
 from trainer.launch.torchrun import FIRST_FAILURE, LAUNCHED_RANKS_ENV, STOP_GRACE_ENV
-from trainer.measure import hardware, metrics, sysstats
+from trainer.measure import hardware, metrics
 from trainer.paths import ROOT
-from trainer.rank import is_launched_rank
+from trainer.rank import is_launched_rank, srun_task
 
 log = logging.getLogger(__name__)
 
@@ -46,13 +46,13 @@ def inside_launcher() -> bool:
     """True when some launcher (torchrun, Lightning, srun with several tasks) already started this
     process as a rank.
 
-    srun's tasks are told by the job step's own variables (``sysstats.srun_task``), not by
+    srun's tasks are told by the job step's own variables (``rank.srun_task``), not by
     ``SLURM_NTASKS``: a batch script's (or salloc's) own shell has ``SLURM_NTASKS`` of the whole job
     too, and ``python train.py strategy=ddp devices=2`` run there, without srun, is one process that
     must start its ranks (it waited forever for a second rank nothing would start)."""
     if is_launched_rank() or "TORCHELASTIC_RUN_ID" in os.environ:
         return True
-    return sysstats.srun_task()
+    return srun_task()
 
 
 def processes_per_node(cfg) -> int:

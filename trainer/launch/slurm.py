@@ -9,6 +9,7 @@ before it saved one; either way it continues the first run's tracker runs (train
 Nothing else may reuse a dir that holds a run (see trainer/launch/run_dirs.py).
 
 ``grace_s``: how long Slurm lets a stopped job save, for the ranks' stop window (``checkpoint.stop_grace_s``).
+``srun_ranks_environment``: where srun's tasks are the ranks, Lightning is told so.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from typing import Optional
 
 from omegaconf import open_dict
 
+from trainer.errors import ConfigError
 from trainer.launch.stopping import PREEMPTED_EXIT_CODE
-from trainer.rank import restart_count
+from trainer.rank import restart_count, srun_rank
 
 log = logging.getLogger(__name__)
 
@@ -110,3 +112,27 @@ def leave_for_requeue(result) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(PREEMPTED_EXIT_CODE)
+
+
+def srun_ranks_environment():
+    """Lightning's ``SLURMEnvironment`` for a rank srun started as one of a job step's several tasks (not
+    through torchrun), else None (Lightning chooses).
+
+    Given, not left for Lightning to find: Lightning ignores Slurm in a job named ``interactive`` or
+    ``bash`` (salloc's and an interactive shell's), and every task of ``srun --ntasks-per-node=2 python
+    train.py strategy=ddp devices=2`` there started two processes of its own: four ranks in two runs,
+    both writing the run dir's metrics.json. A step of ``--ntasks`` (``-n``) tasks without
+    ``--ntasks-per-node`` stops here in one paragraph (Lightning's own check raised a traceback).
+    """
+    if not srun_rank():
+        return None
+    if "SLURM_NTASKS_PER_NODE" not in os.environ:
+        tasks = os.environ.get("SLURM_NTASKS", "?")
+        raise ConfigError(
+            f"srun started {tasks} tasks with --ntasks (-n) but no --ntasks-per-node: Lightning places one rank "
+            "per device on each node and needs it. Use --ntasks-per-node=<devices> (with --nodes=<num_nodes>) "
+            "in sbatch or srun, e.g. srun --nodes=1 --ntasks-per-node=2 python train.py strategy=ddp devices=2."
+        )
+    from lightning_fabric.plugins.environments import SLURMEnvironment  # lazy: no torch in a launcher
+
+    return SLURMEnvironment()

@@ -15,6 +15,8 @@ from typing import Any, Dict, Iterable, List, Optional, Set
 
 import psutil
 
+from trainer.rank import env_count, srun_rank, srun_task
+
 
 def process_alive(pid: int) -> bool:
     """Whether process ``pid`` still runs on this host (one we may not signal counts as running).
@@ -75,23 +77,6 @@ def cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/f
     return min(limits) if limits else None
 
 
-def env_count(name: str, environ=None) -> Optional[int]:
-    """The environment variable ``name`` as a count of CPUs, threads or tasks: a positive whole number,
-    else None (unset, or not one)."""
-    try:
-        n = int((os.environ if environ is None else environ).get(name, ""))
-    except ValueError:
-        return None
-    return n if n > 0 else None
-
-
-def srun_task(environ=None) -> bool:
-    """Whether srun started this process as one of a job step's several tasks (not the batch script's
-    or salloc's own shell, where ``SLURM_NTASKS`` is set too)."""
-    env = os.environ if environ is None else environ
-    return env.get("SLURM_STEP_ID") is not None and (env_count("SLURM_STEP_NUM_TASKS", env) or 1) > 1
-
-
 def slurm_cpu_limit(environ=None) -> Optional[float]:
     """The CPUs Slurm allocated to this job on this node (``SLURM_CPUS_ON_NODE``; None outside a job).
 
@@ -108,10 +93,7 @@ def slurm_task_cpus(environ=None) -> Optional[int]:
     """The CPUs of this process's own Slurm task (``SLURM_CPUS_PER_TASK``) where srun started it as one
     of a job step's several tasks (one rank per task) and not through torchrun (whose ranks share
     their task's CPUs); None otherwise, also in the batch script's or salloc's own shell."""
-    env = os.environ if environ is None else environ
-    if not srun_task(env) or "TORCHELASTIC_RUN_ID" in env:
-        return None
-    return env_count("SLURM_CPUS_PER_TASK", env)
+    return env_count("SLURM_CPUS_PER_TASK", environ) if srun_rank(environ) else None
 
 
 def cpu_limit() -> Optional[float]:

@@ -25,6 +25,7 @@ from trainer.data.progressive import resize_batch, schedule
 from trainer.errors import ConfigError
 from trainer.launch.checkpoint_files import AtomicCheckpointIO, resolve_ckpt_path
 from trainer.launch.processes import processes_per_node
+from trainer.launch.slurm import srun_ranks_environment
 from trainer.measure import hardware
 from trainer.measure.flops import peak_flops as peak_flops_of
 from trainer.measure.flops import training_flops_per_sample
@@ -178,6 +179,7 @@ def _trainer(parts: Parts) -> None:
     parts.notes["validated_weights"] = "ema" if cfg.ema else "raw"  # and the checkpoints' state_dict
     # sharded strategies save with their own checkpoint IO
     plugins = [AtomicCheckpointIO()] if cfg.strategy in ("auto", "ddp") else []
+    plugins += [env for env in (srun_ranks_environment(),) if env is not None]
     parts.trainer = pl.Trainer(
         **switchboard.trainer_kwargs(cfg, plan, parts.strategy),
         **config_mod.lightning_trainer_args(cfg.trainer),

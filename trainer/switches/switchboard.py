@@ -23,10 +23,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.errors import ConfigError
 from trainer.launch.torchrun import LAUNCHED_RANKS_ENV
-from trainer.measure import hardware, sysstats
+from trainer.measure import hardware
 from trainer.measure.hardware import Hardware
 from trainer.models.blocks import repeated_blocks
 from trainer.models.build import refuse_unsharded_user_module
+from trainer.rank import env_count, srun_rank
 from trainer.switches.model_transforms import fsdp_checkpoint_policy
 
 log = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ def resolve(cfg, hw: Hardware) -> Plan:
 
     # srun's tasks are the ranks, each with the CPUs of its own task (where Slurm binds tasks to their
     # CPUs, this process's mask is its task's alone): only the processes of one launcher share the mask
-    sharing = 1 if sysstats.srun_task() and "TORCHELASTIC_RUN_ID" not in os.environ else devices
+    sharing = 1 if srun_rank() else devices
     if accelerator == "cpu" and isinstance(devices, int) and sharing > hw.cpu_cores:
         raise ConfigError(
             f"'devices={devices}' asks for {devices} CPU processes, but this process may use {hw.cpu_cores} core(s) here: they would "
@@ -311,12 +312,12 @@ def thread_bound() -> Optional[int]:
     share in the variable where the user set none (``trainer.launch.processes.ranks_env``, which marks
     them with ``LAUNCHED_RANKS_ENV``): a 1 there is the user's. (Not the stop grace that launcher also
     sets: the README tells users of their own torchrun to set it too.)"""
-    n = sysstats.env_count("OMP_NUM_THREADS")
+    n = env_count("OMP_NUM_THREADS")
     torchruns_default = (
         n == 1
         and "TORCHELASTIC_RUN_ID" in os.environ
         and LAUNCHED_RANKS_ENV not in os.environ
-        and (sysstats.env_count("LOCAL_WORLD_SIZE") or 1) > 1
+        and (env_count("LOCAL_WORLD_SIZE") or 1) > 1
     )
     return None if torchruns_default else n
 
