@@ -83,6 +83,7 @@ CASES = {
         2,
         f"'devices={len(os.sched_getaffinity(0)) + 1}'",
     ),
+    "several nodes without torchrun or srun": (None, ["num_nodes=2"], 2, "'num_nodes=2' needs its processes started"),
     "repeats without -m": (None, ["repeats=3"], 2, "'repeats=3'"),
     "train until stopped with a cosine schedule": (None, ["trainer.max_epochs=-1"], 2, "'trainer.max_epochs=-1'"),
     "on_nan=skip under DDP": (None, ["on_nan=skip", "strategy=ddp", "devices=1"], 2, "'on_nan=skip'"),

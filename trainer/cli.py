@@ -27,6 +27,7 @@ from trainer.launch.processes import (
     launch,
     leave_process_group,
     needs_launch,
+    refuse_nodes_without_a_launcher,
     settle_strategy,
 )
 from trainer.launch.run_dirs import OutputTaken, refuse_finished_run_dir
@@ -145,6 +146,7 @@ def task(cfg) -> None:
         return
     try:
         cfg = finish(cfg, job.overrides)
+        refuse_nodes_without_a_launcher(cfg)
         settle_strategy(cfg)
         _prepare_job_dir(cfg, job, resume=action == "resume")
         if needs_launch(cfg):

@@ -141,13 +141,27 @@ def settle_strategy(cfg) -> None:
     and under ``-m`` each child started a sweep of its own. As ``strategy=ddp`` the job's ranks are
     torchrun's (``launch``), with the DDP settings, the threads per rank and the checks of a DDP run.
     """
-    if cfg.strategy == "auto" and processes_per_node(cfg) * int(cfg.num_nodes) > 1:
+    processes = processes_per_node(cfg) * int(cfg.num_nodes)
+    if cfg.strategy == "auto" and processes > 1:
         from omegaconf import open_dict  # lazy: keeps omegaconf out of train.py's start-up
 
         with open_dict(cfg):
             cfg.strategy = "ddp"
         if not is_launched_rank():
-            log.info("strategy=auto with %d processes per node: DDP (strategy=ddp)", processes_per_node(cfg))
+            log.info("strategy=auto with %d processes: DDP (strategy=ddp)", processes)
+
+
+def refuse_nodes_without_a_launcher(cfg) -> None:
+    """``num_nodes`` above 1 needs a launcher on every node (torchrun's agents, or srun's tasks): started
+    as a plain process, Lightning's own launcher waited forever for the other nodes' ranks, saying nothing."""
+    if int(cfg.num_nodes) > 1 and not inside_launcher():
+        raise ConfigError(
+            f"'num_nodes={cfg.num_nodes}' needs its processes started on every node, by torchrun or by Slurm's srun; "
+            "started as a plain process, it would wait forever for the other nodes. Run it under torchrun on each "
+            f"node (torchrun --nnodes={cfg.num_nodes} --nproc-per-node=<devices> --node-rank=<this node> "
+            "--master-addr=<first node> --master-port=29500 train.py ...), or as a Slurm job "
+            "(scripts/slurm/train.sbatch, hydra/launcher=slurm); or use num_nodes=1 here."
+        )
 
 
 def launches_ranks(cfg) -> bool:
