@@ -122,6 +122,23 @@ def test_bad_input_gets_one_paragraph(case, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_slurm_sweep_over_devices_or_with_devices_auto_is_refused_before_anything_is_submitted(tmp_path):
+    """hydra/launcher=slurm asks Slurm for ${devices} tasks and GPUs per node once for the whole sweep: a
+    sweep over devices gave its second job one task for two ranks, and devices=auto ended in OmegaConf's
+    traceback. Refused before the sweep starts (no cluster is needed to see it: nothing is submitted)."""
+    cases = (
+        (["devices=1,2"], "the sweep varies devices, but hydra/launcher (SlurmLauncher) asks Slurm for resources once"),
+        (["devices=auto", "amp=false,true"], "'devices=auto': hydra/launcher (SlurmLauncher) asks Slurm for that many"),
+    )
+    for i, (args, says) in enumerate(cases):
+        sweep = tmp_path / f"sweep{i}"
+        r = run_cli("-m", "hydra/launcher=slurm_local", f"hydra.sweep.dir={sweep}", *TINY, *args)
+        out = r.stdout + r.stderr
+        assert r.returncode == 2 and says in r.stderr, out[-3000:]
+        assert "Traceback" not in out and not any(sweep.iterdir()), out[-3000:]
+
+
+@pytest.mark.slow
 @pytest.mark.whole_machine  # devices=2 needs two cores to pass the devices check
 def test_fsdp2_with_a_module_that_does_not_shard_itself_is_refused_before_its_ranks_start(tmp_path):
     """The README's template module under strategy=fsdp2 devices=2: one paragraph from the launching

@@ -353,6 +353,7 @@ class SweepCallback(Callback):
 
     def on_multirun_start(self, config, **kwargs) -> None:
         task_overrides = list(_select(config, "hydra.overrides.task") or [])
+        _refuse_resources_the_launcher_cannot_give(config, console.swept_keys(task_overrides))
         console.set_sweep(True, console.swept_keys(task_overrides))  # each status line shows what the sweep varies
         sweep_dir = _select(config, "hydra.sweep.dir")
         _state["report"] = report_settings(config)
@@ -380,6 +381,33 @@ class SweepCallback(Callback):
         write_report([sweep_dir], sweep_dir, **report_settings(config))
         if not is_launched_rank():
             tracking.sweep_end(sweep_dir)  # the same report, attached to the sweep's parent run / group
+
+
+def _refuse_resources_the_launcher_cannot_give(config, swept: List[str]) -> None:
+    """A launcher whose settings follow ``devices`` or ``num_nodes`` (hydra/launcher=slurm: the tasks and
+    GPUs per node, the nodes) reads them once, from the sweep's own config: Hydra's submitit launcher
+    resolves its settings when it starts and submits every job as one job array. A sweep over them
+    gave every job the resources of the command's value (``devices=1,2``: the second job got one task,
+    one CPU or GPU, for two ranks), and ``devices=auto`` or ``-1`` ended in OmegaConf's traceback."""
+    raw = OmegaConf.to_container(config.hydra.launcher, resolve=False)
+    follows = [k for k in ("devices", "num_nodes") if any(f"${{{k}}}" in str(v) for v in raw.values())]
+    launcher = str(raw.get("_target_", "")).rsplit(".", 1)[-1]
+    problem = None
+    varied = [k for k in follows if k in swept]
+    if varied:
+        problem = (
+            f"the sweep varies {' and '.join(varied)}, but hydra/launcher ({launcher}) asks Slurm for resources once "
+            f"for the whole sweep (one job array), by {', '.join(f'{k}={config.get(k)}' for k in varied)} (the value "
+            f"without the sweep), for every job. Run one sweep per value, e.g. {varied[0]}=2 with the other keys swept"
+        )
+    elif "devices" in follows and not (isinstance(config.get("devices"), int) and config.devices > 0):
+        problem = (
+            f"'devices={config.get('devices')}': hydra/launcher ({launcher}) asks Slurm for that many tasks and GPUs "
+            "per node, so it must be a number here, e.g. devices=4"
+        )
+    if problem and not is_launched_rank():
+        print(f"\nerror: {problem}.\n", file=sys.stderr)
+        sys.exit(2)
 
 
 def report_settings(config) -> Dict[str, Any]:
