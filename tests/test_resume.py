@@ -190,6 +190,35 @@ def test_truncated_last_checkpoint_falls_back_to_the_previous_good_one(train, tm
     assert str(last) in str(e.value)
 
 
+def test_a_resume_that_cannot_start_keeps_the_epochs_its_run_dir_recorded(train, compose):
+    """A killed run's dir (its journal says running), resumed with a typo'd ckpt_path, then with every
+    checkpoint torn: the resume stops in one paragraph, and the dir's metrics.json keeps its epochs
+    (it was rewritten with none), saying why the resume failed. (A finished run's result is kept by
+    metrics.write, which puts a failed resume's record beside it.)"""
+    from conftest import TINY
+
+    from trainer.errors import ConfigError
+    from trainer.run import run
+
+    first, out = train("checkpoint.enabled=true", "trainer.max_epochs=2")
+    assert len(first["epochs"]) == 2
+    (out / "metrics.json").write_text(json.dumps(dict(first, status="running")))  # as kill -9 leaves it
+
+    def resume(ckpt: str) -> dict:
+        args = [*TINY, "checkpoint.enabled=true", "trainer.max_epochs=3", f"ckpt_path={ckpt}"]
+        with pytest.raises(ConfigError):
+            run(compose(*args), str(out), args)
+        return json.loads((out / "metrics.json").read_text())
+
+    m = resume(str(out / "checkpoints" / "lats.ckpt"))
+    assert m["epochs"] == first["epochs"] and m["status"] == "failed" and "lats.ckpt" in m["error"]
+    for ckpt in (out / "checkpoints").glob("*.ckpt"):
+        ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    m = resume("last")
+    assert m["epochs"] == first["epochs"] and "could be loaded" in m["error"]
+    assert m["epoch_time_s"] == first["epoch_time_s"] and m["val_acc"] == first["val_acc"]
+
+
 def test_a_checkpoint_reads_back_through_lightnings_full_fsdp_loader(train):
     """strategy=fsdp resumes a full checkpoint through lightning_fabric's lazy loader, which takes a
     tensor's dtype from its storage's type: numpy's RNG key saved as a uint32 tensor (torch saves its

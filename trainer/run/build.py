@@ -22,7 +22,7 @@ from trainer.callbacks.ema import EMA
 from trainer.console import quiet_known_warnings
 from trainer.data.datamodule import ImageDataModule
 from trainer.data.progressive import resize_batch, schedule
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, UserFacingError
 from trainer.launch.checkpoint_files import AtomicCheckpointIO, resolve_ckpt_path
 from trainer.launch.processes import processes_per_node
 from trainer.launch.slurm import srun_ranks_environment
@@ -63,10 +63,15 @@ def _plan(parts: Parts) -> None:
     log.info(parts.plan.banner(cfg, parts.hw))
     for warning in parts.plan.warnings:
         log.warning(warning)
-    parts.ckpt_path = resolve_ckpt_path(cfg.ckpt_path, parts.out_dir)
+    try:
+        parts.ckpt_path = resolve_ckpt_path(cfg.ckpt_path, parts.out_dir)
+    except UserFacingError:
+        # a resume that cannot start (no such checkpoint, none of them readable): the failure record
+        # keeps the epochs the dir's metrics.json holds (it was rewritten with none)
+        _merge_previous(parts)
+        raise
     if parts.ckpt_path:
-        parts.previous = previous_result(parts.out_dir)
-        parts.timer.previous = (parts.previous or {}).get("epochs") or []
+        _merge_previous(parts)
         parts.notes["resumed_from"] = parts.ckpt_path
         log.info("resuming from %s", parts.ckpt_path)
         # our sampler and ResumableState make mid-epoch resume exact; Lightning cannot see that
@@ -76,6 +81,12 @@ def _plan(parts: Parts) -> None:
     warnings.filterwarnings("ignore", message=".*overridden `on_after_batch_transfer` in both.*")
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
     switchboard.apply_global_settings(cfg)
+
+
+def _merge_previous(parts: Parts) -> None:
+    """A resumed run's record continues what its dir's metrics.json holds (its epochs first)."""
+    parts.previous = previous_result(parts.out_dir)
+    parts.timer.previous = (parts.previous or {}).get("epochs") or []
 
 
 def _trackers(parts: Parts) -> None:
