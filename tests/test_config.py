@@ -127,6 +127,17 @@ def test_every_value_lightning_accepts_is_accepted(train, override):
     assert m["status"] == "ok", m["error"]
 
 
+def test_a_seed_outside_numpys_range_is_refused_before_anything_runs(compose):
+    """numpy's seeding raised its ValueError with a traceback at the job's start."""
+    from trainer.config import validate
+    from trainer.errors import ConfigError
+
+    for bad in ("-1", str(2**32)):
+        with pytest.raises(ConfigError, match=r"'seed'.*0\.\.4294967295"):
+            validate(compose(f"seed={bad}"))
+    validate(compose(f"seed={2**32 - 1}"))
+
+
 def test_train_until_stopped_needs_a_constant_schedule(compose):
     from trainer.config import check_overrides, validate
     from trainer.errors import ConfigError

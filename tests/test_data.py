@@ -39,6 +39,17 @@ def test_builtin_dataset_is_real_jpeg_and_cached(compose, tmp_path):
     assert files[0].stat().st_mtime == first_mtime
 
 
+def test_a_builtin_cache_that_cannot_be_written_is_named(tmp_path):
+    """A file where the cache folder should be (or any unwritable path): one paragraph, not os.makedirs's traceback."""
+    from trainer.data.builtin import ensure_builtin
+    from trainer.errors import ConfigError
+
+    taken = tmp_path / "afile"
+    taken.write_text("not a folder")
+    with pytest.raises(ConfigError, match=r"data=builtin: the trainer's cache .*afile cannot be written"):
+        ensure_builtin(str(taken), 4, 40)
+
+
 def _make_folder(root, classes=("a", "b", "c"), per_class=5, size=20):
     for i, cls in enumerate(classes):
         (root / cls).mkdir(parents=True)

@@ -136,6 +136,28 @@ def test_cli_on_missing_dir_is_a_clear_error(tmp_path):
     assert r.returncode == 2 and "no such dir" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_cli_on_an_out_that_is_a_file_or_a_metrics_json_that_is_no_record_says_so(tmp_path):
+    """--out naming a file is one paragraph (it raised FileExistsError); a job whose metrics.json holds a
+    JSON list is an unreadable row, beside the others (it raised AttributeError)."""
+    from trainer.report.write import main
+
+    _job(tmp_path / "sweep", "0", {}, [2, 1, 1])
+    (tmp_path / "sweep" / "1").mkdir()
+    (tmp_path / "sweep" / "1" / "metrics.json").write_text("[]")
+    taken = tmp_path / "afile"
+    taken.write_text("mine")
+    r = subprocess.run(
+        [sys.executable, "-m", "trainer.report", str(tmp_path / "sweep"), "--out", str(taken)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 2 and "that is a file" in r.stderr and "Traceback" not in r.stderr
+    assert taken.read_text() == "mine"
+    assert main([str(tmp_path / "sweep")]) == 0
+    rows = (tmp_path / "sweep" / "ab_report.csv").read_text()
+    assert "unreadable metrics.json: a JSON list" in rows
+
+
 def test_report_does_not_import_torch():
     code = "import sys, trainer.report; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

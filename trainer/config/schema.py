@@ -38,7 +38,11 @@ GROUPS = ("data", "model", "scale", "recipe", "bench", "logger")
 
 @dataclass
 class TrainSchema:
-    seed: int = 42
+    seed: int = key(
+        42,
+        "the random seed of the weights, the data order and the augmentations",
+        check=(lambda v: 0 <= v <= 2**32 - 1, "a whole number in 0..4294967295 (numpy's seed range)"),
+    )
     # repeats=N (with -m) runs every configuration of the sweep N times, interleaved, and the A/B
     # report folds the repeats into one row with their spread; repeat is which one a job is
     # (set by repeats=N; training does not read it)

@@ -60,8 +60,14 @@ def ensure_builtin(cache_dir: str | None, images_per_class: int, stored_size: in
     root = os.path.join(cache_dir, f"builtin-jpeg-v{VERSION}-{images_per_class}x{stored_size}-s{seed}")
     if os.path.isfile(os.path.join(root, "DONE")):
         return root
-    os.makedirs(cache_dir, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".builtin-", dir=cache_dir)
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".builtin-", dir=cache_dir)
+    except OSError as e:
+        raise ConfigError(
+            f"data=builtin: the trainer's cache {cache_dir} cannot be written ({e.strerror}), so the built-in images "
+            "cannot be made there. Point data.cache_dir (or $TRAINER_CACHE) at a writable folder."
+        ) from None
     try:
         _generate(tmp, images_per_class, stored_size, seed)
         open(os.path.join(tmp, "DONE"), "w").close()

@@ -145,6 +145,11 @@ def load_jobs(dirs: Sequence[str]) -> List[Job]:
             metrics = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             metrics = {"status": "failed", "error": f"unreadable metrics.json: {e}"}
+        if not isinstance(metrics, dict):  # valid JSON, but not a run's record (a list, a number)
+            metrics = {
+                "status": "failed",
+                "error": f"unreadable metrics.json: a JSON {type(metrics).__name__}, not a run's record",
+            }
         jobs.append(Job(path.parent, metrics, _settings(metrics)))
     return jobs
 

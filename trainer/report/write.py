@@ -111,6 +111,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: no such dir: {', '.join(missing)}", file=sys.stderr)
         return 2
     out = args.out or (args.dirs[0] if len(args.dirs) == 1 and os.path.isdir(args.dirs[0]) else ".")
+    if os.path.exists(out) and not os.path.isdir(out):
+        print(
+            f"error: --out {out}: that is a file; the report is written into a folder (ab_report.md, .csv, .png)",
+            file=sys.stderr,
+        )
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     written = write_report(args.dirs, out, target_acc=args.target_acc, tolerance=args.target_tolerance)
     return 0 if written is not None else 1
