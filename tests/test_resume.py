@@ -219,6 +219,34 @@ def test_a_resume_that_cannot_start_keeps_the_epochs_its_run_dir_recorded(train,
     assert m["epoch_time_s"] == first["epoch_time_s"] and m["val_acc"] == first["val_acc"]
 
 
+def test_a_checkpoint_that_does_not_fit_the_run_is_one_paragraph_naming_what_does_not(train, tmp_path):
+    """Lightning found each of these deep in its restore, or at the first step, with a traceback."""
+    from trainer.errors import ConfigError
+
+    _, out = train("checkpoint.enabled=true", "trainer.max_epochs=1")
+    last = str(out / "checkpoints" / "last.ckpt")
+    _, weights_only = train("checkpoint.enabled=true", "checkpoint.save_weights_only=true", "trainer.max_epochs=1")
+    plain, empty = tmp_path / "plain.pt", tmp_path / "empty.ckpt"
+    torch.save({"net.fc.weight": torch.zeros(2, 2)}, plain)
+    empty.write_bytes(b"")
+    cases = [
+        (
+            (f"ckpt_path={last}", "model.width=32"),
+            r"holds another model than this run builds \(net\..*in the checkpoint",
+        ),
+        ((f"ckpt_path={last}", "optim.name=adamw"), r"saved by another optimizer .*optim\.name=sgd"),
+        ((f"ckpt_path={weights_only / 'checkpoints' / 'last.ckpt'}",), r"holds the weights only"),
+        ((f"ckpt_path={plain}",), r"is not a checkpoint of this trainer .*net\.fc\.weight"),
+        ((f"ckpt_path={empty}",), r"truncated or corrupt and cannot be loaded \(EOFError\)"),
+        ((f"ckpt_path={out / 'checkpoints'}",), r"points at the folder"),
+    ]
+    for overrides, says in cases:
+        with pytest.raises(ConfigError, match=says):
+            train(*overrides, "trainer.max_epochs=2")
+    m, _ = train(f"ckpt_path={last}", "trainer.max_epochs=2")  # the same settings resume
+    assert m["status"] == "ok" and [e["epoch"] for e in m["epochs"]] == [1], m.get("error")
+
+
 def test_a_checkpoint_reads_back_through_lightnings_full_fsdp_loader(train):
     """strategy=fsdp resumes a full checkpoint through lightning_fabric's lazy loader, which takes a
     tensor's dtype from its storage's type: numpy's RNG key saved as a uint32 tensor (torch saves its

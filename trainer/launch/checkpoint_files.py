@@ -95,6 +95,11 @@ def safe_load(path, map_location: Optional[Any] = "cpu") -> Dict[str, Any]:
     path = str(path)
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, ".metadata")):
         return {}  # a distributed (sharded) checkpoint folder: the strategy loads it shard by shard
+    if os.path.isdir(path):
+        raise ConfigError(
+            f"'ckpt_path' points at the folder {path}; it takes a checkpoint file (e.g. {os.path.join(path, 'last.ckpt')}), "
+            "or ckpt_path=last to resume the run dir's newest checkpoint."
+        )
     if not os.path.isfile(path):
         raise ConfigError(
             f"'ckpt_path' points at {path}, which does not exist. Use ckpt_path=last to resume the run dir's newest checkpoint."
@@ -113,7 +118,7 @@ def safe_load(path, map_location: Optional[Any] = "cpu") -> Dict[str, Any]:
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         raise ConfigError(
-            f"Checkpoint {path} is truncated or corrupt and cannot be loaded ({str(e).splitlines()[0][:200]})."
+            f"Checkpoint {path} is truncated or corrupt and cannot be loaded ({_weights_only_reason(e)})."
         ) from None
 
 

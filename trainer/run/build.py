@@ -33,6 +33,7 @@ from trainer.measure.memory import PeakMemory
 from trainer.models import build_module
 from trainer.models.build import check_user_module, user_lightning_module_class
 from trainer.models.classifier import ImageClassifier
+from trainer.run.checkpoint_fit import check_fits
 from trainer.run.parts import Callbacks, Parts, previous_result, save_config
 from trainer.run.record import MetricsJournal
 from trainer.switches import model_transforms, switchboard
@@ -122,6 +123,8 @@ def _data_and_model(parts: Parts) -> None:
     _check_input_size(parts.module, parts.datamodule, cfg)
     if cfg.progressive_resize:
         _progressive_sizes(parts)
+    if parts.ckpt_path:
+        check_fits(parts.ckpt_path, parts.module, cfg)
 
 
 def _network_normalizes(module, cfg) -> bool:
