@@ -298,6 +298,29 @@ def test_a_shard_the_index_lists_but_the_store_lacks_is_one_paragraph_from_a_wor
     assert "shard-000003.tar" in text and "Traceback" not in text and "\n" not in text, text
 
 
+def test_a_damaged_packed_dataset_is_one_paragraph_saying_to_pack_it_again(packed, compose, tmp_path):
+    """Each of these raised its own traceback (JSONDecodeError, KeyError: 'size', mmap's ValueError,
+    FileNotFoundError), also from every rank and in the middle of a sweep."""
+    import shutil
+
+    from trainer.errors import ConfigError
+
+    damages = {
+        "meta.json is not JSON": lambda d: (d / "meta.json").write_text("{not json"),
+        "meta.json is empty": lambda d: (d / "meta.json").write_text("{}"),
+        "images.npy is cut short": lambda d: (d / "images.npy").write_bytes((d / "images.npy").read_bytes()[:2000]),
+        "labels.npy is missing": lambda d: (d / "labels.npy").unlink(),
+    }
+    for i, (what, damage) in enumerate(damages.items()):
+        broken = tmp_path / f"packed{i}"
+        shutil.copytree(packed["packed"], broken)
+        damage(broken / "train")
+        dm = ImageDataModule(compose("data=packed", f"data.root={broken}", "data.batch_size=10").data)
+        with pytest.raises(ConfigError, match=r"is not a readable packed dataset.*Pack it again") as e:
+            dm.build()
+        assert "\n" not in str(e.value), what
+
+
 def test_decode_scale_decodes_every_format_at_the_image_folders_size(compose, tmp_path):
     """data.decode_scale=auto with data=parquet and data=webdataset: each sample is decoded at the size the
     image folder it was packed from decodes it at. 304 px JPEGs for 32 px crops: 1/4 (76 px; 1/8, 38 px,

@@ -61,18 +61,26 @@ class PackedImages(Dataset):
                 raise ConfigError(
                     f"'data.root' ({root}) is not a packed dataset (no meta.json). Create one with: python -m trainer.pack SRC DST, then upload DST."
                 )
-            self.meta = json.loads(fs.cat_file(meta_path))
-            self.images = RemoteRows(fs, f"{root}/images.npy")
-            self.labels = np.load(io.BytesIO(fs.cat_file(f"{root}/labels.npy")))
-        else:
-            if not os.path.isfile(meta_path):
-                raise ConfigError(
-                    f"'data.root' ({root}) is not a packed dataset (no meta.json). Create one with: python -m trainer.pack SRC {root}"
-                )
-            self.meta = json.load(open(meta_path))
-            self.images = np.load(os.path.join(root, "images.npy"), mmap_mode="r")
-            self.labels = np.load(os.path.join(root, "labels.npy"))
-        self.size = self.meta["size"]
+        try:
+            if fs is not None:
+                self.meta = json.loads(fs.cat_file(meta_path))
+                self.images = RemoteRows(fs, f"{root}/images.npy")
+                self.labels = np.load(io.BytesIO(fs.cat_file(f"{root}/labels.npy")))
+            else:
+                with open(meta_path) as f:
+                    self.meta = json.load(f)
+                self.images = np.load(os.path.join(root, "images.npy"), mmap_mode="r")
+                self.labels = np.load(os.path.join(root, "labels.npy"))
+            self.size = self.meta["size"]
+            self.meta["classes"]
+            if len(self.images) != len(self.labels):
+                raise ValueError(f"{len(self.images)} images but {len(self.labels)} labels")
+        except (OSError, ValueError, KeyError, TypeError, EOFError) as e:
+            raise ConfigError(
+                f"'data.root' ({root}) is not a readable packed dataset: meta.json, images.npy or labels.npy is missing, "
+                f"truncated or not what python -m trainer.pack writes ({type(e).__name__}: {str(e)[:160]}). Pack it again: "
+                "python -m trainer.pack SRC DST."
+            ) from None
         self.train, self.augment, self.keep_uint8 = train, Augmentation.coerce(augment), keep_uint8
         # the stored squares are resized whole: to the training size, or validation's (data.eval_image_size)
         self.image_size = image_size if train else self.augment.eval_size(image_size)
