@@ -321,6 +321,37 @@ def test_a_damaged_packed_dataset_is_one_paragraph_saying_to_pack_it_again(packe
         assert "\n" not in str(e.value), what
 
 
+def test_labels_that_are_not_class_numbers_are_named_with_their_file(packed, compose, tmp_path):
+    """A Parquet label column of strings, a WebDataset .cls holding 'dog': each raised a TypeError or
+    ValueError traceback from the label's reading."""
+    import io
+    import tarfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trainer.data.webdataset import read_shard
+    from trainer.errors import ConfigError
+
+    (tmp_path / "pq" / "train").mkdir(parents=True)
+    source = sorted((Path(packed["parquet"]) / "train").glob("*.parquet"))[0]
+    table = pq.read_table(source)
+    table = table.set_column(1, "label", pa.array([f"class{v}" for v in table.column("label").to_pylist()]))
+    pq.write_table(table.replace_schema_metadata(None), tmp_path / "pq" / "train" / "train-00000-of-00001.parquet")
+    dm = ImageDataModule(compose("data=parquet", f"data.root={tmp_path / 'pq'}", "data.batch_size=10").data)
+    with pytest.raises(ConfigError, match=r"train-00000-of-00001\.parquet: its label column 'label' holds string"):
+        dm.build()
+
+    shard = io.BytesIO()
+    with tarfile.open(fileobj=shard, mode="w") as tar:
+        for name, data in (("000001.jpg", b"\xff\xd8"), ("000001.cls", b"dog\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(ConfigError, match=r"shard-x\.tar: sample '000001' has the label 'dog'"):
+        read_shard(shard.getvalue(), "shard-x.tar")
+
+
 def test_decode_scale_decodes_every_format_at_the_image_folders_size(compose, tmp_path):
     """data.decode_scale=auto with data=parquet and data=webdataset: each sample is decoded at the size the
     image folder it was packed from decodes it at. 304 px JPEGs for 32 px crops: 1/4 (76 px; 1/8, 38 px,

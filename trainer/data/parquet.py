@@ -119,10 +119,18 @@ def _index(fs, files: List[str], root: str):
 def _label_classes(fs, paths, label_column: str) -> list:
     """No class names stored: the labels are the classes, 0..max (only the label column is read)."""
     pq = _pyarrow()
+    import pyarrow as pa  # lazy, as in _pyarrow
+
     top = -1
     for path in paths:
         with fs.open(path, "rb") as f:
             column = pq.read_table(f, columns=[label_column]).column(0)
+        if not (pa.types.is_integer(column.type) or pa.types.is_null(column.type)):
+            raise ConfigError(
+                f"{path}: its label column '{label_column}' holds {column.type} values; data=parquet reads class numbers "
+                "(integers 0, 1, ...) there, with the class names in the file's metadata if any (python -m trainer.pack "
+                "writes both)."
+            )
         top = max(top, max((v for v in column.to_pylist() if v is not None), default=-1))
     return [str(i) for i in range(top + 1)]
 

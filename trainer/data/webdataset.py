@@ -65,7 +65,13 @@ def read_shard(data: bytes, where: str) -> List[Tuple[bytes, int]]:
             raise ConfigError(
                 f"{where}: sample '{key}' has {sorted(parts)}; data=webdataset needs an image (.jpg, .png, ...) and a .cls label per sample."
             )
-        out.append((image, int(parts["cls"].decode().strip())))
+        label = parts["cls"].decode(errors="replace").strip()
+        if not label.isdigit():
+            raise ConfigError(
+                f"{where}: sample '{key}' has the label {label[:40]!r} in its .cls; data=webdataset reads class numbers "
+                "(0, 1, ...). Write each sample's class index there (python -m trainer.pack does)."
+            )
+        out.append((image, int(label)))
     return out
 
 
