@@ -384,6 +384,18 @@ def test_every_logger_gets_the_epoch_figures_and_tensorboard_stays_the_default(t
     assert not [k for k in params if k.startswith("requested.") and k != "requested.data.batch_size"], params
 
 
+def test_no_tracker_at_all_trains_and_records_its_metrics(train, compose, tmp_path):
+    """logger=[] or ~logger: a run (and a sweep's start) with no tracker (both raised OmegaConf's
+    ValueError with a traceback); metrics.json is the record, nothing is written for a tracker."""
+    from trainer.tracking.sweep_group import sweep_start
+
+    for off in ("logger=[]", "~logger"):
+        m, out = train(off)
+        assert m["status"] == "ok", m.get("error")
+        assert not list(out.glob("events.out.tfevents.*")) and not (out / "metrics.csv").exists()
+        sweep_start(compose(*TINY, off), str(tmp_path / off))
+
+
 def test_a_resumed_run_appends_to_its_csv_file(compose, tmp_path):
     """Lightning's CSV writer deletes metrics.csv in a dir that holds one; a run resumed into its dir
     (``ckpt_path=last``) appends under the same header, and the rows before the resume stay as they were."""

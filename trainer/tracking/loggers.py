@@ -56,7 +56,8 @@ def build(cfg, out_dir: str, overrides: List[str], resuming: bool) -> List[Any]:
     before its first checkpoint starts over in its dir (``slurm.resume_if_requeued``) and continues its
     tracker runs too: one run per job, not per attempt.
     """
-    entries = OmegaConf.to_container(cfg.get("logger") or {}, resolve=True)
+    chosen = cfg.get("logger")  # logger=[] or ~logger: none (an empty DictConfig, or no key)
+    entries = OmegaConf.to_container(chosen, resolve=True) if chosen else {}
     restart = restart_count()
     started_over = restart if restart and not resuming else 0  # the Slurm restart that trains from epoch 0 again
     previous = read_state(os.path.join(out_dir, STATE)) if resuming or restart else {}

@@ -32,7 +32,8 @@ REPORT_FILES = ("ab_report.md", "ab_report.csv", "ab_report.png")
 def sweep_start(config, sweep_dir: str) -> None:
     """The sweep's MLflow parent run and W&B group, recorded for its jobs (resumed when the sweep
     is finished by the same command). One paragraph, exit before any job, if the server is down."""
-    entries = OmegaConf.to_container(config.get("logger") or {}, resolve=True)
+    chosen = config.get("logger")  # logger=[] or ~logger: no tracker (an empty DictConfig, or no key)
+    entries = OmegaConf.to_container(chosen, resolve=True) if chosen else {}
     state = read_state(os.path.join(sweep_dir, STATE))
     for name, entry in entries.items():
         kind = kind_of(entry) if isinstance(entry, dict) else ""
