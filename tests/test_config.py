@@ -138,6 +138,17 @@ def test_a_seed_outside_numpys_range_is_refused_before_anything_runs(compose):
     validate(compose(f"seed={2**32 - 1}"))
 
 
+def test_checkpoint_monitor_names_a_metric_the_model_logs(train):
+    """val_acc (metrics.json's name) or a typo failed after the first epoch, in Lightning's traceback;
+    val/acc keeps the best checkpoint beside last.ckpt."""
+    from trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'checkpoint.monitor=val_acc': the model logs val/acc, val/loss"):
+        train("checkpoint.enabled=true", "checkpoint.monitor=val_acc")
+    m, out = train("checkpoint.enabled=true", "checkpoint.monitor=val/acc")
+    assert m["status"] == "ok" and list((out / "checkpoints").glob("best-*.ckpt")), m.get("error")
+
+
 def test_train_until_stopped_needs_a_constant_schedule(compose):
     from trainer.config import check_overrides, validate
     from trainer.errors import ConfigError

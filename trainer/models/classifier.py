@@ -28,6 +28,9 @@ class ImageClassifier(pl.LightningModule):
     cutmix of each training batch (data/mixing.py), seeded by (``seed``, epoch, batch index);
     ``eval_hflip``: validation averages the logits of each image and its mirror image."""
 
+    # what it logs, the names checkpoint.monitor may choose from
+    LOGGED_METRICS = ("val/acc", "val/loss", "train/loss_epoch")
+
     def __init__(
         self,
         net: torch.nn.Module,

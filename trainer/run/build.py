@@ -263,7 +263,20 @@ def build_callbacks(parts: Parts) -> Callbacks:
     if cfg.checkpoint.enabled:
         found.all += checkpoint_callbacks(cfg.checkpoint, checkpoint_dir)
     found.all = [c for c in found.all if c is not None]
+    _check_monitor(cfg, parts.module)
     return found
+
+
+def _check_monitor(cfg, module) -> None:
+    """checkpoint.monitor names a metric the built-in classifier logs (Lightning's ModelCheckpoint found
+    out at the first validation's end, with a traceback). A user's module logs its own names."""
+    monitor = cfg.checkpoint.monitor
+    if cfg.checkpoint.enabled and monitor and isinstance(module, ImageClassifier):
+        if monitor not in (*ImageClassifier.LOGGED_METRICS, "epoch", "step"):  # and Lightning's own two
+            raise ConfigError(
+                f"'checkpoint.monitor={monitor}': the model logs {', '.join(ImageClassifier.LOGGED_METRICS)}; choose one "
+                "of those (val/acc with checkpoint.mode=max, a loss with checkpoint.mode=min), or checkpoint.monitor=null."
+            )
 
 
 def _check_input_size(module, datamodule, cfg) -> None:
