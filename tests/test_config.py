@@ -138,6 +138,17 @@ def test_a_seed_outside_numpys_range_is_refused_before_anything_runs(compose):
     validate(compose(f"seed={2**32 - 1}"))
 
 
+def test_a_data_root_the_chosen_data_ignores_is_refused(compose):
+    """data.root without data=imagefolder (or another format) trained on the synthetic set, saying nothing."""
+    from trainer.config import validate
+    from trainer.errors import ConfigError
+
+    for data in ("synthetic", "builtin", "custom"):
+        with pytest.raises(ConfigError, match=rf"'data.root=/imgs' .* data={data} ignores it"):
+            validate(compose(f"data={data}", "data.root=/imgs"))
+    validate(compose("data=imagefolder", "data.root=/imgs"))
+
+
 def test_checkpoint_monitor_names_a_metric_the_model_logs(train):
     """val_acc (metrics.json's name) or a typo failed after the first epoch, in Lightning's traceback;
     val/acc keeps the best checkpoint beside last.ckpt."""

@@ -193,6 +193,16 @@ def validate(cfg: Any) -> None:
             f"'stop_at_acc={cfg.stop_at_acc}' stops when a validated epoch reaches that val_acc, but trainer.limit_val_batches=0 "
             "validates nothing. Give trainer.limit_val_batches a number above 0 (1.0: the whole validation set), or stop_at_acc=null."
         )
+    data_name, data_root = OmegaConf.select(cfg, "data.name"), OmegaConf.select(cfg, "data.root")
+    if data_root is not None and data_name in ("synthetic", "builtin", "custom"):
+        instead = {"custom": "for your Dataset class use +data.dataset.root=..."}.get(
+            data_name, f"it would have trained on data={data_name}'s own images instead"
+        )
+        raise ConfigError(
+            f"'data.root={data_root}' is read by data=imagefolder, packed, parquet, webdataset, cifar10 and imagenette, "
+            f"and data={data_name} ignores it ({instead}). Add the data= its files are, e.g. data=imagefolder for class "
+            "folders of images, or drop data.root."
+        )
     model = cfg.get("model") or {}
     if "_target_" not in model:
         raise ConfigError(
