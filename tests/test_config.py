@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import run_cli
 
@@ -94,6 +96,7 @@ def test_good_overrides_pass():
         (["ampp=true"], "Did you mean 'amp'"),
         (["accumulate=two"], "'accumulate'"),
         (["+recipe=nope"], "Unknown recipe 'nope'"),
+        (["model=resnt50"], "Unknown model 'resnt50' (model=resnt50). Available: resnet18, resnet50, tiny, vit."),
         (["strategy=fsdp"], "strategy=fsdp2"),
         (["amp=true", "amp_dtype=fp16"], "amp_dtype=fp16"),
         (["data=imagefolder", "data.root=/does/not/exist"], "data.root"),
@@ -136,6 +139,25 @@ def test_a_seed_outside_numpys_range_is_refused_before_anything_runs(compose):
         with pytest.raises(ConfigError, match=r"'seed'.*0\.\.4294967295"):
             validate(compose(f"seed={bad}"))
     validate(compose(f"seed={2**32 - 1}"))
+
+
+def test_an_unknown_option_of_a_config_group_is_one_paragraph_listing_them():
+    """Hydra answered data=foo with its own text (its search path, HYDRA_FULL_ERROR) and exit code 1;
+    logger=null with a traceback. A command with configs of its own (-cd, hydra.searchpath) is Hydra's."""
+    from trainer.command_line import checked_argv, group_options
+    from trainer.config import check_overrides
+    from trainer.errors import ConfigError
+
+    for overrides, says in (
+        (["data=foo"], "Unknown data 'foo' (data=foo). Available: builtin, cifar10"),
+        (["logger=[csv,mlfow]"], "Did you mean 'logger=mlflow'?"),
+        (["logger=null"], "logger=[] turns every tracker off"),
+        (["scale=smoke,tiny"], "Unknown scale 'tiny'"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            check_overrides(overrides, [], group_options)
+    check_overrides(["data=imagefolder", "logger=[csv,mlflow]", "~logger", "+bench=amp"], [], group_options)
+    checked_argv(["-cd", "/my/configs", "data=mine"])
 
 
 def test_a_data_root_the_chosen_data_ignores_is_refused(compose):

@@ -160,6 +160,11 @@ def expand_tuned(argv: List[str]) -> List[str]:
     return out
 
 
+def group_options(group: str) -> List[str]:
+    """The options of config group ``group`` (data, model, ...): its YAML files in configs/."""
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
 def check_config_files(dirs=None) -> None:
     """Every YAML file of the config tree parses (Hydra would answer a broken one with a yaml traceback)."""
     import yaml  # lazy: keeps yaml out of train.py's start-up
@@ -197,7 +202,11 @@ def checked_argv(
     if then:
         then(overrides)
     check_config_files()
-    check_overrides(overrides, recipes())
+    # a group's options are this project's config files, unless the command adds configs of its own
+    own_configs = any(a in ("-cd", "--config-dir", "-cp", "--config-path") for a in argv) or any(
+        o.lstrip("+").startswith("hydra.searchpath") for o in overrides
+    )
+    check_overrides(overrides, recipes(), None if own_configs else group_options)
     check_output_dirs(overrides)
     return argv
 

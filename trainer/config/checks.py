@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import is_dataclass
-from typing import Any, List
+from typing import Any, Callable, List, Optional
 
 from trainer.config.schema import GROUPS, TrainSchema
 from trainer.config.tables import CHOICES, RANGES, SCHEMA_KEYS
@@ -54,11 +54,14 @@ def unknown_key_message(key: str) -> str:
     )
 
 
-def check_overrides(overrides: List[str], recipes: List[str]) -> None:
+def check_overrides(
+    overrides: List[str], recipes: List[str], group_options: Optional[Callable[[str], List[str]]] = None
+) -> None:
     """Check command-line overrides against the schema before Hydra composes anything.
 
     Raises ConfigError for an unknown key, a value of the wrong type, a value outside its allowed
-    set or range, or an unknown recipe. Sweep values (``amp=false,true``) are checked one by one.
+    set or range, an unknown recipe, or (given ``group_options``: a config group's options) an
+    unknown option of a config group. Sweep values (``amp=false,true``) are checked one by one.
     """
     # lazy: keeps hydra and omegaconf out of train.py's start-up
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -85,7 +88,9 @@ def check_overrides(overrides: List[str], recipes: List[str]) -> None:
                     )
             continue
         if key in GROUPS:
-            continue  # Hydra lists the options of a group itself if one is wrong
+            if group_options is not None and not ov.is_delete():
+                _check_group_choice(key, values, group_options(key))
+            continue
         if ov.is_delete():
             continue
         if key not in SCHEMA_KEYS and not key.startswith(OPEN_PREFIXES):
@@ -102,6 +107,23 @@ def check_overrides(overrides: List[str], recipes: List[str]) -> None:
                     f"{allowed_values(key)}(OmegaConf said: {str(e).splitlines()[0]})"
                 ) from None
             _check_value(key, v)
+
+
+def _check_group_choice(group: str, values: List[Any], options: List[str]) -> None:
+    """``data=foo``: Hydra's answer was its own error text (its search path, HYDRA_FULL_ERROR) and exit code 1."""
+    if not options:
+        return
+    for value in values:
+        for choice in value if isinstance(value, list) else [value]:
+            if choice is None:
+                none = " (logger=[] turns every tracker off)" if group == "logger" else ""
+                raise ConfigError(f"'{group}=null': choose one of {', '.join(options)}{none}.")
+            if str(choice) not in options:
+                close = difflib.get_close_matches(str(choice), options, n=1)
+                hint = f" Did you mean '{group}={close[0]}'?" if close else ""
+                raise ConfigError(
+                    f"Unknown {group} '{choice}' ({group}={choice}). Available: {', '.join(options)}.{hint}"
+                )
 
 
 def _type_name(tp: Any) -> str:
