@@ -130,7 +130,7 @@ def test_every_value_lightning_accepts_is_accepted(train, override):
     assert m["status"] == "ok", m["error"]
 
 
-def test_a_seed_outside_numpys_range_is_refused_before_anything_runs(compose):
+def test_a_seed_outside_numpys_range_and_other_values_out_of_range_are_refused_before_anything_runs(compose):
     """numpy's seeding raised its ValueError with a traceback at the job's start."""
     from trainer.config import validate
     from trainer.errors import ConfigError
@@ -139,6 +139,16 @@ def test_a_seed_outside_numpys_range_is_refused_before_anything_runs(compose):
         with pytest.raises(ConfigError, match=r"'seed'.*0\.\.4294967295"):
             validate(compose(f"seed={bad}"))
     validate(compose(f"seed={2**32 - 1}"))
+    # and values that were taken without a word, though nothing could train on them
+    for bad in (
+        "optim.weight_decay=-1",
+        "optim.momentum=1.5",
+        "trainer.gradient_clip_val=-1",
+        "sched.min_lr_ratio=5",
+        "tune.acc_tolerance=5",
+    ):
+        with pytest.raises(ConfigError, match=re.escape(f"Bad value for '{bad.split('=')[0]}'")):
+            validate(compose(bad))
 
 
 def test_an_unknown_option_of_a_config_group_is_one_paragraph_listing_them():

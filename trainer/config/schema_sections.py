@@ -32,7 +32,9 @@ class TrainerConfig:
     limit_train_batches: Any = 1.0  # a fraction, a number of batches, or null (all)
     limit_val_batches: Any = 1.0
     log_every_n_steps: Optional[int] = key(50, check=(lambda v: v is None or v >= 0, "an integer >= 0 or null"))
-    gradient_clip_val: Optional[float] = None
+    gradient_clip_val: Optional[float] = key(
+        None, check=(lambda v: v is None or v >= 0, "null (no clipping) or a number >= 0 (0: no clipping)")
+    )
     gradient_clip_algorithm: str = key("norm", choices=("norm", "value"))
     num_sanity_val_steps: int = key(
         0, "-1: the whole val set", check=(lambda v: v >= -1, "an integer >= 0, or -1 (the whole validation set)")
@@ -60,9 +62,9 @@ class OptimConfig:
     lr: float = key(
         0.05, "at ref_batch_size (with lr_scaling); the recipes set their own", check=(lambda v: v > 0, "a number > 0")
     )
-    momentum: float = 0.9
+    momentum: float = key(0.9, check=(lambda v: 0 <= v < 1, "a number in [0, 1)"))
     nesterov: bool = False
-    weight_decay: float = 5e-5
+    weight_decay: float = key(5e-5, check=(lambda v: v >= 0, "a number >= 0"))
     # torchvision's reference-script names: the decay of normalization layers' parameters and of biases
     norm_weight_decay: Optional[float] = key(
         0.0,
@@ -98,7 +100,9 @@ class SchedConfig:
         choices=("cosine", "linear", "constant"),
     )
     warmup_epochs: float = key(0.0, check=(lambda v: v >= 0, "a number >= 0"))
-    min_lr_ratio: float = 0.0
+    min_lr_ratio: float = key(
+        0.0, check=(lambda v: 0 <= v <= 1, "a number in [0, 1]: the last lr as a fraction of the peak")
+    )
 
 
 @dataclass
@@ -302,7 +306,7 @@ class TuneConfig:
     acc_tolerance: float = key(
         0.02,
         "the winner's val_acc may be at most this far below the baseline's",
-        check=(lambda v: math.isfinite(v) and v >= 0, "0 or more (a val_acc difference, e.g. 0.02)"),
+        check=(lambda v: math.isfinite(v) and 0 <= v < 1, "a number in [0, 1) (a val_acc difference, e.g. 0.02)"),
     )
     preloaded_probes: bool = key(
         True,
