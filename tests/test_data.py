@@ -50,6 +50,17 @@ def test_a_builtin_cache_that_cannot_be_written_is_named(tmp_path):
         ensure_builtin(str(taken), 4, 40)
 
 
+def test_a_custom_dataset_that_cannot_be_built_is_named(compose):
+    """Hydra's "Error locating target ... set HYDRA_FULL_ERROR" before; the paragraph model._target_ gets now."""
+    from trainer.errors import ConfigError
+
+    cfg = compose("data=custom", "data.dataset._target_=no_such_pkg.MyDataset")
+    with pytest.raises(
+        ConfigError, match=r"the dataset from 'data.dataset._target_=no_such_pkg.MyDataset'.*no_such_pkg"
+    ):
+        ImageDataModule(cfg.data, cfg.seed).build()
+
+
 def _make_folder(root, classes=("a", "b", "c"), per_class=5, size=20):
     for i, cls in enumerate(classes):
         (root / cls).mkdir(parents=True)

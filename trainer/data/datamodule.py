@@ -14,6 +14,7 @@ import logging
 
 import pytorch_lightning as pl
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from pytorch_lightning.utilities.model_helpers import is_overridden
 
@@ -53,6 +54,19 @@ from trainer.rank import world_size
 log = logging.getLogger(__name__)
 
 BLOCK_FORMATS = ("parquet", "webdataset")  # read by blocks (row groups, tar shards) with shards.BlockSampler
+
+
+def _user_dataset(node, key: str):
+    """data=custom's Dataset, built from ``key``; a target that cannot be built is one paragraph naming
+    it (Hydra's "Error locating target", with a hint to set HYDRA_FULL_ERROR, before)."""
+    try:
+        return instantiate(node, _convert_="all")
+    except InstantiationException as e:
+        cause = " ".join(line.strip() for line in str(e.__cause__ or e).splitlines() if line.strip())
+        raise ConfigError(
+            f"Could not build the dataset from '{key}._target_={node.get('_target_')}': {cause}. It must name an "
+            f"importable Dataset class (or a function returning one); the other {key}.* keys are passed to it as arguments."
+        ) from None
 
 
 class ImageDataModule(pl.LightningDataModule):
@@ -170,8 +184,8 @@ class ImageDataModule(pl.LightningDataModule):
                     "data=custom needs data.dataset._target_=pkg.module.MyDataset (a map-style Dataset "
                     "of (image, label)); its other data.dataset.* keys are passed as arguments."
                 )
-            self.train_set = instantiate(c.dataset, _convert_="all")
-            self.val_set = instantiate(c.val_dataset, _convert_="all") if c.val_dataset else None
+            self.train_set = _user_dataset(c.dataset, "data.dataset")
+            self.val_set = _user_dataset(c.val_dataset, "data.val_dataset") if c.val_dataset else None
             unused = self.augmentation.set_keys()
             if unused:
                 log.warning(
