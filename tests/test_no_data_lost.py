@@ -136,6 +136,13 @@ def test_a_finished_run_dir_is_resumed_never_trained_over(tmp_path):
         and "Traceback" not in r.stderr
     )
     assert _snapshot(run_dir) == before
+    # a resume that stops before it trains (here: a checkpoint of another model) keeps the run's own
+    # config files, which Hydra had rewritten with the failed attempt's, its metrics.json and checkpoints
+    r = run_cli(f"hydra.run.dir={run_dir}", *TINY, "checkpoint.enabled=true", "ckpt_path=last", "model.width=32")
+    assert r.returncode == 2 and "holds another model" in r.stderr, r.stderr[-2000:]
+    after = _snapshot(run_dir)
+    kept = [k for k in before if k.startswith((".hydra", "checkpoints")) or k == "metrics.json"]
+    assert [k for k in kept if after.get(k) != before[k]] == []
     # a run killed mid-way (its journal says running): its record is not replaced by a failure either
     killed = tmp_path / "killed"
     killed.mkdir()

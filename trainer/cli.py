@@ -30,7 +30,7 @@ from trainer.launch.processes import (
     refuse_nodes_without_a_launcher,
     settle_strategy,
 )
-from trainer.launch.run_dirs import OutputTaken, refuse_finished_run_dir
+from trainer.launch.run_dirs import OutputTaken, refuse_finished_run_dir, restore_earlier_config
 from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 from trainer.launch.torchrun import first_failure
 from trainer.measure import hardware, metrics
@@ -162,6 +162,8 @@ def task(cfg) -> None:
             e, OutputTaken
         ):  # an earlier run's results are not ours to overwrite, even with a failure record
             _record_failure(job.out_dir, cfg, job.overrides, str(e))
+        if isinstance(e, ConfigError):  # a resume that stopped on bad input before training: the run's own config back
+            restore_earlier_config(job.out_dir)
         if not job.multirun:
             fail(str(e), e.exit_code)
         log.error("%s stopped: %s", job.label, e)
@@ -204,6 +206,8 @@ def _launch_job(cfg, job: JobContext) -> None:
         OmegaConf.save(cfg, job.config_path, resolve=True)
     # the child processes run this job in this job's dir
     code = launch(cfg, job.out_dir, job.overrides, quiet=job.multirun, env=switchboard.plan_env(plan))
+    if code == ConfigError.exit_code:
+        restore_earlier_config(job.out_dir)  # the ranks stopped on bad input before training: the run's own config back
     if code != 0:
         _record_failure(
             job.out_dir,

@@ -350,6 +350,7 @@ class SweepCallback(Callback):
         run_dir = _select(config, "hydra.run.dir")
         if run_dir:
             _refuse_taken(lambda: run_dirs.refuse_finished_run_dir(run_dir, config.get("ckpt_path")))
+            run_dirs.keep_earlier_config(run_dir, _select(config, "hydra.output_subdir"), config.get("ckpt_path"))
 
     def on_multirun_start(self, config, **kwargs) -> None:
         task_overrides = list(_select(config, "hydra.overrides.task") or [])

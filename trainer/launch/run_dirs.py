@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 from trainer.errors import ConfigError
-from trainer.rank import restart_count
+from trainer.rank import is_launched_rank, restart_count
 
 
 class OutputTaken(ConfigError):
@@ -58,6 +58,46 @@ def refuse_finished_run_dir(out_dir: str, ckpt_path: Optional[str], key: str = "
             f"'{key}' ({out_dir}) already holds {' and '.join(held)}; training into it from scratch would overwrite them. "
             f"{resume} a new dir. Nothing was changed."
         )
+
+
+_EARLIER_CONFIG: Dict[str, Dict[str, bytes]] = {}  # run dir -> its .hydra/ files before this process's run
+
+
+def keep_earlier_config(out_dir: str, subdir: Optional[str], ckpt_path: Optional[str]) -> None:
+    """Before Hydra writes a resumed run's config files (``.hydra/``: config, overrides, hydra), the
+    earlier run's are kept in memory: a resume that stops before it trains (``restore_earlier_config``)
+    would otherwise leave the run's metrics.json and checkpoints beside the failed attempt's config."""
+    folder = os.path.join(out_dir, subdir) if subdir else None
+    if not ckpt_path or folder is None or not os.path.isfile(os.path.join(out_dir, "metrics.json")):
+        return
+    if is_launched_rank():
+        return  # its launching process kept them, before its own Hydra (and this rank's) wrote the new ones
+    try:
+        _EARLIER_CONFIG[os.path.realpath(out_dir)] = {
+            p.name: p.read_bytes() for p in Path(folder).glob("*.yaml") if p.is_file()
+        }
+        _EARLIER_CONFIG[os.path.realpath(out_dir)][""] = folder.encode()
+    except OSError:
+        pass
+
+
+def forget_earlier_config(out_dir: str) -> None:
+    """The resume got past its checks and trains: its config files are the run's from here on."""
+    _EARLIER_CONFIG.pop(os.path.realpath(out_dir), None)
+
+
+def restore_earlier_config(out_dir: str) -> None:
+    """A resume that stopped before training (bad input): the run's earlier config files back in place."""
+    files = _EARLIER_CONFIG.pop(os.path.realpath(out_dir), None)
+    if not files:
+        return
+    folder = files.pop("").decode()
+    for name, data in files.items():
+        path = os.path.join(folder, name)
+        tmp = f"{path}.restoring"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
 
 
 def refuse_used_sweep_dir(sweep_dir: str, ckpt_path: Optional[str]) -> None:

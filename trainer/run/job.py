@@ -19,7 +19,7 @@ from trainer import tracking
 from trainer.callbacks import EpochTimer
 from trainer.errors import UserFacingError
 from trainer.launch import stopping
-from trainer.launch.run_dirs import refuse_finished_run_dir
+from trainer.launch.run_dirs import forget_earlier_config, refuse_finished_run_dir
 from trainer.measure import metrics as metrics_mod
 from trainer.rank import is_launched_rank
 from trainer.run.build import build
@@ -56,6 +56,7 @@ def run(cfg, out_dir: str, overrides: Optional[List[str]] = None, config_path: O
     try:
         with _compile_scope(parts):
             build(parts)
+            forget_earlier_config(out_dir)  # from its first step on, the run's config files are this attempt's
             status, error = fit(parts)
     except BaseException as e:
         status, error = _failure(parts, e)
