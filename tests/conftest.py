@@ -157,6 +157,11 @@ DISTRIBUTED_ENV = (
     "MASTER_ADDR",
     "MASTER_PORT",
     "TORCHELASTIC_RUN_ID",
+    # what srun and this framework's launcher set: a test's run is none of their ranks
+    "SLURM_STEP_ID",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_NTASKS_PER_NODE",
+    "TRAINER_LAUNCHED_RANKS",
 )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import run_cli
+from conftest import TINY, run_cli
 
 from trainer.config import check_overrides
 from trainer.errors import ConfigError
@@ -168,10 +168,12 @@ def test_an_unknown_option_of_a_config_group_is_one_paragraph_listing_them():
             check_overrides(overrides, [], group_options)
     check_overrides(["data=imagefolder", "logger=[csv,mlflow]", "~logger", "+bench=amp"], [], group_options)
     checked_argv(["-cd", "/my/configs", "data=mine"])
+    checked_argv(["--config-dir=/my/configs", "data=mine"])
 
 
-def test_a_data_root_the_chosen_data_ignores_is_refused(compose):
-    """data.root without data=imagefolder (or another format) trained on the synthetic set, saying nothing."""
+def test_a_data_root_the_chosen_data_ignores_is_refused_unless_the_command_chose_that_data(compose, tmp_path):
+    """data.root without data=imagefolder (or another format) trained on the synthetic set, saying nothing.
+    A data= the command line chose itself (a sweep over data=imagefolder,synthetic) is said, not refused."""
     from trainer.config import validate
     from trainer.errors import ConfigError
 
@@ -179,6 +181,10 @@ def test_a_data_root_the_chosen_data_ignores_is_refused(compose):
         with pytest.raises(ConfigError, match=rf"'data.root=/imgs' .* data={data} ignores it"):
             validate(compose(f"data={data}", "data.root=/imgs"))
     validate(compose("data=imagefolder", "data.root=/imgs"))
+    r = run_cli(f"hydra.run.dir={tmp_path}/forgot", "data.root=/imgs")
+    assert r.returncode == 2 and "data=synthetic ignores it" in r.stderr, r.stderr[-2000:]
+    r = run_cli("-m", f"hydra.sweep.dir={tmp_path}/chose", *TINY, "data=synthetic", "data.root=/imgs")
+    assert r.returncode == 0 and "warning: 'data.root=/imgs'" in r.stderr + r.stdout, r.stderr[-2000:]
 
 
 def test_checkpoint_monitor_names_a_metric_the_model_logs(train):

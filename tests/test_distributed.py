@@ -226,6 +226,16 @@ def test_strategy_auto_with_several_processes_runs_as_ddp_and_devices_minus_one_
     assert processes.launches_ranks(cfg)
     m, _ = train("devices=-1", "accelerator=cpu")
     assert m["status"] == "ok" and m["device"]["count"] == 1, m.get("error")
+    # num_nodes=2 as a plain process is refused (tests/test_bad_input.py); where Lightning meets the other
+    # nodes itself (NODE_RANK and MASTER_ADDR on each node: its general cluster) it is not
+    from trainer.errors import ConfigError
+
+    for key in ("NODE_RANK", "MASTER_ADDR", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "LSB_JOBID"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(ConfigError, match="'num_nodes=2' needs its processes started on every node"):
+        processes.refuse_nodes_without_a_launcher(compose("num_nodes=2"))
+    monkeypatch.setenv("NODE_RANK", "1")
+    processes.refuse_nodes_without_a_launcher(compose("num_nodes=2"))
 
 
 def test_a_ddp_job_in_a_slurm_batch_scripts_own_shell_starts_its_ranks_and_srun_tasks_are_the_ranks(

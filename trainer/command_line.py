@@ -203,7 +203,7 @@ def checked_argv(
         then(overrides)
     check_config_files()
     # a group's options are this project's config files, unless the command adds configs of its own
-    own_configs = any(a in ("-cd", "--config-dir", "-cp", "--config-path") for a in argv) or any(
+    own_configs = any(a.split("=", 1)[0] in ("-cd", "--config-dir", "-cp", "--config-path") for a in argv) or any(
         o.lstrip("+").startswith("hydra.searchpath") for o in overrides
     )
     check_overrides(overrides, recipes(), None if own_configs else group_options)

@@ -65,7 +65,7 @@ def ensure_builtin(cache_dir: str | None, images_per_class: int, stored_size: in
         tmp = tempfile.mkdtemp(prefix=".builtin-", dir=cache_dir)
     except OSError as e:
         raise ConfigError(
-            f"data=builtin: the trainer's cache {cache_dir} cannot be written ({e.strerror}), so the built-in images "
+            f"data=builtin: the trainer's cache {cache_dir} cannot be written ({e.strerror or e}), so the built-in images "
             "cannot be made there. Point data.cache_dir (or $TRAINER_CACHE) at a writable folder."
         ) from None
     try:

@@ -61,6 +61,10 @@ class PackedImages(Dataset):
                 raise ConfigError(
                     f"'data.root' ({root}) is not a packed dataset (no meta.json). Create one with: python -m trainer.pack SRC DST, then upload DST."
                 )
+        elif not os.path.isfile(meta_path):
+            raise ConfigError(
+                f"'data.root' ({root}) is not a packed dataset (no meta.json). Create one with: python -m trainer.pack SRC {root}"
+            )
         try:
             if fs is not None:
                 self.meta = json.loads(fs.cat_file(meta_path))
@@ -75,11 +79,16 @@ class PackedImages(Dataset):
             self.meta["classes"]
             if len(self.images) != len(self.labels):
                 raise ValueError(f"{len(self.images)} images but {len(self.labels)} labels")
-        except (OSError, ValueError, KeyError, TypeError, EOFError) as e:
+        except (FileNotFoundError, ValueError, KeyError, TypeError, EOFError) as e:
             raise ConfigError(
                 f"'data.root' ({root}) is not a readable packed dataset: meta.json, images.npy or labels.npy is missing, "
                 f"truncated or not what python -m trainer.pack writes ({type(e).__name__}: {str(e)[:160]}). Pack it again: "
                 "python -m trainer.pack SRC DST."
+            ) from None
+        except OSError as e:  # there but not readable: permissions, the storage's credentials, the network
+            raise ConfigError(
+                f"'data.root' ({root}): its packed dataset cannot be read ({type(e).__name__}: {str(e)[:160]}). Check the "
+                "path's permissions, or data.storage_options and credentials for a remote store."
             ) from None
         self.train, self.augment, self.keep_uint8 = train, Augmentation.coerce(augment), keep_uint8
         # the stored squares are resized whole: to the training size, or validation's (data.eval_image_size)

@@ -89,8 +89,11 @@ def _allow_our_types() -> None:
     torch.serialization.add_safe_globals(allowed)
 
 
-def safe_load(path, map_location: Optional[Any] = "cpu") -> Dict[str, Any]:
-    """Load a checkpoint with weights_only semantics; ConfigError with a clear message if refused."""
+def safe_load(path, map_location: Optional[Any] = "cpu", mmap: bool = False) -> Dict[str, Any]:
+    """Load a checkpoint with weights_only semantics; ConfigError with a clear message if refused.
+
+    ``mmap``: map the file instead of reading it (a look at its keys and shapes costs no read of
+    the tensors); a file of torch's legacy format cannot be mapped and is read whole."""
     _allow_our_types()
     path = str(path)
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, ".metadata")):
@@ -105,6 +108,11 @@ def safe_load(path, map_location: Optional[Any] = "cpu") -> Dict[str, Any]:
             f"'ckpt_path' points at {path}, which does not exist. Use ckpt_path=last to resume the run dir's newest checkpoint."
         )
     try:
+        if mmap:
+            try:
+                return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
+            except RuntimeError:
+                pass  # not torch's zip format: read whole below
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         if "GLOBAL" not in str(e):  # torch names the blocked global ("unsupported GLOBAL posix.system ...")

@@ -152,9 +152,12 @@ def settle_strategy(cfg) -> None:
 
 
 def refuse_nodes_without_a_launcher(cfg) -> None:
-    """``num_nodes`` above 1 needs a launcher on every node (torchrun's agents, or srun's tasks): started
-    as a plain process, Lightning's own launcher waited forever for the other nodes' ranks, saying nothing."""
-    if int(cfg.num_nodes) > 1 and not inside_launcher():
+    """``num_nodes`` above 1 needs a launcher on every node (torchrun's agents, or srun's tasks), or a
+    cluster Lightning meets the other nodes in by itself (``NODE_RANK`` and ``MASTER_ADDR`` set on each
+    node, MPI's or LSF's launchers): started as a plain process, Lightning's own launcher waited forever
+    for the other nodes' ranks, saying nothing."""
+    clusters = ("NODE_RANK", "MASTER_ADDR", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "LSB_JOBID")
+    if int(cfg.num_nodes) > 1 and not inside_launcher() and not any(k in os.environ for k in clusters):
         raise ConfigError(
             f"'num_nodes={cfg.num_nodes}' needs its processes started on every node, by torchrun or by Slurm's srun; "
             "started as a plain process, it would wait forever for the other nodes. Run it under torchrun on each "

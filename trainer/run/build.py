@@ -33,7 +33,7 @@ from trainer.measure.memory import PeakMemory
 from trainer.models import build_module
 from trainer.models.build import check_user_module, user_lightning_module_class
 from trainer.models.classifier import ImageClassifier
-from trainer.run.checkpoint_fit import check_fits
+from trainer.run.checkpoint_fit import check_checkpoint, check_fits
 from trainer.run.parts import Callbacks, Parts, previous_result, save_config
 from trainer.run.record import MetricsJournal
 from trainer.switches import model_transforms, switchboard
@@ -73,6 +73,7 @@ def _plan(parts: Parts) -> None:
         raise
     if parts.ckpt_path:
         _merge_previous(parts)
+        check_checkpoint(parts.ckpt_path)
         parts.notes["resumed_from"] = parts.ckpt_path
         log.info("resuming from %s", parts.ckpt_path)
         # our sampler and ResumableState make mid-epoch resume exact; Lightning cannot see that

@@ -6,7 +6,9 @@ to restore optimizer state``), one of another model (``model.width``, ``data.num
 mismatch for net.fc.weight"), one saved with another optimizer (``KeyError: 'step'`` at the first
 step of AdamW continuing SGD), or a file that is no Lightning checkpoint at all (``KeyError:
 'pytorch-lightning_version'``). Here each is one paragraph naming the checkpoint and what does not
-fit, before any data is copied or any batch size is searched.
+fit: what the file is (``check_checkpoint``) before the trackers and the data are opened, and
+whether the model and optimizer fit (``check_fits``) once the model is built, before any batch size
+is searched or anything trains. Both map the file rather than read it.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from trainer.models.classifier import ImageClassifier
 _OPTIMIZER_SIGN = {"sgd": "momentum", "adamw": "betas", "lamb": "betas"}
 
 
-def check_fits(path: str, module: torch.nn.Module, cfg: Any) -> None:
-    """ConfigError where the checkpoint at ``path`` cannot resume this run's ``module`` (see the module docstring)."""
-    ckpt = safe_load(path)
+def check_checkpoint(path: str) -> None:
+    """What the checkpoint at ``path`` is, before anything is built: a Lightning checkpoint with the
+    optimizer's and the loop's state (ConfigError otherwise)."""
+    ckpt = safe_load(path, mmap=True)
     if not ckpt:
         return  # a sharded checkpoint folder: its strategy reads it shard by shard
     if not isinstance(ckpt, dict) or "state_dict" not in ckpt or "pytorch-lightning_version" not in ckpt:
@@ -39,6 +42,14 @@ def check_fits(path: str, module: torch.nn.Module, cfg: Any) -> None:
             f"Checkpoint {path} holds the weights only (saved with checkpoint.save_weights_only=true): resuming needs "
             "the optimizer's and the loop's state as well. Resume from a full checkpoint, or train anew."
         )
+
+
+def check_fits(path: str, module: torch.nn.Module, cfg: Any) -> None:
+    """Whether the checkpoint at ``path`` (``check_checkpoint`` passed) fits this run's ``module``: the
+    weights' names and shapes, and the optimizer's kind (ConfigError otherwise)."""
+    ckpt = safe_load(path, mmap=True)
+    if not ckpt:
+        return
     if cfg.strategy not in ("fsdp", "fsdp2"):  # a sharded model's names and shapes are its strategy's to map
         _check_weights(path, ckpt["state_dict"], module)
     if isinstance(module, ImageClassifier):

@@ -133,8 +133,8 @@ def resolve(cfg, hw: Hardware) -> Plan:
         )
     if cfg.data.batch_size == "auto" and cfg.strategy != "auto":
         raise ConfigError(
-            f"'data.batch_size=auto' is single-device only (each rank of strategy={cfg.strategy} would search on its own). "
-            "Find the batch once with strategy=auto and pass the number it prints, e.g. data.batch_size=256."
+            f"'data.batch_size=auto' is single-process only (each rank of strategy={cfg.strategy} would search on its own). "
+            "Find the batch once in one process (devices=1, strategy=auto) and pass the number it prints, e.g. data.batch_size=256."
         )
     warnings += _no_effect_here(cfg, accelerator)
     # -1 and auto as the count they mean here (Lightning refuses -1 on a CPU)
