@@ -342,7 +342,7 @@ def test_a_distributed_job_refused_before_launch_keeps_its_report_row(tmp_path):
     )
     assert r.returncode == 1
     failed = read_metrics(sweep / "0")
-    assert failed["status"] == "failed" and "single-device only" in failed["error"]
+    assert failed["status"] == "failed" and "single-process only" in failed["error"]
     assert read_metrics(sweep / "1")["status"] == "ok"
     assert ",failed," in (sweep / "ab_report.csv").read_text()
 

@@ -43,7 +43,7 @@ def test_batch_size_auto_stops_at_dataset_size_and_cap(train):
 def test_batch_size_auto_is_single_device_only(train):
     from trainer.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="single-device only"):
+    with pytest.raises(ConfigError, match="single-process only"):
         train("data.batch_size=auto", "strategy=ddp")
 
 
