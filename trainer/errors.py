@@ -16,6 +16,11 @@ class UserFacingError(Exception):
         return text
 
 
+def cause_text(e: BaseException) -> str:
+    """An error's cause (Hydra's InstantiationException wraps the real one) as one line for a paragraph."""
+    return " ".join(line.strip() for line in str(e.__cause__ or e).splitlines() if line.strip())
+
+
 class ConfigError(UserFacingError):
     """A bad key, value or combination in the user's config, or bad input data.
 

@@ -36,6 +36,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf, open_dict
 
 from trainer import console, tracking
+from trainer.command_line import fail
 from trainer.config import GROUPS
 from trainer.config.compose import finish
 from trainer.config.scale import reapply_cli
@@ -354,8 +355,9 @@ class SweepCallback(Callback):
 
     def on_multirun_start(self, config, **kwargs) -> None:
         task_overrides = list(_select(config, "hydra.overrides.task") or [])
-        _refuse_resources_the_launcher_cannot_give(config, console.swept_keys(task_overrides))
-        console.set_sweep(True, console.swept_keys(task_overrides))  # each status line shows what the sweep varies
+        swept = console.swept_keys(task_overrides)
+        _refuse_resources_the_launcher_cannot_give(config, swept)
+        console.set_sweep(True, swept)  # each status line shows what the sweep varies
         sweep_dir = _select(config, "hydra.sweep.dir")
         _state["report"] = report_settings(config)
         if sweep_dir and not is_launched_rank():
@@ -407,8 +409,7 @@ def _refuse_resources_the_launcher_cannot_give(config, swept: List[str]) -> None
             "per node, so it must be a number here, e.g. devices=4"
         )
     if problem and not is_launched_rank():
-        print(f"\nerror: {problem}.\n", file=sys.stderr)
-        sys.exit(2)
+        fail(f"{problem}.")
 
 
 def report_settings(config) -> Dict[str, Any]:
@@ -427,8 +428,7 @@ def _open_trackers(config, sweep_dir: str) -> None:
     try:
         tracking.sweep_start(config, sweep_dir)
     except ConfigError as e:
-        print(f"\nerror: {e}\n", file=sys.stderr)
-        sys.exit(e.exit_code)
+        fail(str(e), e.exit_code)
 
 
 def _select(config, key: str):
@@ -442,5 +442,4 @@ def _refuse_taken(check) -> None:
     try:
         check()
     except run_dirs.OutputTaken as e:
-        print(f"\nerror: {e}\n", file=sys.stderr)
-        sys.exit(e.exit_code)
+        fail(str(e), e.exit_code)

@@ -47,7 +47,7 @@ from trainer.data.standard import build_cifar10, dataset_folder, imagenette_wnid
 from trainer.data.storage import is_remote
 from trainer.data.synthetic import SyntheticImages
 from trainer.data.webdataset import build_webdataset
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, cause_text
 from trainer.measure import hardware
 from trainer.rank import world_size
 
@@ -62,9 +62,8 @@ def _user_dataset(node, key: str):
     try:
         return instantiate(node, _convert_="all")
     except InstantiationException as e:
-        cause = " ".join(line.strip() for line in str(e.__cause__ or e).splitlines() if line.strip())
         raise ConfigError(
-            f"Could not build the dataset from '{key}._target_={node.get('_target_')}': {cause}. It must name an "
+            f"Could not build the dataset from '{key}._target_={node.get('_target_')}': {cause_text(e)}. It must name an "
             f"importable Dataset class (or a function returning one); the other {key}.* keys are passed to it as arguments."
         ) from None
 

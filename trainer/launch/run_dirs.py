@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from trainer.errors import ConfigError
+from trainer.measure.metrics import atomic_write_text
 from trainer.rank import is_launched_rank, restart_count
 
 
@@ -60,7 +61,8 @@ def refuse_finished_run_dir(out_dir: str, ckpt_path: Optional[str], key: str = "
         )
 
 
-_EARLIER_CONFIG: Dict[str, Dict[str, bytes]] = {}  # run dir -> its .hydra/ files before this process's run
+# run dir -> (its config folder, that folder's files by name) before this process's run wrote its own
+_EARLIER_CONFIG: Dict[str, Tuple[str, Dict[str, str]]] = {}
 
 
 def keep_earlier_config(out_dir: str, subdir: Optional[str], ckpt_path: Optional[str]) -> None:
@@ -73,12 +75,10 @@ def keep_earlier_config(out_dir: str, subdir: Optional[str], ckpt_path: Optional
     if is_launched_rank():
         return  # its launching process kept them, before its own Hydra (and this rank's) wrote the new ones
     try:
-        _EARLIER_CONFIG[os.path.realpath(out_dir)] = {
-            p.name: p.read_bytes() for p in Path(folder).glob("*.yaml") if p.is_file()
-        }
-        _EARLIER_CONFIG[os.path.realpath(out_dir)][""] = folder.encode()
-    except OSError:
-        pass
+        files = {p.name: p.read_text() for p in Path(folder).glob("*.yaml") if p.is_file()}
+    except (OSError, UnicodeDecodeError):
+        return
+    _EARLIER_CONFIG[os.path.realpath(out_dir)] = (folder, files)
 
 
 def forget_earlier_config(out_dir: str) -> None:
@@ -88,16 +88,9 @@ def forget_earlier_config(out_dir: str) -> None:
 
 def restore_earlier_config(out_dir: str) -> None:
     """A resume that stopped before training (bad input): the run's earlier config files back in place."""
-    files = _EARLIER_CONFIG.pop(os.path.realpath(out_dir), None)
-    if not files:
-        return
-    folder = files.pop("").decode()
-    for name, data in files.items():
-        path = os.path.join(folder, name)
-        tmp = f"{path}.restoring"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+    folder, files = _EARLIER_CONFIG.pop(os.path.realpath(out_dir), (None, {}))
+    for name, text in files.items():
+        atomic_write_text(os.path.join(folder, name), text)
 
 
 def refuse_used_sweep_dir(sweep_dir: str, ckpt_path: Optional[str]) -> None:

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from torchvision.models.vision_transformer import VisionTransformer
 
 from trainer.data.mixing import batch_mixing
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, cause_text
 from trainer.models.classifier import ImageClassifier
 from trainer.models.losses import TrainingLoss
 from trainer.models.regularize import apply_drop_path, zero_init_residual
@@ -38,7 +38,7 @@ def build_module(cfg) -> pl.LightningModule:
     try:
         obj = instantiate(model_cfg, _convert_="all")
     except InstantiationException as e:
-        cause = " ".join(line.strip() for line in str(e.__cause__ or e).splitlines() if line.strip())
+        cause = cause_text(e)
         hint = (
             " (timm models need: pip install timm)"
             if str(target).startswith("timm") and not _importable("timm")

@@ -138,8 +138,9 @@ def resolve(cfg, hw: Hardware) -> Plan:
         )
     warnings += _no_effect_here(cfg, accelerator)
     # -1 and auto as the count they mean here (Lightning refuses -1 on a CPU)
-    count = devices if isinstance(devices, int) and devices > 0 else per_node(accelerator, devices, hw)
-    return Plan(accelerator, count, cfg.num_nodes, precision, amp_dtype, cfg.strategy, warnings)
+    return Plan(
+        accelerator, per_node(accelerator, devices, hw), cfg.num_nodes, precision, amp_dtype, cfg.strategy, warnings
+    )
 
 
 def _refuse_with_sharding(cfg, ranks_per_node: int) -> None:

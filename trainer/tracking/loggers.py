@@ -56,8 +56,7 @@ def build(cfg, out_dir: str, overrides: List[str], resuming: bool) -> List[Any]:
     before its first checkpoint starts over in its dir (``slurm.resume_if_requeued``) and continues its
     tracker runs too: one run per job, not per attempt.
     """
-    chosen = cfg.get("logger")  # logger=[] or ~logger: none (an empty DictConfig, or no key)
-    entries = OmegaConf.to_container(chosen, resolve=True) if chosen else {}
+    entries = logger_entries(cfg)
     restart = restart_count()
     started_over = restart if restart and not resuming else 0  # the Slurm restart that trains from epoch 0 again
     previous = read_state(os.path.join(out_dir, STATE)) if resuming or restart else {}
@@ -140,6 +139,12 @@ def _product_defaults(name, entry, cfg, out_dir, job_name, previous, sweep) -> D
             extra["group"] = sweep["group"]
     # the user's value wins; tags merge (above), and a resume's run id always applies
     return {k: v for k, v in extra.items() if entry.get(k) is None or k in ("tags", "run_id", "id")}
+
+
+def logger_entries(cfg) -> Dict[str, Any]:
+    """The ``logger`` group's entries as plain dicts; none for ``logger=[]`` (an empty node) or ``~logger`` (no key)."""
+    chosen = cfg.get("logger")
+    return OmegaConf.to_container(chosen, resolve=True) if chosen else {}
 
 
 def kind_of(entry: Dict[str, Any]) -> str:

@@ -16,11 +16,17 @@ import os
 import re
 from typing import Any, Dict, List
 
-from omegaconf import OmegaConf
-
 from trainer.errors import ConfigError
 from trainer.measure import metrics as metrics_mod
-from trainer.tracking.loggers import NO_SERVER, STATE, fail_fast_mlflow, kind_of, read_state, unreachable_message
+from trainer.tracking.loggers import (
+    NO_SERVER,
+    STATE,
+    fail_fast_mlflow,
+    kind_of,
+    logger_entries,
+    read_state,
+    unreachable_message,
+)
 from trainer.tracking.record import mlflow_artifacts, wandb_files
 from trainer.tracking.redaction import redact_text, redacted_argv
 
@@ -32,8 +38,7 @@ REPORT_FILES = ("ab_report.md", "ab_report.csv", "ab_report.png")
 def sweep_start(config, sweep_dir: str) -> None:
     """The sweep's MLflow parent run and W&B group, recorded for its jobs (resumed when the sweep
     is finished by the same command). One paragraph, exit before any job, if the server is down."""
-    chosen = config.get("logger")  # logger=[] or ~logger: no tracker (an empty DictConfig, or no key)
-    entries = OmegaConf.to_container(chosen, resolve=True) if chosen else {}
+    entries = logger_entries(config)
     state = read_state(os.path.join(sweep_dir, STATE))
     for name, entry in entries.items():
         kind = kind_of(entry) if isinstance(entry, dict) else ""
