@@ -62,8 +62,7 @@ class SystemMonitor(pl.Callback):
     def _baseline(self) -> None:
         self._last_t = time.monotonic()
         self._busy.cores()  # restart the CPU window
-        self._last_proc_cpu = self._tree.cpu_seconds()
-        self._last_own_cpu = self._tree.own_cpu_seconds()
+        self._last_proc_cpu, self._last_own_cpu = self._tree.cpu_seconds_split()
         self._last_disk = sysstats.disk_read_bytes()
 
     # ---- windows: training time of one epoch
@@ -102,9 +101,8 @@ class SystemMonitor(pl.Callback):
             reading["cpu_busy_cores"] = busy
             reading["cpu_util"] = busy / len(self._cpus)
         processes = self._tree.processes()  # one walk of the tree for both readings
-        proc_cpu = self._tree.cpu_seconds(processes)
+        proc_cpu, own_cpu = self._tree.cpu_seconds_split(processes)
         reading["process_cpu_cores"] = max(0.0, proc_cpu - self._last_proc_cpu) / dt
-        own_cpu = self._tree.own_cpu_seconds()
         if own_cpu is not None and self._last_own_cpu is not None:
             # the training process alone; the rest of process_cpu_cores is its loader workers
             reading["main_process_cpu_cores"] = max(0.0, own_cpu - self._last_own_cpu) / dt

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Dict, Iterable, List, Optional, Set
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 import psutil
 
@@ -230,25 +230,24 @@ class ProcessTree:
 
     def cpu_seconds(self, processes: Optional[List[psutil.Process]] = None) -> float:
         """CPU seconds of the tree (of ``processes``, a listing already taken, if given)."""
-        total = 0.0
+        return self.cpu_seconds_split(processes)[0]
+
+    def cpu_seconds_split(self, processes: Optional[List[psutil.Process]] = None) -> Tuple[float, Optional[float]]:
+        """(CPU seconds of the tree, of this process's own threads without its children), both from one
+        reading of each process: the tree's rest is then the loader workers. Read apart, the busy training
+        process's time ran on between the two reads, so with no workers at all the two could differ (by
+        0.06 cores in a suite run of 50 ms windows). Own is None under a launcher, whose tree holds other
+        ranks."""
+        total, own = 0.0, None
         for p in processes if processes is not None else self.processes():
             try:
                 t = p.cpu_times()
             except psutil.Error:  # exited between listing and reading: its parent reaps its time
                 continue
             total += t.user + t.system + t.children_user + t.children_system
-        return total
-
-    def own_cpu_seconds(self) -> Optional[float]:
-        """CPU seconds of this process's own threads (the training step's), without its children:
-        the tree's rest is then the loader workers. None under a launcher, whose tree holds other ranks."""
-        if self.root.pid != self._me.pid:
-            return None
-        try:
-            t = self._me.cpu_times()
-        except psutil.Error:
-            return None
-        return t.user + t.system
+            if p.pid == self._me.pid and self.root.pid == self._me.pid:
+                own = t.user + t.system
+        return total, own
 
     def count(self) -> int:
         return len(self.processes())
