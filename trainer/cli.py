@@ -195,6 +195,7 @@ def _launch_job(cfg, job: JobContext) -> None:
     # lazy: keeps omegaconf out of train.py's start-up, and torch until a job starts (trainer/__init__.py)
     from omegaconf import OmegaConf
 
+    from trainer.launch.slurm import hand_launched_job_to_submitit
     from trainer.switches import switchboard
 
     # check the config and resolve the switches once here, not once per rank: the ranks get the plan
@@ -206,6 +207,7 @@ def _launch_job(cfg, job: JobContext) -> None:
         OmegaConf.save(cfg, job.config_path, resolve=True)
     # the child processes run this job in this job's dir
     code = launch(cfg, job.out_dir, job.overrides, quiet=job.multirun, env=switchboard.plan_env(plan))
+    hand_launched_job_to_submitit(code)  # a submitit job stopped by Slurm: requeued, this process leaves
     if code == ConfigError.exit_code:
         restore_earlier_config(job.out_dir)  # the ranks stopped on bad input before training: the run's own config back
     if code != 0:

@@ -256,8 +256,39 @@ def launch(cfg, out_dir: str, overrides: List[str], quiet: bool = False, env: Op
     if quiet:
         env[QUIET_ENV] = "1"
     log.info("launching: %s%s", f"LD_PRELOAD={env['LD_PRELOAD']} " if "LD_PRELOAD" in env else "", " ".join(cmd))
+    from trainer.launch.slurm import submitit_stop_handler  # lazy: keeps omegaconf out of train.py's start-up
+
+    # a submitit job's own handlers would requeue it at once (SIGUSR2) or ignore the signal (SIGTERM):
+    # the stop signals are ours until the processes stopped, and then slurm.hand_launched_job_to_submitit's
+    submitit_job = submitit_stop_handler() is not None
+    installed = submitit_job and stopping.install(also=(stopping.SUBMITIT_SIGNAL,))
     started = time.time()
-    return _preempted_code(_wait_forwarding_stop(subprocess.Popen(cmd, env=env)), out_dir, started)
+    try:
+        code = _wait_forwarding_stop(_start(cmd, env, hold_submitit_signal=submitit_job))
+    finally:
+        if installed:
+            stopping.uninstall()
+    return _preempted_code(code, out_dir, started)
+
+
+def _start(cmd: List[str], env: dict, hold_submitit_signal: bool) -> subprocess.Popen:
+    """Start the job's processes; in a submitit job, with submitit's SIGUSR2 blocked in them (and in
+    every process they start: a blocked signal stays blocked across fork and exec). Slurm sends it to
+    every process of the job, and Python's default for it ends a process at once, unsaved: this
+    process passes the stop on instead (``_wait_forwarding_stop``). Blocked only while the child
+    starts: one sent meanwhile reaches this process once it is unblocked, none is lost."""
+    if not hold_submitit_signal:
+        return subprocess.Popen(cmd, env=env)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {stopping.SUBMITIT_SIGNAL})
+    try:
+        return subprocess.Popen(cmd, env=env)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+# What the job's processes get for a stop signal this process got: the same one, but for submitit's
+# SIGUSR2, which they hold blocked (``_start``): SIGUSR1, the time-limit stop they know
+PASSED_ON = {"SIGUSR2": "SIGUSR1"}
 
 
 def ranks_env(cfg) -> dict:
@@ -299,7 +330,7 @@ def _preempted_code(code: int, out_dir: str, started: float) -> int:
     signalled itself, passes the signal to its ranks, waits for them, and exits with 128 + the signal's
     number whether or not they saved; their record (rank 0's metrics.json, written by this launch) says."""
     name = stopping.requested()
-    if not name or code != 128 + int(signal.Signals[name]):
+    if not name or code != 128 + int(signal.Signals[PASSED_ON.get(name, name)]):
         return code
     path = os.path.join(out_dir, "metrics.json")
     try:
@@ -328,7 +359,10 @@ def _wait_forwarding_stop(proc: subprocess.Popen) -> int:
         except subprocess.TimeoutExpired:
             name = stopping.requested()
             if name and name != "SIGINT" and not forwarded:
-                proc.send_signal(signal.Signals[name])
+                passed = PASSED_ON.get(name, name)
+                if passed != name:
+                    log.warning("%s received: passing %s on to the job's processes, which save and stop", name, passed)
+                proc.send_signal(signal.Signals[passed])
                 forwarded = True
         except KeyboardInterrupt:
             # a second Ctrl-C: the terminal sent it to the job's process too, which ends at once

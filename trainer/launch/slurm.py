@@ -8,6 +8,10 @@ resumes from that dir's newest checkpoint, or starts over in it when the first r
 before it saved one; either way it continues the first run's tracker runs (trainer/tracking/).
 Nothing else may reuse a dir that holds a run (see trainer/launch/run_dirs.py).
 
+A submitit job that starts the job's processes itself (``runtime.allocator``'s relaunch, or torchrun's
+ranks with ``hydra.launcher.tasks_per_node=1``) stops them first and then lets submitit requeue it
+(``submitit_stop_handler``, ``hand_launched_job_to_submitit``).
+
 ``grace_s``: how long Slurm lets a stopped job save, for the ranks' stop window (``checkpoint.stop_grace_s``).
 ``srun_ranks_environment``: where srun's tasks are the ranks, Lightning is told so.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 from typing import Optional
@@ -24,6 +29,7 @@ from typing import Optional
 from omegaconf import open_dict
 
 from trainer.errors import ConfigError
+from trainer.launch import stopping
 from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 from trainer.rank import restart_count, srun_rank
 
@@ -112,6 +118,34 @@ def leave_for_requeue(result) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(PREEMPTED_EXIT_CODE)
+
+
+def submitit_stop_handler():
+    """submitit's handler of its time-limit and preemption signal (SIGUSR2) where this process is a
+    submitit Slurm job (Hydra's Slurm launcher) that installed one, else None.
+
+    Such a job that starts the job's processes itself keeps the signal from them, which would end
+    them unsaved (Python's default for SIGUSR2), and passes its own stop on instead
+    (``trainer.launch.processes.launch``): submitit's handler requeues the job at once, so it may run
+    only once they have saved (``hand_launched_job_to_submitit``)."""
+    if os.environ.get("SUBMITIT_EXECUTOR") != "slurm" or stopping.SUBMITIT_SIGNAL is None:
+        return None
+    handler = signal.getsignal(stopping.SUBMITIT_SIGNAL)
+    return handler if callable(handler) else None
+
+
+def hand_launched_job_to_submitit(code: int) -> None:
+    """After the processes a submitit job launched stopped on a signal it passed on (``code``: theirs):
+    SIGUSR2 goes to submitit's handler now, which requeues the job and exits (as a job training in its
+    own process does once it saved: ``PreemptionCallback``); a SIGTERM stop that saved leaves for the
+    requeue (``leave_for_requeue``). Anything else returns: the job's result is its processes'."""
+    name = stopping.requested()
+    handler = submitit_stop_handler()
+    if handler is not None and name == signal.Signals(stopping.SUBMITIT_SIGNAL).name:
+        log.warning("the job's processes stopped (exit status %d); submitit requeues the job", code)
+        handler(stopping.SUBMITIT_SIGNAL, None)  # requeues, then sys.exit
+    elif name == "SIGTERM" and code == PREEMPTED_EXIT_CODE:
+        leave_for_requeue({"preempted": True, "error": "stopped by SIGTERM"})
 
 
 def srun_ranks_environment():

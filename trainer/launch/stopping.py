@@ -1,4 +1,5 @@
-"""Stop requests: SIGTERM, SIGUSR1 and Ctrl-C mean "stop after the step in flight, once last.ckpt is saved".
+"""Stop requests: SIGTERM, SIGUSR1 and Ctrl-C mean "stop after the step in flight, once last.ckpt is saved"
+(and submitit's SIGUSR2 in a submitit job that waits for processes it started: ``trainer.launch.processes``).
 
 One record per process, because a local sweep (Hydra's basic launcher) runs every job in this one
 process: the job in flight saves and stops (``checkpointing.PreemptionCallback``), and then the
@@ -27,6 +28,9 @@ PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL, "try again later": a run that stopped o
 SIGNALS = tuple(
     s for s in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGUSR1", None), signal.SIGINT) if s is not None
 )
+# submitit's time-limit and preemption signal (Hydra's Slurm launcher): a stop request only in the
+# process of a submitit job that launched the job's processes itself (``trainer.launch.processes``)
+SUBMITIT_SIGNAL = getattr(signal, "SIGUSR2", None)
 
 
 class Stopped(BaseException):
@@ -78,11 +82,12 @@ def clear() -> None:
     _request.signal_name = None
 
 
-def install() -> bool:
-    """Route the stop signals here (main thread only); returns whether it did. Pair with ``uninstall``."""
+def install(also: tuple = ()) -> bool:
+    """Route the stop signals (and ``also``'s) here (main thread only); returns whether it did. Pair
+    with ``uninstall``."""
     previous: Dict[int, Any] = {}
     try:
-        for s in SIGNALS:
+        for s in (*SIGNALS, *also):
             if s == signal.SIGINT and _request.signal_name:
                 continue  # already asked once: a further Ctrl-C keeps stopping at once
             previous[s] = signal.signal(s, _on_signal)
