@@ -41,9 +41,11 @@ class ProbeNet(nn.Module):
         fail_when: str | None = None,
         fail_in_forward: bool = False,
         nan_after: int | None = None,
+        bad_input_in_forward: bool = False,
     ):
         super().__init__()
         self.fail_in_forward = fail_in_forward
+        self.bad_input_in_forward = bad_input_in_forward  # what bad input found mid-epoch raises
         self.nan_after = nan_after  # training forwards after this many return NaN
         self.train_calls = 0
         self.conv = nn.Conv2d(3, width, 3, padding=1)
@@ -55,6 +57,10 @@ class ProbeNet(nn.Module):
     def forward(self, x):
         if self.fail_in_forward:
             raise RuntimeError("ProbeNet forward failed on purpose")
+        if self.bad_input_in_forward and self.training:
+            from trainer.errors import ConfigError
+
+            raise ConfigError("ProbeNet found bad input on purpose")
         out = self.conv(x)
         if not torch.compiler.is_compiling():
             # fully_shard (FSDP2) swaps the module's class for an "FSDP<Name>" subclass

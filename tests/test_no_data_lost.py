@@ -154,6 +154,37 @@ def test_a_finished_run_dir_is_resumed_never_trained_over(tmp_path):
     assert r.returncode == 2 and "status running" in r.stderr and _snapshot(killed) == before
 
 
+def test_a_launched_resume_that_stops_on_bad_input_after_it_trained_keeps_its_own_config(tmp_path):
+    """Bad input found mid-epoch exits with 2, as a checkpoint that does not fit does: only the latter
+    (nothing trained) gets the earlier config files back, also where the run trains in a process
+    the job's own process started (here the allocator's relaunch; torchrun's ranks alike)."""
+    from conftest import TINY, run_cli
+
+    from trainer.launch.processes import find_allocator
+
+    if find_allocator("jemalloc") is None:
+        pytest.skip("jemalloc is not installed (Debian: libjemalloc2; .ci/run installs it)")
+    run_dir = tmp_path / "run"
+    probe = [*TINY, "model._target_=spies.ProbeNet", "~model.width", "checkpoint.enabled=true"]
+    assert run_cli(f"hydra.run.dir={run_dir}", *probe).returncode == 0
+    resume = [
+        f"hydra.run.dir={run_dir}",
+        *probe,
+        "ckpt_path=last",
+        "trainer.max_epochs=2",
+        "runtime.allocator=jemalloc",
+    ]
+    r = run_cli(*resume, "+model.bad_input_in_forward=true")
+    assert r.returncode == 2 and "ProbeNet found bad input on purpose" in r.stderr, r.stderr[-2000:]
+    overrides = (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert "bad_input_in_forward" in overrides and "runtime.allocator=jemalloc" in overrides, overrides
+    # the same resume stopped before training (another model's checkpoint): the earlier files back
+    before = (run_dir / ".hydra" / "overrides.yaml").read_text()
+    r = run_cli(*resume, "+model.width=32")
+    assert r.returncode == 2 and "holds another model" in r.stderr, r.stderr[-2000:]
+    assert (run_dir / ".hydra" / "overrides.yaml").read_text() == before
+
+
 def test_a_second_sweep_into_the_same_sweep_dir_is_refused(tmp_path):
     from conftest import TINY, run_cli
 

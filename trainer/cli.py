@@ -30,7 +30,13 @@ from trainer.launch.processes import (
     refuse_nodes_without_a_launcher,
     settle_strategy,
 )
-from trainer.launch.run_dirs import OutputTaken, refuse_finished_run_dir, restore_earlier_config
+from trainer.launch.run_dirs import (
+    OutputTaken,
+    refuse_finished_run_dir,
+    restore_earlier_config,
+    settle_launched_config,
+    watch_for_training,
+)
 from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 from trainer.launch.torchrun import first_failure
 from trainer.measure import hardware, metrics
@@ -206,10 +212,11 @@ def _launch_job(cfg, job: JobContext) -> None:
         # run(), whose rank 0 saves it again with the values it settles
         OmegaConf.save(cfg, job.config_path, resolve=True)
     # the child processes run this job in this job's dir
-    code = launch(cfg, job.out_dir, job.overrides, quiet=job.multirun, env=switchboard.plan_env(plan))
+    watch, training_started = watch_for_training(job.out_dir)
+    code = launch(cfg, job.out_dir, job.overrides, quiet=job.multirun, env={**switchboard.plan_env(plan), **watch})
+    # bad input (exit 2) before the processes trained: the run's own config back
+    settle_launched_config(job.out_dir, training_started, bad_input=code == ConfigError.exit_code)
     hand_launched_job_to_submitit(code)  # a submitit job stopped by Slurm: requeued, this process leaves
-    if code == ConfigError.exit_code:
-        restore_earlier_config(job.out_dir)  # the ranks stopped on bad input before training: the run's own config back
     if code != 0:
         _record_failure(
             job.out_dir,

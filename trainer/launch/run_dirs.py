@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
@@ -81,9 +83,31 @@ def keep_earlier_config(out_dir: str, subdir: Optional[str], ckpt_path: Optional
     _EARLIER_CONFIG[os.path.realpath(out_dir)] = (folder, files)
 
 
+# a file the process that launched this one waits to see (``watch_for_training``): this run trains
+TRAINING_STARTED_ENV = "TRAINER_TRAINING_STARTED_FILE"
+
+
 def forget_earlier_config(out_dir: str) -> None:
-    """The resume got past its checks and trains: its config files are the run's from here on."""
+    """The resume got past its checks and trains: its config files are the run's from here on (also
+    for the process that launched this one, which holds the earlier ones)."""
     _EARLIER_CONFIG.pop(os.path.realpath(out_dir), None)
+    marker = os.environ.get(TRAINING_STARTED_ENV)
+    if marker:
+        try:
+            Path(marker).touch()
+        except OSError:
+            pass
+
+
+def watch_for_training(out_dir: str) -> Tuple[dict, Optional[str]]:
+    """For a resume whose processes this one launches (torchrun's ranks, the allocator's relaunch): the
+    environment that has them say when they start training, and the file they touch then. Their exit
+    status alone cannot say it: bad input found mid-epoch (a label file in the first epoch) exits with
+    the same 2 as a checkpoint that does not fit. ``({}, None)`` where no earlier config is kept."""
+    if os.path.realpath(out_dir) not in _EARLIER_CONFIG:
+        return {}, None
+    marker = os.path.join(tempfile.mkdtemp(prefix="trainer-launch-"), "training-started")
+    return {TRAINING_STARTED_ENV: marker}, marker
 
 
 def restore_earlier_config(out_dir: str) -> None:
@@ -91,6 +115,18 @@ def restore_earlier_config(out_dir: str) -> None:
     folder, files = _EARLIER_CONFIG.pop(os.path.realpath(out_dir), (None, {}))
     for name, text in files.items():
         atomic_write_text(os.path.join(folder, name), text)
+
+
+def settle_launched_config(out_dir: str, training_started: Optional[str], bad_input: bool) -> None:
+    """After the processes ``watch_for_training`` watched have ended: the earlier config files back
+    where they stopped on ``bad_input`` before training, else the new ones are the run's."""
+    trained = bool(training_started) and os.path.exists(training_started)
+    if training_started:
+        shutil.rmtree(os.path.dirname(training_started), ignore_errors=True)
+    if bad_input and not trained:
+        restore_earlier_config(out_dir)
+    else:
+        forget_earlier_config(out_dir)
 
 
 def refuse_used_sweep_dir(sweep_dir: str, ckpt_path: Optional[str]) -> None:
