@@ -675,6 +675,31 @@ def test_a_journal_cut_mid_line_resumes_and_a_foreign_one_is_refused(tmp_path):
         Journal(tmp_path, ["amp=false"], settings)
 
 
+def test_a_refused_resume_of_a_tune_keeps_its_config_files_and_a_damaged_journal_is_named(tmp_path):
+    """The journal's settings are checked after Hydra has rewritten the run dir's .hydra/ files: a
+    refused resume puts the tune's own back. A journal whose first line is not a tune's says so
+    (it read as "a tune of other overrides (none)")."""
+    run_dir = tmp_path / "tune"
+    (run_dir / ".hydra").mkdir(parents=True)
+    header = {
+        "tune": 1,
+        "overrides": ["model=tiny"],
+        "settings": {"probe_batches": 6, "probe_epochs": 4, "verify_epochs": 1},
+    }
+    (run_dir / "tune_journal.jsonl").write_text(json.dumps(header) + "\n")
+    kept = {name: f"- the first tune's {name}\n" for name in ("config.yaml", "overrides.yaml", "hydra.yaml")}
+    for name, text in kept.items():
+        (run_dir / ".hydra" / name).write_text(text)
+    r = _tune(
+        "model=tiny", f"hydra.run.dir={run_dir}", "tune.probe_batches=7", "tune.probe_epochs=4", "tune.verify_epochs=1"
+    )
+    assert r.returncode == 2 and "other probe settings" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert {p.name: p.read_text() for p in (run_dir / ".hydra").iterdir()} == kept
+    (run_dir / "tune_journal.jsonl").write_text("\x00\x00 not json\n")
+    r = _tune("model=tiny", f"hydra.run.dir={run_dir}")
+    assert r.returncode == 2 and "does not start with a tune journal's first line" in r.stderr, r.stderr[-2000:]
+
+
 def test_a_resume_that_asks_for_other_runs_measures_them_and_everything_after_them_again(tmp_path):
     """A tune resumed with a larger budget goes past where the first stopped: from there on nothing is
     served from the journal, so the first tune's end-of-tune runs never answer the new search's

@@ -71,11 +71,19 @@ def keep_earlier_config(out_dir: str, subdir: Optional[str], ckpt_path: Optional
     """Before Hydra writes a resumed run's config files (``.hydra/``: config, overrides, hydra), the
     earlier run's are kept in memory: a resume that stops before it trains (``restore_earlier_config``)
     would otherwise leave the run's metrics.json and checkpoints beside the failed attempt's config."""
-    folder = os.path.join(out_dir, subdir) if subdir else None
-    if not ckpt_path or folder is None or not os.path.isfile(os.path.join(out_dir, "metrics.json")):
+    if not ckpt_path or not os.path.isfile(os.path.join(out_dir, "metrics.json")):
         return
     if is_launched_rank():
         return  # its launching process kept them, before its own Hydra (and this rank's) wrote the new ones
+    keep_config_files(out_dir, subdir)
+
+
+def keep_config_files(out_dir: str, subdir: Optional[str]) -> None:
+    """The config files in ``out_dir/subdir`` (Hydra's ``.hydra/``), kept in memory for
+    ``restore_earlier_config`` (also a resumed tune's, ``trainer.tune.app``)."""
+    if not subdir:
+        return
+    folder = os.path.join(out_dir, subdir)
     try:
         files = {p.name: p.read_text() for p in Path(folder).glob("*.yaml") if p.is_file()}
     except (OSError, UnicodeDecodeError):

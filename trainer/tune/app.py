@@ -12,7 +12,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from trainer import config
 from trainer.command_line import checked_argv, fail, recipes
@@ -20,6 +20,7 @@ from trainer.config import FLAG_KEYS, check_overrides
 from trainer.config.compose import finish, prepare_hydra
 from trainer.console import quiet_known_warnings
 from trainer.errors import ConfigError, UserFacingError
+from trainer.launch.run_dirs import forget_earlier_config, keep_config_files, restore_earlier_config
 from trainer.measure import hardware
 from trainer.paths import CONFIG_DIR
 from trainer.tune.probe import JOURNAL, Journal, Prober, check_header
@@ -82,6 +83,8 @@ def check_run_dir(overrides: List[str]) -> None:
         problem = check_header(first, {"overrides": user_run_overrides(overrides), "settings": None}, run_dir)
         if problem:
             raise ConfigError(problem + " Nothing was changed.")
+        # Hydra rewrites them before the journal's settings are checked (tune_task): put back if refused there
+        keep_config_files(str(run_dir), _output_subdir(overrides))
         return
     foreign = sorted(p.name for p in run_dir.iterdir() if p.name not in (".hydra", "tune.log"))
     if foreign:
@@ -89,6 +92,13 @@ def check_run_dir(overrides: List[str]) -> None:
             f"hydra.run.dir={given[-1]} holds files that are not a tune's ({', '.join(foreign[:3])}); a tune writes only into a new "
             "dir or resumes its own. Point hydra.run.dir elsewhere; nothing was changed."
         )
+
+
+def _output_subdir(overrides: List[str]) -> Optional[str]:
+    """Where Hydra writes the run's config files: ``hydra.output_subdir`` (``.hydra``; null: nowhere)."""
+    given = [a.split("=", 1)[1] for a in overrides if a.split("=", 1)[0] == "hydra.output_subdir"]
+    subdir = given[-1] if given else ".hydra"
+    return None if subdir in ("null", "None", "") else subdir
 
 
 def user_run_overrides(task_overrides: List[str]) -> List[str]:
@@ -181,6 +191,7 @@ def tune_task(cfg) -> None:
         ctx = Context.of(hw, cfg)
         candidates = [c for c in list(CATALOGUE) + extras if not tune.only or c.name in set(tune.only)]
         journal = Journal(run_dir, user, journal_settings(cfg))
+        forget_earlier_config(str(run_dir))  # the tune resumes: its config files are this command's
         prober = Prober(run_dir, user, tune, journal)
         machine = machine_name(hw)
         started = time.time()
@@ -204,6 +215,7 @@ def tune_task(cfg) -> None:
             log.info("  %s", line)
         log.info("report: %s; took %.1f min", ", ".join(map(str, paths)), (time.time() - started) / 60)
     except UserFacingError as e:
+        restore_earlier_config(str(run_dir))  # a resume refused before it probed: the tune's own config files back
         fail(str(e), e.exit_code)
     except RuntimeError as e:
         fail(

@@ -137,7 +137,12 @@ def check_header(line: str, header: Dict[str, Any], run_dir: Path) -> Optional[s
     try:
         found = json.loads(line)
     except ValueError:
-        found = {}
+        found = None
+    if not isinstance(found, dict) or "tune" not in found:
+        return (
+            f"{run_dir / JOURNAL} does not start with a tune journal's first line (the file is damaged, or not a "
+            "tune's), so the tune cannot resume from it. Give another hydra.run.dir, or move the file away to start over there."
+        )
     if found.get("overrides") != header["overrides"]:
         return (
             f"{run_dir} holds a tune of other overrides ({' '.join(found.get('overrides') or []) or 'none'}); "
