@@ -116,6 +116,7 @@ def _data_and_model(parts: Parts) -> None:
         log.info("data.num_classes set to %d: the dataset has %d classes", num_classes, num_classes)
         _settle_value(parts, "data.num_classes", num_classes)  # the model is built for the classes the data has
     module = build_module(cfg)
+    _check_no_empty_layers(module, cfg)
     if user_class is None:  # a factory function may still return a LightningModule of the user's
         check_user_module(module, cfg, overrides)
     normalize_input = _network_normalizes(module, cfg)
@@ -278,6 +279,19 @@ def _check_monitor(cfg, module) -> None:
                 f"'checkpoint.monitor={monitor}': the model logs {', '.join(ImageClassifier.LOGGED_METRICS)}; choose one "
                 "of those (val/acc with checkpoint.mode=max, a loss with checkpoint.mode=min), or checkpoint.monitor=null."
             )
+
+
+def _check_no_empty_layers(module, cfg) -> None:
+    """A size of 0 among model.* (model.width=0) builds layers with no weights, which failed only at the
+    first batch, reported as an image size the model cannot take."""
+    empty = [(name, tuple(p.shape)) for name, p in module.named_parameters() if p.numel() == 0]
+    if empty:
+        given = " ".join(f"model.{k}={v}" for k, v in cfg.model.items() if not str(k).startswith("_"))
+        name, shape = empty[0]
+        raise ConfigError(
+            f"The model built from model.* ({given or 'its defaults'}) has {len(empty)} empty layer(s) "
+            f"({name} of shape {list(shape)}): a size among model.* is 0. Give every width or size at least 1."
+        )
 
 
 def _check_input_size(module, datamodule, cfg) -> None:
