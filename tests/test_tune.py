@@ -700,6 +700,23 @@ def test_a_refused_resume_of_a_tune_keeps_its_config_files_and_a_damaged_journal
     assert r.returncode == 2 and "does not start with a tune journal's first line" in r.stderr, r.stderr[-2000:]
 
 
+def test_a_run_to_the_target_is_bounded_by_the_baselines_verification(tmp_path):
+    """Under time_to_target every candidate trains to the target: one that hangs (a loader's deadlock)
+    is stopped at three times the baseline's verification (at least 300 s), not waited for for ever."""
+    from types import SimpleNamespace
+
+    from trainer.tune.probe import Prober, Result
+
+    prober = Prober(tmp_path, [], SimpleNamespace(budget_min=2.0), journal=None)
+    assert prober.time_limit_s("probe") == 300.0 and prober.time_limit_s("verify") is None
+    assert prober.time_limit_s("target") is None  # no verification yet: nothing to bound it by
+    prober._count(Result("verify", [], "/runs/0", "failed", wall_s=900.0))  # a failed one sets nothing
+    prober._count(Result("verify", [], "/runs/1", "ok", wall_s=50.0))
+    assert prober.time_limit_s("target") == 300.0
+    prober._count(Result("verify", [], "/runs/2", "ok", wall_s=400.0))
+    assert prober.time_limit_s("target") == 1200.0 and prober.time_limit_s("verify") is None
+
+
 def test_a_resume_that_asks_for_other_runs_measures_them_and_everything_after_them_again(tmp_path):
     """A tune resumed with a larger budget goes past where the first stopped: from there on nothing is
     served from the journal, so the first tune's end-of-tune runs never answer the new search's

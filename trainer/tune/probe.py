@@ -285,6 +285,7 @@ class Prober:
         self.cfg = tune_cfg
         self.journal = journal
         self.spent_s = 0.0  # probe time so far, journal included: a resumed tune keeps its budget
+        self.longest_verify_s = 0.0  # the longest finished verification (its full epochs), journal included
 
     def _next_dir(self, kind: str, name: str) -> Path:
         parent = self.run_dir / {"probe": "probes", "verify": "verify", "target": "to_target"}[kind]
@@ -317,6 +318,7 @@ class Prober:
         replayed = self.journal.replay(kind, config)
         if replayed is not None:
             self.spent_s += replayed.wall_s
+            self._count(replayed)
             return replayed
         run_dir = self._next_dir(kind, name)
         args = [
@@ -329,9 +331,7 @@ class Prober:
             f"hydra.run.dir={run_dir}",
         ]
         env = dict(os.environ, TRAINER_QUIET_CONSOLE="1")
-        # a probe is a few short epochs: one that runs far past the budget is stuck; a verification
-        # trains full epochs and is not bounded by the probes' budget
-        limit = max(300.0, 60.0 * self.cfg.budget_min) if kind == "probe" else None
+        limit = self.time_limit_s(kind)
         stopped = None
         if self.cfg.get("preloaded_probes", True):
             preloaded.context()  # the server's own start (its imports) is the tune's, not the first probe's
@@ -343,7 +343,7 @@ class Prober:
             except subprocess.TimeoutExpired:
                 _kill(proc)
                 proc.wait()
-                stopped = f"stopped after {limit:.0f} s (a probe should take seconds: see {run_dir}/train.log)"
+                stopped = f"stopped after {limit:.0f} s ({LIMIT_REASON[kind]}: see {run_dir}/train.log)"
             except BaseException:
                 _kill(proc)
                 proc.wait()
@@ -355,8 +355,33 @@ class Prober:
             reason = stopped or result.error or _last_lines(stderr) or f"exit code {proc.returncode}"
             result.status, result.error = "failed", reason
         self.spent_s += wall
+        self._count(result)
         self.journal.add(result)
         return result
+
+    def time_limit_s(self, kind: str) -> Optional[float]:
+        """Seconds after which a run of ``kind`` counts as stuck and is stopped (None: not bounded).
+
+        A probe is a few short epochs: one far past the budget is stuck. A run to the target
+        (tune.objective=time_to_target) trains at most as long as the baseline's verification, which
+        reached the target: three times that is no contender, and a hung candidate (a loader's
+        deadlock) would otherwise hold the tune, and its budget, for ever. A verification trains
+        full epochs and is not bounded."""
+        if kind == "probe":
+            return max(300.0, 60.0 * self.cfg.budget_min)
+        if kind == "target" and self.longest_verify_s:
+            return max(300.0, 3.0 * self.longest_verify_s)
+        return None
+
+    def _count(self, result: Result) -> None:
+        if result.kind == "verify" and result.status == "ok":
+            self.longest_verify_s = max(self.longest_verify_s, result.wall_s)
+
+
+LIMIT_REASON = {
+    "probe": "a probe should take seconds",
+    "target": "three times the baseline's whole verification, which reached the target",
+}
 
 
 def _last_lines(text: Optional[str]) -> str:
