@@ -277,6 +277,19 @@ def test_validating_several_times_per_epoch_records_each_validation_at_its_train
     assert reach(m["epochs"], first[2]) == (first[0], 0.25)  # reached at the first validation: a quarter epoch
 
 
+def test_a_run_stopped_at_its_target_within_an_epoch_reaches_it_there_not_at_the_epochs_end(train):
+    """stop_at_acc with report.val_per_epoch=2: the run stops after the half-epoch validation; its
+    time to target is half an epoch's (it was counted as the whole epoch, against a run that went on)."""
+    from trainer.measure.time_to_target import reach
+
+    # two classes: whatever the model predicts at the first validation, about half of them are right
+    m, _ = train("report.val_per_epoch=2", "trainer.max_epochs=2", "data.num_classes=2", "stop_at_acc=0.01")
+    assert m["status"] == "ok", m["error"]
+    (epoch,) = m["epochs"]
+    assert epoch["partial"] and [v["fraction"] for v in epoch["validations"]] == [0.5], epoch
+    assert reach(m["epochs"], epoch["val_acc"]) == (pytest.approx(epoch["validations"][0]["elapsed_train_s"]), 0.5)
+
+
 def test_time_to_target_finds_the_first_validation_that_reaches_it_within_an_epoch():
     """Planted journal: epoch 0 validated at its end only; epoch 1 four times, reaching 0.8 at its second."""
     from trainer.measure.time_to_target import reach, with_elapsed

@@ -318,13 +318,12 @@ class EpochTimer(pl.Callback):
         if self._fresh and self._fit_t0 is not None:
             epoch["setup_s"] = round(self._t0 - self._fit_t0, 4)  # this process's, before its first epoch
         epoch.update(self._compiles())
-        epoch.update(self._validation_fields())
+        stopped_early = isinstance(trainer.num_training_batches, int) and self._steps < trainer.num_training_batches
+        epoch.update(self._validation_fields(stopped_early and not self._mid_epoch_start))
         if self._mid_epoch_start:
             epoch["resumed"] = True
-        if self._mid_epoch_start or (
-            isinstance(trainer.num_training_batches, int) and self._steps < trainer.num_training_batches
-        ):
-            epoch["partial"] = True  # stopped early (preemption) or resumed mid-epoch: not a full epoch
+        if self._mid_epoch_start or stopped_early:
+            epoch["partial"] = True  # stopped early (preemption, stop_at_acc) or resumed mid-epoch: not a full epoch
         flops = self.flops_per_sample
         if self.train_size is not None:
             size = epoch["image_size"] = self.train_size(trainer.current_epoch)
@@ -338,14 +337,16 @@ class EpochTimer(pl.Callback):
         self.epochs.append(epoch)
         self._publish(trainer, epoch, elapsed, wait, transfer, tflops)
 
-    def _validation_fields(self) -> Dict[str, Any]:
+    def _validation_fields(self, cut_short: bool) -> Dict[str, Any]:
         """The epoch's val_acc / val_loss (its last validation's), and every validation when it also
-        validated within the epoch (report.val_per_epoch)."""
+        validated within the epoch (report.val_per_epoch), or stopped before its end (``cut_short``:
+        stop_at_acc after a validation within it), so that its time to target says where in the epoch
+        that validation came, not the epoch's end."""
         if not self._validations:
             return {}
         last = self._validations[-1]
         fields = {k: last[k] for k in VALIDATION_KEYS if k in last}
-        if len(self._validations) > 1 or last["step"] < self._steps:
+        if len(self._validations) > 1 or last["step"] < self._steps or cut_short:
             fields["validations"] = list(self._validations)
         return fields
 
