@@ -189,6 +189,38 @@ def test_training_crops_and_flips_as_ours_validation_matches_ours(tmp_path):
     assert u8.dtype == torch.uint8 and float((_pixels(val) - u8.float()).abs().max()) < 0.51
 
 
+def _sideways_photos(root):
+    """Two classes of one 32 px JPEG, left half red and right half blue, tagged EXIF orientation 6
+    (a camera held sideways: a viewer that applies the tag turns it so that red is on top)."""
+    pixels = np.zeros((32, 32, 3), np.uint8)
+    pixels[:, :16, 0], pixels[:, 16:, 2] = 255, 255
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise to view
+    for split in ("train", "val"):
+        for cls in ("a", "b"):
+            (root / split / cls).mkdir(parents=True)
+            Image.fromarray(pixels).save(root / split / cls / "0.jpg", exif=exif, quality=95)
+    return root
+
+
+def test_a_photos_exif_orientation_is_left_as_the_torch_loaders_decoders_leave_it(compose, tmp_path):
+    """DALI's decoders turn a photo by its EXIF orientation unless told not to; Pillow, torchvision and
+    simplejpeg do not: the same file must reach the model the same way under either loader, in
+    validation's decoder and in training's cropping one."""
+    root = _sideways_photos(tmp_path)
+    (torch_val, _), *_ = list(_datamodule(compose, root, loader="torch").val_dataloader())
+    dm = _datamodule(compose, root)
+    (dali_val, _), *_ = list(dm.val_dataloader())
+    difference = (dali_val.float() - torch_val.float()).abs().max()
+    assert float(difference) <= 2, difference
+    (train, _), *_ = list(dm.train_dataloader())
+    red = train.float()[:, 0]  # red in the left or right half (flipped), never in the top or the bottom one
+    top_minus_bottom = (red[:, :8].mean((1, 2)) - red[:, 8:].mean((1, 2))).abs()
+    left_minus_right = (red[:, :, :8].mean((1, 2)) - red[:, :, 8:].mean((1, 2))).abs()
+    assert float(top_minus_bottom.max()) < 10, top_minus_bottom
+    assert float(left_minus_right.min()) > 100, left_minus_right
+
+
 @pytest.mark.parametrize("policy", ["randaugment", "trivialaugment", "autoaugment"])
 def test_each_automatic_policy_runs_in_dalis_pipeline_and_changes_the_pixels(tmp_path, policy):
     """data.augment_policy through DALI's own automatic augmentations: the same crops and flips (the

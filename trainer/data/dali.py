@@ -19,6 +19,9 @@ What it does as the torch loader does, so that a row differs only in the pipelin
   the epoch's list itself (``readers.file(files=...)``): one pipeline per epoch, built in
   milliseconds, seeded by (seed, epoch, rank) so an epoch's crops are the same after a resume at an
   epoch boundary.
+- **The pixels decoded**: a JPEG's EXIF orientation tag is not applied (DALI's decoders apply it by
+  default; Pillow, torchvision and simplejpeg, as the torch loader calls them, do not), so a photo
+  stored sideways reaches the model the same way under either loader.
 - **The transforms** (``augment.transforms_for``'s): random-resized crop at ``data.crop_min_scale``
   .. 1 of the area and aspect ratios 3/4 .. 4/3 (DALI decodes only the crop's region, its own
   reduced-size decode), an even horizontal flip, ImageNet normalization; validation resizes the
@@ -260,6 +263,7 @@ def build_pipeline(files: List[str], labels: List[int], loader: DaliLoader, seed
                 jpegs,
                 device=decoder,
                 output_type=types.RGB,
+                adjust_orientation=False,  # EXIF orientation left as the torch loader's decoders leave it
                 random_area=list(augment.crop_scale),
                 random_aspect_ratio=list(CROP_RATIO),
                 num_attempts=10,
@@ -274,7 +278,7 @@ def build_pipeline(files: List[str], labels: List[int], loader: DaliLoader, seed
                 if loader.train
                 else augment.eval_resize(loader.image_size)
             )
-            images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB)
+            images = fn.decoders.image(jpegs, device=decoder, output_type=types.RGB, adjust_orientation=False)
             images = fn.crop(fn.resize(images, resize_shorter=short, antialias=True), crop=(side, side))
         if policy:
             images = _policy(images, augment, side)

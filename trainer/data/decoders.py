@@ -8,6 +8,12 @@
 - ``nvjpeg``: batched GPU decoding with ``torchvision.io.decode_jpeg(device="cuda")``, see
   ``device_decode``; without CUDA it falls back to ``torchvision`` with a message.
 
+Every decoder gives the same pixels for a file ImageFolder takes, so that the switch changes only
+speed: a format torchvision cannot read (BMP, PPM/PGM, TIFF) is decoded by Pillow under every decoder
+(``torchvision_reads``), and a 16-bit PNG or TIFF keeps its high byte under every decoder
+(``eight_bit``; Pillow alone would clip a 16-bit grey image to white, torchvision would hand over
+uint16 pixels that no batch of uint8 ones can join).
+
 With ``data.decode_scale=auto`` a JPEG (a file, or a sample of a Parquet or WebDataset shard) stored
 at least twice as large as the transforms need is decoded at 1/2, 1/4 or 1/8 of its size by
 libjpeg's DCT scaling (PIL's ``draft``, simplejpeg's ``min_height``/``min_width``): the smallest
@@ -26,9 +32,11 @@ import io
 import logging
 from typing import Optional
 
+import numpy as np
 import torch
 from PIL import Image
 from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms.functional import pil_to_tensor
 
 from trainer.data.storage import explain
 from trainer.errors import TrainingStopped
@@ -68,6 +76,34 @@ def resolve_decoder(name: str, accelerator: str) -> str:
     return name
 
 
+def torchvision_reads(data: bytes) -> bool:
+    """Whether ``torchvision.io.decode_image`` reads this file's format, by its first bytes as torchvision
+    tells them (JPEG, PNG, GIF, WebP). The others ImageFolder takes go to Pillow under every decoder:
+    refused by torchvision, a readable BMP would be skipped as undecodable. A corrupt file still fails
+    in whichever decoder it reaches (DECODE_ERRORS), so it is still a bad sample."""
+    return (
+        data[:3] == b"\xff\xd8\xff"
+        or data[:4] in (b"\x89PNG", b"GIF8")
+        or (data[:4] == b"RIFF" and data[8:12] == b"WEBP")
+    )
+
+
+def eight_bit(image: torch.Tensor) -> torch.Tensor:
+    """A uint16 image (torchvision's decode of a 16-bit PNG) as uint8: the high byte of each pixel, what
+    Pillow keeps of a 16-bit colour PNG; a uint8 image as it is."""
+    if image.dtype != torch.uint16:
+        return image
+    return (image.to(torch.int32) >> 8).to(torch.uint8)  # torch has no shift for uint16
+
+
+def eight_bit_grey(image: Image.Image) -> Image.Image:
+    """A 16-bit grey Pillow image (mode ``I;16``, or ``I`` as some Pillow versions open a 16-bit grey PNG) as
+    8-bit grey, its high bytes: ``convert("RGB")`` would clip every value above 255 to white."""
+    if image.mode.startswith("I;16") or (image.mode == "I" and image.format == "PNG"):
+        return Image.fromarray((np.asarray(image) >> 8).astype(np.uint8), "L")
+    return image
+
+
 class Loader:
     """A picklable ImageFolder loader: path -> PIL image or uint8 CHW tensor."""
 
@@ -98,21 +134,28 @@ class Loader:
     def decode(self, data: bytes):
         """Encoded image bytes -> PIL image (``pil``) or uint8 CHW tensor (the other decoders)."""
         if self.decoder == "pil":
-            with Image.open(io.BytesIO(data)) as im:
-                if self.min_side:
-                    im.draft("RGB", (self.min_side, self.min_side))  # JPEG only; a no-op for other formats
-                return im.convert("RGB")
+            return self._pil(data)
+        if not torchvision_reads(data):
+            return pil_to_tensor(self._pil(data))
         if self.decoder == "turbo" and data[:2] == b"\xff\xd8":
-            import simplejpeg  # lazy: optional ([turbo] extra)
+            return self._simplejpeg(data)
+        return eight_bit(decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB))
 
-            sides = {}
-            if self.min_side and min(simplejpeg.decode_jpeg_header(data)[:2]) >= 2 * self.min_side:
-                # only where a smaller scale exists: asked for sizes, simplejpeg decodes about 8% slower at full scale
-                sides = {"min_height": self.min_side, "min_width": self.min_side}
-            array = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True, **sides)
-            # CHW over the decoder's HWC pixels, not copied: the crop that follows is a view, and the
-            # resize reads only the crop (uint8 channels-last is its fast path); a contiguous copy of
-            # the whole decoded image cost about 15% of this decoder's time per image
-            return torch.from_numpy(array).permute(2, 0, 1)
+    def _pil(self, data: bytes) -> Image.Image:
+        with Image.open(io.BytesIO(data)) as im:
+            if self.min_side:
+                im.draft("RGB", (self.min_side, self.min_side))  # JPEG only; a no-op for other formats
+            return eight_bit_grey(im).convert("RGB")
 
-        return decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    def _simplejpeg(self, data: bytes) -> torch.Tensor:
+        import simplejpeg  # lazy: optional ([turbo] extra)
+
+        sides = {}
+        if self.min_side and min(simplejpeg.decode_jpeg_header(data)[:2]) >= 2 * self.min_side:
+            # only where a smaller scale exists: asked for sizes, simplejpeg decodes about 8% slower at full scale
+            sides = {"min_height": self.min_side, "min_width": self.min_side}
+        array = simplejpeg.decode_jpeg(data, colorspace="RGB", fastdct=True, fastupsample=True, **sides)
+        # CHW over the decoder's HWC pixels, not copied: the crop that follows is a view, and the
+        # resize reads only the crop (uint8 channels-last is its fast path); a contiguous copy of
+        # the whole decoded image cost about 15% of this decoder's time per image
+        return torch.from_numpy(array).permute(2, 0, 1)
