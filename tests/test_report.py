@@ -754,3 +754,170 @@ def test_the_console_table_fits_120_columns_and_the_files_keep_every_column(tmp_
     header = (sweep / "ab_report.md").read_text().split("\n| job |")[1].split("\n")[0]
     for column in ("samples_per_s", "data_wait_fraction", "peak_memory_mb", "spread_s", "bottleneck", "notes"):
         assert f" {column} |" in header and column in (sweep / "ab_report.csv").read_text().splitlines()[0]
+
+
+def _amend(job_dir, **fields):
+    """Add or replace fields of a planted job's metrics.json."""
+    path = job_dir / "metrics.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+def test_a_key_one_run_took_from_its_recipe_shows_the_value_each_run_ran_with(tmp_path, capsys):
+    """One run set data.image_size on its command line, the other took 224 px from its recipe: the report
+    shows each one's own value (from its metrics.json's ``data``, else its .hydra/config.yaml; a config
+    group's choice from .hydra/hydra.yaml), not the schema default's 32, which read as one setting and
+    left a 68x speed-up with nothing beside it to explain it."""
+    import yaml
+
+    def sweep_of(name, record_in):
+        sweep = tmp_path / name
+        recipe = _job(sweep, "0", {}, [40.0, 34.0, 34.0], overrides=["+recipe=resnet50"])
+        _job(sweep, "1", {}, [1.0, 0.5, 0.5], overrides=["data.image_size=32", "model=tiny"])
+        if record_in == "metrics.json":
+            _amend(recipe, data={"name": "synthetic", "batch_size": 32, "image_size": 224, "num_workers": 0})
+        else:
+            (recipe / ".hydra").mkdir()
+            config = {"recipe": "resnet50", "data": {"image_size": 224}, "model": {"name": "resnet50"}}
+            (recipe / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+            choices = {"hydra": {"runtime": {"choices": {"model": "resnet50", "data": "synthetic"}}}}
+            (recipe / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(choices))
+        return sweep
+
+    for record_in in ("metrics.json", ".hydra"):
+        sweep = sweep_of(record_in.strip("."), record_in)
+        columns, rows, base = report.build_rows(report.load_jobs([str(sweep)]), target_acc="off")
+        assert "data.image_size" in columns, (record_in, columns)
+        assert [r["data.image_size"] for r in rows] == [224, 32], record_in
+        assert base.name == "1" and rows[0]["speedup"] == pytest.approx(0.5 / 34.0, abs=1e-3)
+    assert [r["model"] for r in rows] == ["resnet50", "tiny"]  # (the .hydra sweep: the group's choice)
+    report.write_report([str(sweep)], str(sweep), target_acc="off")
+    configuration = _table_rows(capsys.readouterr().out)["0"]["configuration"]
+    assert "data.image_size=224" in configuration and "model=resnet50" in configuration, configuration
+
+
+def _stopped_sweep(tmp_path):
+    """A sweep of model.width=4,5,6 with report.target_acc=0.75 in its config, stopped after two jobs."""
+    import yaml
+
+    sweep = tmp_path / "sweep"
+    for n, epoch_s in ((0, 2.0), (1, 1.0)):
+        _job(sweep, str(n), {}, [epoch_s] * 4, accs=[0.5, 0.8, 0.895, 0.9], overrides=[f"model.width={4 + n}"])
+    plan = {
+        "sweep": 1,
+        "state": "running",
+        "argv": ["-m", "model.width=4,5,6"],
+        "dir": str(sweep),
+        "overrides": ["model.width=4,5,6"],
+        "jobs": [[f"model.width={w}"] for w in (4, 5, 6)],
+    }
+    (sweep / "sweep.json").write_text(json.dumps(plan))
+    (sweep / "multirun.yaml").write_text(yaml.safe_dump({"report": {"target_acc": 0.75, "target_tolerance": 0.01}}))
+    return sweep
+
+
+def test_rebuilding_a_stopped_sweeps_report_gives_the_report_the_sweep_wrote(tmp_path, monkeypatch, capsys):
+    """The stop writes the report with its "Not run" list and the sweep's target; a rebuild of the sweep dir
+    (``python -m trainer.report SWEEP``, or the job dirs from inside it) reads both from what the sweep
+    recorded (sweep.json, multirun.yaml) and writes the same report, not one without them at auto's target."""
+    from omegaconf import OmegaConf
+
+    from trainer import sweep as sweep_mod
+    from trainer.report.sweep_record import report_settings
+    from trainer.report.write import main
+
+    sweep = _stopped_sweep(tmp_path)
+    # the sweep's process: its dir, its config's report settings, the console's swept keys (on_multirun_start's)
+    monkeypatch.setitem(sweep_mod._state, "sweep_dir", str(sweep))
+    monkeypatch.setitem(sweep_mod._state, "report", report_settings(OmegaConf.load(sweep / "multirun.yaml")))
+    monkeypatch.setitem(console._state, "swept_keys", ["model.width"])
+    sweep_mod.finish_stopped("SIGTERM")
+    written = (sweep / "ab_report.md").read_text()
+    assert "**Not run** (the sweep was stopped by SIGTERM; finish it with: python train.py" in written
+    assert "#2 model.width=6" in written and "target val_acc 0.750 (report.target_acc)" in written
+    monkeypatch.setitem(console._state, "swept_keys", None)  # a rebuild's process: no sweep of its own
+    assert main([str(sweep)]) == 0
+    assert (sweep / "ab_report.md").read_text() == written
+    monkeypatch.chdir(sweep)
+    assert main(["0", "1"]) == 0
+    assert (sweep / "ab_report.md").read_text() == written
+    assert main([str(sweep), "--target-acc", "0.8"]) == 0  # said on the command line: that target
+    assert "target val_acc 0.800" in (sweep / "ab_report.md").read_text()
+
+
+def test_a_report_of_other_jobs_does_not_replace_a_sweeps_own_unless_out_says_so(tmp_path, monkeypatch, capsys):
+    from trainer.report.write import main
+
+    sweep = _stopped_sweep(tmp_path)
+    assert main([str(sweep)]) == 0
+    written = (sweep / "ab_report.md").read_text()
+    other = _job(tmp_path / "other", "0", {"amp": True}, [1.0, 0.5, 0.5])
+    monkeypatch.chdir(sweep)
+    capsys.readouterr()
+    assert main(["0", str(other)]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith(f"error: . ({sweep}) is a sweep dir") and "--out" in said and "\n" not in said.strip(), said
+    assert (sweep / "ab_report.md").read_text() == written
+    assert main(["0", str(other), "--out", "."]) == 0  # named: replaced
+    assert (sweep / "ab_report.md").read_text() != written
+
+
+def test_an_auto_target_of_0_or_below_gives_no_time_to_target_and_the_header_says_why(tmp_path):
+    """A baseline whose best val_acc is 0.0 puts auto's target at -0.010, which every validation reaches:
+    every row would "reach" it in its first epoch and a ratio of those times would pass for a
+    time-to-target speed-up."""
+    sweep = tmp_path / "sweep"
+    _job(sweep, "0", {}, [2.0, 2.0, 2.0], accs=[0.0, 0.0, 0.0])
+    _job(sweep, "1", {"amp": True}, [1.0, 1.0, 1.0], accs=[0.0, 0.1, 0.2])
+    columns, rows, _ = report.build_rows(report.load_jobs([str(sweep)]))
+    assert "time_to_target_s" not in columns and "time_to_target_speedup" not in rows[1]
+    header = report.write_report([str(sweep)], str(sweep), echo=False).split("\n\n")[1]
+    assert "no time to target: the target val_acc -0.010 = the baseline's best 0.000 minus 0.01" in header
+    assert "is reached before any training" in header
+
+
+def test_an_out_under_a_file_is_one_paragraph(tmp_path, capsys):
+    from trainer.report.write import main
+
+    _job(tmp_path / "sweep", "0", {}, [2, 1, 1])
+    taken = tmp_path / "file.yaml"
+    taken.write_text("mine")
+    assert main([str(tmp_path / "sweep"), "--out", str(taken / "sub")]) == 2
+    said = capsys.readouterr().err
+    assert said.strip() == (
+        f"error: --out {taken / 'sub'}: {taken} is a file; the report is written into a folder (ab_report.md, .csv, .png)"
+    )
+    assert taken.read_text() == "mine"
+
+
+def test_a_run_given_twice_is_one_row(tmp_path):
+    sweep = tmp_path / "sweep"
+    _job(sweep, "0", {}, [2.0, 1.0, 1.0], overrides=["seed=1"])
+    _job(sweep, "1", {"amp": True}, [2.0, 0.5, 0.5], overrides=["seed=1", "amp=true"])
+    assert len(report.load_jobs([str(sweep / "0"), str(sweep / "0")])) == 1
+    jobs = report.load_jobs([str(sweep), str(sweep / "1"), str(sweep / "1" / "metrics.json")])
+    assert [j.path.name for j in jobs] == ["0", "1"]
+    _, rows, _ = report.build_rows(jobs, target_acc="off")
+    assert [r["job"] for r in rows] == ["0", "1"]
+
+
+def test_a_run_stopped_at_its_target_is_not_told_to_train_more_epochs(tmp_path, capsys):
+    """stop_at_acc ended the row's run after its warm-up epoch (the next one partial) with
+    trainer.max_epochs=3: its epoch count was its target's, so "train at least 3 epochs" was wrong advice."""
+    sweep = tmp_path / "sweep"
+    _job(sweep, "0", {}, [3.0, 1.0, 1.0, 1.0])
+    stopped = _job(sweep, "1", {"amp": True}, [2.0, 0.4], overrides=["stop_at_acc=0.8", "trainer.max_epochs=3"])
+    epochs = json.loads((stopped / "metrics.json").read_text())["epochs"]
+    epochs[1]["partial"] = True
+    _amend(stopped, epochs=epochs, stopped_at_acc_epoch=1)
+    # the same, stopped after one full steady epoch: a ratio, but no interval
+    once = _job(sweep, "2", {"channels_last": True}, [2.0, 0.5], overrides=["stop_at_acc=0.8"])
+    _amend(once, stopped_at_acc_epoch=1)
+    report.write_report([str(sweep)], str(sweep), target_acc="off")
+    said = " ".join(capsys.readouterr().out.split())
+    assert (
+        "no epoch-time ratio, job(s) 1: this row ran only its warm-up epoch (stop_at_acc stopped it at its target)"
+        in said
+    )
+    assert "speed-up (not judged), job(s) 2: fewer than 2 steady epochs on a side, so no interval; stop_at_acc," in said
+    assert said.count("decided how many epochs it trained: time its epochs in a run with stop_at_acc=null") == 2
+    assert "train at least 3 epochs" not in said and "train more" not in said

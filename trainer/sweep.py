@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import socket
 import sys
 from pathlib import Path
@@ -47,9 +46,10 @@ from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 from trainer.measure import hardware, metrics
 from trainer.measure.metrics import atomic_write_text
 from trainer.measure.sysstats import process_alive
-from trainer.measure.time_to_target import AUTO, DEFAULT_TOLERANCE
 from trainer.paths import SWEEP_PLAN
 from trainer.rank import is_launched_rank
+from trainer.report import sweep_record
+from trainer.report.sweep_record import report_settings
 from trainer.report.write import write_report
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,7 @@ def start(sweep_dir: str, task_overrides: List[str]) -> None:
         "sweep": 1,
         "state": "running",
         "argv": _state["argv"] if _state["argv"] is not None else sys.argv[1:],
+        "dir": sweep_dir,  # as the command named it: the "finish it with" command says it so (sweep_record)
         "overrides": list(task_overrides),
         "jobs": plan_jobs(task_overrides),
         "pid": os.getpid(),
@@ -309,29 +310,24 @@ def keep_finished(out_dir: str) -> Dict[str, Any]:
 
 def not_run(sweep_dir: str) -> List[str]:
     """Labels of the planned jobs with no result in the sweep dir (``#2 amp=true ...``)."""
-    plan = _read(sweep_dir) or {}
-    labels = []
-    for num, overrides in enumerate(plan.get("jobs") or []):
-        if _status(Path(sweep_dir, str(num))) is None:
-            labels.append(job_label(num, overrides))
-    return labels
+    return sweep_record.not_run(Path(sweep_dir), _read(sweep_dir) or {})
 
 
 def finish_stopped(signal_name: str) -> int:
-    """After a stop: mark the plan, write the report of what finished, say what did not run and how to finish."""
+    """After a stop: mark the plan, write the report of what finished, say what did not run and how to finish.
+    The report's "Not run" list and note come from the plan as written here (``sweep_record.unfinished``),
+    as a rebuild of the report (``python -m trainer.report``) reads them."""
     sweep_dir = _state["sweep_dir"]
     if not sweep_dir:
         return PREEMPTED_EXIT_CODE
     plan = _read(sweep_dir) or {}
-    plan.update(state="stopped", signal=signal_name)
+    plan.update(state="stopped", signal=signal_name, argv=plan.get("argv") or sys.argv[1:])
+    plan.setdefault("dir", sweep_dir)
     _write(sweep_dir, plan)
     missing = not_run(sweep_dir)
-    argv = [a for a in plan.get("argv") or sys.argv[1:] if not a.startswith(("hydra.sweep.dir=", "+hydra.sweep.dir="))]
-    again = "python train.py " + " ".join(shlex.quote(a) for a in argv + [f"hydra.sweep.dir={sweep_dir}"])
-    stopped = f"the sweep was stopped by {signal_name}"
-    write_report(
-        [sweep_dir], sweep_dir, not_run=missing, note=f"{stopped}; finish it with: {again}", **_state["report"]
-    )
+    again = sweep_record.finish_command(Path(sweep_dir), plan)
+    stopped = sweep_record.stopped_by(plan)
+    write_report([sweep_dir], sweep_dir, **sweep_record.unfinished(Path(sweep_dir)), **_state["report"])
     print(
         f"\n{stopped} after the job in flight saved its checkpoint; "
         + (f"{len(missing)} job(s) did not run: {'; '.join(missing)}. " if missing else "")
@@ -410,16 +406,6 @@ def _refuse_resources_the_launcher_cannot_give(config, swept: List[str]) -> None
         )
     if problem and not is_launched_rank():
         fail(f"{problem}.")
-
-
-def report_settings(config) -> Dict[str, Any]:
-    """``report.target_acc`` and ``report.target_tolerance`` of the sweep's config, as write_report takes them
-    (the defaults only where the config has no such key: a tolerance of 0 is the baseline's best itself)."""
-    target_acc, tolerance = _select(config, "report.target_acc"), _select(config, "report.target_tolerance")
-    return {
-        "target_acc": AUTO if target_acc is None else target_acc,
-        "tolerance": DEFAULT_TOLERANCE if tolerance is None else tolerance,
-    }
 
 
 def _open_trackers(config, sweep_dir: str) -> None:

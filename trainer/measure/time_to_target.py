@@ -24,6 +24,7 @@ records every epoch, so the report can say the same for the user's own model:
   the model, the batch-size search), which no switch of a row changes the way it changes these;
 - ``resolve_target`` turns ``report.target_acc`` (a number, or ``auto``: the baseline's best
   val_acc minus ``report.target_tolerance``) into the number, with the sentence that says how;
+  ``usable_target`` is the report's: no target (and why) where auto's lands at 0 or below;
 - ``speedup_interval`` bootstraps the ratio of median times over repeats (one number per job: a
   row without repeats has no interval).
 """
@@ -138,6 +139,20 @@ def resolve_target(target_acc: Any, baseline_runs: Sequence[List[Dict[str, Any]]
     return round(best - tolerance, 4), (
         f"target val_acc {best - tolerance:.3f} = the baseline's best {best:.3f} minus {tolerance} (report.target_acc=auto)"
     )
+
+
+def usable_target(target_acc: Any, baseline_runs: Sequence[List[Dict[str, Any]]], tolerance: float) -> tuple:
+    """``resolve_target``, but None (and why) for a target of 0 or below: every validation reaches it,
+    so every row would "reach" it at its first one and the ratio of those times would pass for a
+    time-to-target speed-up. The report's; the tuner refuses such a target in words of its own."""
+    target, how = resolve_target(target_acc, baseline_runs, tolerance)
+    if target is not None and target <= 0:
+        return None, (
+            f"no time to target: the {how} is reached before any training and tells no row apart; give "
+            "report.target_acc (--target-acc) a number in (0, 1], or a report.target_tolerance "
+            "(--target-tolerance) below the baseline's best val_acc"
+        )
+    return target, how
 
 
 def speedup_interval(base: List[float], other: List[float], seed: int = 0) -> Optional[tuple]:

@@ -17,7 +17,9 @@ the interval contains 1.00x.
 ``jobs`` finds and reads the records and folds them into rows, ``noise`` holds the statistics
 (speed-up interval, accuracy noise, spreads), ``rows`` builds the table's rows with the
 time-to-target columns, ``render`` writes them as markdown, CSV and the lines under the console's
-table, ``figure`` draws ``ab_report.png``, ``write`` writes the files and is the command (``main``).
+table, ``figure`` draws ``ab_report.png``, ``write`` writes the files and is the command (``main``),
+``sweep_record`` reads back what a sweep recorded (its "Not run" list, its target) so that a rebuild
+of its report is the one it wrote.
 Importers inside ``trainer`` import a name from the module that defines it; the names below are the
 package's public face (the command, and what the tests and scripts call as ``report.X``).
 

@@ -3,8 +3,10 @@ settings the jobs vary, and the rows they fold into.
 
 Every part of the report starts from the same rows and the same baseline: the table's numbers
 (``rows``), the chart (``figure``) and the doctor's verdicts (``render``) fold the jobs here, so they
-agree on which jobs are one configuration. What a setting is when a job did not set it (its "off"
-value) is the schema's default, read from ``trainer.config`` once and only when needed.
+agree on which jobs are one configuration. What a setting is when a job's command line did not set it
+is what the job ran with, from its own record (``Job.value``: metrics.json, else the run dir's
+``.hydra`` files); only where neither holds it, the schema's default (its "off" value), read from
+``trainer.config`` once and only when needed.
 """
 
 from __future__ import annotations
@@ -13,16 +15,20 @@ import json
 import os
 import statistics
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from trainer.config import SCHEMA_KEYS, TrainSchema
+from trainer.config import GROUPS, SCHEMA_KEYS, TrainSchema
 
 # keys that say which repetition a job is (and how the repeats were made), not what it runs: jobs
 # differing only in them fold into one row
 REPEAT_KEYS = ("seed", "repeat", "repeat_seeds")
 # overrides that are not settings of the job (where it writes, which job it is)
 _IGNORED_OVERRIDE_PREFIXES = ("hydra.", "ckpt_path")
+# where Hydra saves a run's config (the run rewrites config.yaml with what it ran: trainer.run.parts.save_config)
+HYDRA_SUBDIR = ".hydra"
+_MISSING = object()  # a key a record does not hold (None is a value a key can have)
 
 
 @dataclass
@@ -34,6 +40,30 @@ class Job:
     @property
     def ok(self) -> bool:
         return self.metrics.get("status") == "ok"
+
+    def value(self, key: str) -> Any:
+        """What this job ran with for ``key``: its command line's value, else its own record's, else the
+        schema default. A recipe or a config group sets keys its command line never names
+        (``+recipe=resnet50`` trains at 224 px with no ``data.image_size=`` in sight): the default there
+        would show two different runs as one configuration and their difference as a speed-up."""
+        if key in self.settings:
+            return self.settings[key]
+        for record in (self.metrics, self._run_config):
+            found = _lookup(record, key)
+            if found is not _MISSING and not isinstance(found, dict):
+                return found
+        return self._group_choices.get(key, off_value(key)) if key in GROUPS else off_value(key)
+
+    @cached_property
+    def _run_config(self) -> Dict[str, Any]:
+        """The run dir's ``.hydra/config.yaml``: the config the run ran, resolved ({} where there is none)."""
+        return _read_yaml(self.path / HYDRA_SUBDIR / "config.yaml")
+
+    @cached_property
+    def _group_choices(self) -> Dict[str, Any]:
+        """Which file of each config group the run composed (``model: tiny``), from ``.hydra/hydra.yaml``."""
+        choices = _lookup(_read_yaml(self.path / HYDRA_SUBDIR / "hydra.yaml"), "hydra.runtime.choices")
+        return choices if isinstance(choices, dict) else {}
 
     def steady_times(self) -> List[float]:
         """Times of the full, non-warm-up epochs (the ones epoch_time_s is the median of)."""
@@ -60,9 +90,13 @@ class Row:
     def settings(self) -> Dict[str, Any]:
         return self.first.settings
 
+    def value(self, key: str) -> Any:
+        """What the row's runs ran with for ``key`` (``Job.value``; they differ at most in seed/repeat)."""
+        return self.first.value(key)
+
     def seeds(self) -> int:
         """How many different seeds the row's runs trained with (a job given no seed= ran its config's)."""
-        return len({json.dumps(j.settings.get("seed", off_value("seed")), default=str) for j in self.jobs})
+        return len({json.dumps(j.value("seed"), default=str) for j in self.jobs})
 
     def samples(self) -> List[List[float]]:
         """Steady epoch times per repeat (repeats with none left out)."""
@@ -91,7 +125,10 @@ def find_metrics(dirs: Sequence[str]) -> List[Path]:
 
     A dir that holds a metrics.json is a run dir: nothing below it is searched, because what lies
     there is the run's own (W&B keeps a copy of metrics.json under ``wandb/*/files/``, one per
-    attempt, which would otherwise be rows of their own)."""
+    attempt, which would otherwise be rows of their own).
+
+    A run named twice (``report A A``, or a sweep dir and one of its jobs) is one run: it is found
+    once, where it was first given, so it counts once in its row and in the baseline's repeats."""
     found: List[Path] = []
     for d in dirs:
         p = Path(d)
@@ -104,11 +141,42 @@ def find_metrics(dirs: Sequence[str]) -> List[Path]:
                 runs.append(Path(root) / "metrics.json")
                 subdirs[:] = []  # the run's own files
         found.extend(sorted(runs, key=lambda q: _natural_key(q.relative_to(p))))
-    return found
+    return _once_each(found)
+
+
+def _once_each(paths: List[Path]) -> List[Path]:
+    """``paths`` without the ones that resolve to a file already listed (in their order)."""
+    seen = set()
+    out = []
+    for path in paths:
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            out.append(path)
+    return out
 
 
 def _natural_key(path: Path):
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in path.parts]
+
+
+def _lookup(record: Any, key: str) -> Any:
+    """``record``'s value at the dotted ``key`` (``data.image_size`` in ``{"data": {"image_size": 224}}``), else _MISSING."""
+    for part in key.split("."):
+        if not isinstance(record, dict) or part not in record:
+            return _MISSING
+        record = record[part]
+    return record
+
+
+def _read_yaml(path: Path) -> Dict[str, Any]:
+    """A YAML mapping from disk; {} where the file is missing or holds no mapping (a run dir without .hydra)."""
+    import yaml  # lazy: keeps yaml out of python -m trainer.report's start-up
+
+    try:
+        found = yaml.safe_load(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _parse_value(text: str) -> Any:
@@ -185,7 +253,7 @@ def varied_keys(jobs: List[Job]) -> List[str]:
                 keys.append(k)
     varied = []
     for k in keys:
-        values = {json.dumps(job.settings.get(k, off_value(k)), sort_keys=True, default=str) for job in jobs}
+        values = {json.dumps(job.value(k), sort_keys=True, default=str) for job in jobs}
         if len(values) > 1:
             varied.append(k)
     return varied
@@ -204,13 +272,13 @@ def fold_repeats(jobs: List[Job], varied: List[str]) -> List[Row]:
         # same settings from two sweeps (two days, before/after a change) are a comparison, not repeats
         where = str(job.path.resolve().parent) if several_sweeps else ""
         key = json.dumps(
-            [where, {k: job.settings.get(k, off_value(k)) for k in varied if k not in REPEAT_KEYS}],
+            [where, {k: job.value(k) for k in varied if k not in REPEAT_KEYS}],
             sort_keys=True,
             default=str,
         )
-        which = [job.settings.get(k) for k in repeat_keys]
+        which = [job.value(k) for k in repeat_keys]
         row = by_key.get(key)
-        if row is not None and all([j.settings.get(k) for k in repeat_keys] != which for j in row.jobs):
+        if row is not None and all([j.value(k) for k in repeat_keys] != which for j in row.jobs):
             row.jobs.append(job)
         else:
             by_key[key] = Row([job])
@@ -235,6 +303,6 @@ def pick_baseline(rows: List[Row], varied: List[str]) -> Optional[Row]:
     """The first row with every varied key at its off value (keys without one are ignored), else the first ok row."""
     known = [k for k in varied if off_value(k) is not None and k not in REPEAT_KEYS]
     for row in rows:
-        if row.ok and all(row.settings.get(k, off_value(k)) == off_value(k) for k in known):
+        if row.ok and all(row.value(k) == off_value(k) for k in known):
             return row
     return next((r for r in rows if r.ok), None)

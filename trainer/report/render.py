@@ -22,8 +22,16 @@ from trainer.report.rows import (
     NOT_JUDGED,
     SEEDED_REPEATS,
     SEEDS,
+    STOPPED_AT_TARGET,
     TIMING_ONLY,
     folded_bottleneck,
+)
+
+# the advice where a side has too few steady epochs because stop_at_acc ended it: more epochs would
+# not give it more (it would stop at its target again)
+STOPPED_REMEDY = (
+    "stop_at_acc, not trainer.max_epochs, decided how many epochs it trained: time its epochs in a run with "
+    "stop_at_acc=null, or compare the rows by their time to target"
 )
 
 # decimals per numeric column in the markdown table (the CSV keeps full precision)
@@ -121,14 +129,14 @@ def judgement_notes(rows: List[dict], base_job: Optional[str]) -> List[str]:
         return [r["job"] for r in rows if r.get("time_to_target_ci_holds") == holds]
 
     out = []
-    unjudged = [
-        r["job"] for r in rows if r["job"] != base_job and r.get("speedup") is not None and not r.get("speedup_ci")
-    ]
-    if unjudged:
-        out.append(
-            f"speed-up (not judged), job(s) {', '.join(unjudged)}: fewer than 2 steady epochs on a side, "
-            "so no interval; train more epochs."
-        )
+    unjudged = [r for r in rows if r["job"] != base_job and r.get("speedup") is not None and not r.get("speedup_ci")]
+    for stopped, remedy in ((False, "train more epochs"), (True, STOPPED_REMEDY)):
+        jobs = [r["job"] for r in unjudged if (STOPPED_AT_TARGET in (r.get("notes") or "")) == stopped]
+        if jobs:
+            out.append(
+                f"speed-up (not judged), job(s) {', '.join(jobs)}: fewer than 2 steady epochs on a side, "
+                f"so no interval; {remedy}."
+            )
     for mark, what, remedy in (
         (
             NO_SPEEDUP,
@@ -149,7 +157,9 @@ def judgement_notes(rows: List[dict], base_job: Optional[str]) -> List[str]:
                     by_reason.setdefault(note, []).append(r["job"])
         for reason, jobs in by_reason.items():
             said = reason.split(": ", 1)[0] if mark == NOT_VALIDATED else reason.split(": ", 1)[-1]
-            out.append(f"{what}, job(s) {'; '.join(jobs)}: {said}; {remedy}.")
+            out.append(
+                f"{what}, job(s) {'; '.join(jobs)}: {said}; {STOPPED_REMEDY if STOPPED_AT_TARGET in said else remedy}."
+            )
     if named(NOT_JUDGED):
         out.append(
             f"speed-up to target (1 run), job(s) {', '.join(named(NOT_JUDGED))}: not judged, a single run (of the row "

@@ -14,7 +14,7 @@ import statistics
 from typing import Any, List, Optional
 
 from trainer.measure import time_to_target as ttt
-from trainer.report.jobs import REPEAT_KEYS, Job, Row, fold_repeats, off_value, pick_baseline, varied_keys
+from trainer.report.jobs import REPEAT_KEYS, Job, Row, fold_repeats, pick_baseline, varied_keys
 from trainer.report.noise import accuracy_noise, speedup_interval, spread_of
 
 ACC_DROP_THRESHOLD = 0.02  # absolute val_acc drop vs baseline that marks a row
@@ -87,7 +87,7 @@ def _record(row: Row, base: Optional[Row], shown: List[str], repeated: bool, opt
     bottleneck = folded_bottleneck(row, notes)  # (it notes where the repeats' verdicts differ)
     spread = spread_of(row)
     record = {"job": row.name}
-    record.update({k: row.settings.get(k, off_value(k)) for k in shown})
+    record.update({k: row.value(k) for k in shown})
     record.setdefault("world_size", (m.get("device") or {}).get("count"))
     if repeated:
         record["repeats"] = len(row.jobs)
@@ -136,19 +136,38 @@ def _speedup(row: Row, base: Optional[Row]) -> tuple:
     if row is base:
         notes.append("baseline")
     elif warm_up_only:
-        notes.append(f"{NO_SPEEDUP}: {'this row' if not row.samples() else 'the baseline'} ran only its warm-up epoch")
+        short = row if not row.samples() else base
+        why = f" ({STOPPED_AT_TARGET})" if _stopped_at_target(short) else ""
+        notes.append(f"{NO_SPEEDUP}: {_side(short, row)} ran only its warm-up epoch{why}")
     elif row.ok and speedup is None:
-        notes.append(f"{NO_SPEEDUP}: {'this row' if not t else 'the baseline'} has no steady epoch time")
+        short = row if not t else base
+        why = f" ({STOPPED_AT_TARGET})" if _stopped_at_target(short) else ""
+        notes.append(f"{NO_SPEEDUP}: {_side(short, row)} has no steady epoch time{why}")
     elif speedup is not None:
         if interval is None:
-            notes.append("noise not judged: fewer than 2 steady epochs")
+            short = next((side for side in (row, base) if _stopped_at_target(side)), None)
+            why = f" ({_side(short, row)}: {STOPPED_AT_TARGET})" if short else ""
+            notes.append(f"noise not judged: fewer than 2 steady epochs{why}")
         elif interval[0] <= 1.0 <= interval[1]:
             notes.append("within noise")
     return speedup, interval, notes
 
 
+def _side(short: Row, row: Row) -> str:
+    return "this row" if short is row else "the baseline"
+
+
+def _stopped_at_target(row: Optional[Row]) -> bool:
+    """Whether ``stop_at_acc`` ended a run of the row (metrics.json's ``stopped_at_acc_epoch``): its
+    target, not ``trainer.max_epochs``, decided how many epochs it trained, so "train more epochs" is
+    no advice for it (the notes say STOPPED_AT_TARGET, and ``render.judgement_notes`` advises so)."""
+    return row is not None and any(j.metrics.get("stopped_at_acc_epoch") is not None for j in row.jobs)
+
+
 # a row whose epoch time has no ratio to the baseline's (the note says why)
 NO_SPEEDUP = "no speed-up"
+# said where a side of a ratio has too few steady epochs because stop_at_acc ended its run
+STOPPED_AT_TARGET = "stop_at_acc stopped it at its target"
 
 TIME_TO_TARGET_COLUMNS = [
     "time_to_target_s",
@@ -167,9 +186,10 @@ SEEDED_REPEATS = "repeats=N repeat_seeds=true"
 
 
 def target(base: Optional[Row], target_acc: Any, tolerance: float) -> tuple:
-    """(the target val_acc or None, how it was chosen): ``report.target_acc`` against this baseline."""
+    """(the target val_acc or None, how it was chosen): ``report.target_acc`` against this baseline
+    (None where it is no target at all: 0 or below, which every row reaches before training)."""
     runs = [j.metrics.get("epochs") or [] for j in base.jobs] if base else []
-    return ttt.resolve_target(target_acc, runs, tolerance)
+    return ttt.usable_target(target_acc, runs, tolerance)
 
 
 def _add_time_to_target(columns: List[str], rows: List[Row], out: List[dict], base: Optional[Row], goal) -> None:
