@@ -52,6 +52,18 @@ def _broken_link(tmp):
     return root
 
 
+def _undecodable(tmp, bad=("cat", "dog")):
+    root = _images(tmp / "imgs", per_class=8)
+    for cls in bad:
+        for image in (root / cls).iterdir():
+            image.write_bytes(b"not an image")
+    return root
+
+
+def _undecodable_class(tmp):
+    return _undecodable(tmp, bad=("cat",))
+
+
 def _three_classes(tmp):
     return _images(tmp / "imgs", classes=("a", "b", "c"))
 
@@ -71,6 +83,12 @@ CASES = {
     "images with no class folders": (_loose_images, FOLDER, 2, "no class folders"),
     "a symlink loop in the data root": (_symlink_loop, FOLDER, 2, "symlink loop"),
     "an unreadable file, on_bad_sample=stop": (_broken_link, FOLDER + ["data.on_bad_sample=stop"], 3, "unreadable.jpg"),
+    "a batch of nothing but undecodable images, read in a loader worker": (  # the first val batch: 4 of cat's 8
+        _undecodable_class,
+        [a for a in FOLDER if "val_split" not in a] + ["data.val_split=0.5", "data.num_workers=1"],
+        3,
+        "no image of a batch of 4 could be decoded (/",  # named: the worker's own record of what it skipped
+    ),
     "data.num_classes below the folder's classes": (
         _three_classes,
         FOLDER + ["data.num_classes=2"],
@@ -209,3 +227,25 @@ def test_a_truncated_jpeg_is_skipped_and_counted(train, tmp_path):
         "data.drop_last=false",
     )
     assert m["status"] == "ok" and m["skipped_samples"] == 1 and m["epochs"][0]["samples"] == 11
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_a_batch_of_nothing_but_undecodable_images_stops_naming_them(compose, tmp_path, split):
+    """data.on_bad_sample=skip drops a bad image from its batch; a batch with no image left cannot be
+    trained or validated (default_collate raised IndexError), so it stops in one paragraph naming the
+    files, as data.decoder=nvjpeg does (read in a loader worker: the matrix above)."""
+    from trainer.data import ImageDataModule
+    from trainer.errors import TrainingStopped
+
+    root = _undecodable(tmp_path)
+    cfg = compose(
+        "data=imagefolder", f"data.root={root}", "data.val_split=0.5", "data.batch_size=2", "data.image_size=16"
+    )
+    dm = ImageDataModule(cfg.data, cfg.seed)
+    dm.build()
+    loader = dm.train_dataloader() if split == "train" else dm.val_dataloader()
+    with pytest.raises(TrainingStopped) as stop:
+        next(iter(loader))
+    said = str(stop.value)
+    assert said.startswith("no image of a batch of 2 could be decoded (") and "\n" not in said, said
+    assert said.count(str(root)) == 2 and said.count(".jpg") == 2, said  # the batch's two files

@@ -200,6 +200,62 @@ def test_turbo_asks_simplejpeg_for_a_size_only_where_a_smaller_dct_scale_exists(
     assert no_smaller.shape[-2:] == (512, 768) and scaled.shape[-2:] == (64, 96)
 
 
+def _png16(pixels) -> bytes:
+    """A 16-bit PNG (grey for H x W pixels, colour for H x W x 3), written by hand: Pillow writes 16-bit
+    grey PNGs only."""
+    import struct
+    import zlib
+
+    height, width = pixels.shape[:2]
+    rows = b"".join(b"\x00" + row.astype(">u2").tobytes() for row in pixels)
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 16, 2 if pixels.ndim == 3 else 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+
+
+def _lossless_file(kind: str):
+    """(encoded bytes, the uint8 CHW pixels every decoder must give) of a 24x16 image of ``kind``."""
+    import io
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    colour, grey = rng.integers(0, 256, (16, 24, 3), dtype=np.uint8), rng.integers(0, 256, (16, 24), dtype=np.uint8)
+    deep_colour, deep_grey = rng.integers(0, 65536, (16, 24, 3)), rng.integers(0, 65536, (16, 24))
+    buffer = io.BytesIO()
+    if kind in ("BMP", "TIFF", "PPM"):
+        Image.fromarray(colour).save(buffer, kind)
+        return buffer.getvalue(), torch.from_numpy(colour).permute(2, 0, 1)
+    if kind == "PGM":
+        Image.fromarray(grey).save(buffer, "PPM")  # P5: grey
+        return buffer.getvalue(), torch.from_numpy(grey).expand(3, -1, -1)
+    if kind == "16-bit grey PNG":
+        return _png16(deep_grey), torch.from_numpy((deep_grey >> 8).astype(np.uint8)).expand(3, -1, -1)
+    return _png16(deep_colour), torch.from_numpy((deep_colour >> 8).astype(np.uint8)).permute(2, 0, 1)
+
+
+@pytest.mark.parametrize("kind", ["BMP", "TIFF", "PPM", "PGM", "16-bit grey PNG", "16-bit colour PNG"])
+def test_every_decoder_gives_the_same_uint8_pixels_for_a_lossless_file_imagefolder_takes(kind):
+    """data.decoder changes speed only: a BMP, PPM/PGM or TIFF (which torchvision cannot read) decodes
+    under every decoder, and a 16-bit PNG gives its high bytes as uint8 (Pillow alone clipped grey to
+    white; torchvision's uint16 broke the batch). Lossless: exactly. Cut short, the file is still
+    undecodable (a bad sample), whichever decoder reads it."""
+    from torchvision.transforms.functional import pil_to_tensor
+
+    from trainer.data.decoders import DECODE_ERRORS, Loader
+
+    data, expected = _lossless_file(kind)
+    for decoder in ("pil", "torchvision", "turbo"):  # turbo without simplejpeg: none of these is a JPEG
+        decoded = Loader(decoder).decode(data)
+        image = pil_to_tensor(decoded) if isinstance(decoded, Image.Image) else decoded
+        assert image.dtype == torch.uint8 and torch.equal(image, expected), (decoder, image.dtype)
+        with pytest.raises(DECODE_ERRORS):
+            Loader(decoder).decode(data[: len(data) // 2])
+
+
 def _worst_crop(monkeypatch, crop, image, ratio_end: int):
     """(h, w) of the crop torchvision's RandomResizedCrop takes from ``image`` when it draws the least
     area of its scale range and the ``ratio_end`` (0: least, 1: most) of its ratio range."""
@@ -346,3 +402,112 @@ def test_the_builtin_set_is_cut_in_this_process_where_workers_cannot_start(tmp_p
     r = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip().endswith("done"), r.stderr[-2000:]
     assert len(list((tmp_path / "set").rglob("*.jpg"))) == 10 * (6 + 2)
+
+
+def _image_folder_module(compose, root, *overrides):
+    cfg = compose("data=imagefolder", f"data.root={root}", "data.image_size=16", "data.batch_size=2", *overrides)
+    dm = ImageDataModule(cfg.data, cfg.seed)
+    dm.build()
+    return dm
+
+
+def _val_files(dm) -> list:
+    """The held-out images as (class, file name), whichever way the split was made."""
+    val = dm.val_set
+    samples = val.dataset.samples if hasattr(val, "indices") else val.samples
+    indices = val.indices if hasattr(val, "indices") else range(len(samples))
+    return sorted((dm.classes[samples[i][1]], samples[i][0].rsplit("/", 1)[-1]) for i in indices)
+
+
+def test_a_class_called_train_in_a_flat_folder_is_a_class(compose, tmp_path):
+    """PASCAL VOC and COCO have a class "train": a train/ of images is that class, not the split layout
+    (whose train/ holds class folders), here and in trainer.pack alike."""
+    from trainer.data.layout import split_folders
+
+    _make_folder(tmp_path / "voc", classes=("bus", "car", "train"))
+    dm = _image_folder_module(compose, tmp_path / "voc", "data.val_split=0.2")
+    assert dm.classes == ["bus", "car", "train"] and len(dm.train_set) + len(dm.val_set) == 15
+    assert split_folders(str(tmp_path / "voc")) is None  # trainer.pack's test: the same function
+
+
+def test_a_train_folder_without_val_holds_out_val_split_of_each_class(compose, tmp_path):
+    """README: without val/, data.val_split of each class is held out: the images a flat folder of the
+    same classes holds out."""
+    _make_folder(tmp_path / "ds" / "train", per_class=5)
+    dm = _image_folder_module(compose, tmp_path / "ds", "data.val_split=0.2")
+    assert dm.val_set is not None and len(dm.train_set) == 12 and len(dm.val_set) == 3
+    assert _val_files(dm) == _val_files(_image_folder_module(compose, tmp_path / "ds" / "train", "data.val_split=0.2"))
+
+
+def test_a_validation_folder_is_the_val_split(compose, tmp_path):
+    """validation/ is the held-out split's other name (Parquet exports use it; data=parquet reads it)."""
+    _make_folder(tmp_path / "ds" / "train", per_class=4)
+    _make_folder(tmp_path / "ds" / "validation", per_class=2)
+    dm = _image_folder_module(compose, tmp_path / "ds", "data.val_split=0.2")
+    assert len(dm.train_set) == 12 and len(dm.val_set) == 6
+    assert {name for _, name in _val_files(dm)} == {"0.jpg", "1.jpg"}
+
+
+def test_hidden_folders_are_not_classes(compose, tmp_path, caplog):
+    """.cache, .ipynb_checkpoints and __MACOSX beside the class folders hold images, but they are not
+    classes: read as one, each added a label and shifted the labels of the classes after it."""
+    _make_folder(tmp_path / "imgs", classes=("a", "b"))
+    _make_folder(tmp_path / "imgs", classes=(".cache", ".ipynb_checkpoints", "__MACOSX"), per_class=1)
+    with caplog.at_level("WARNING", logger="trainer.data.layout"):
+        dm = _image_folder_module(compose, tmp_path / "imgs", "data.val_split=0")
+    assert dm.classes == ["a", "b"] and len(dm.train_set) == 10
+    assert any(".ipynb_checkpoints" in r.getMessage() for r in caplog.records)  # said, not silent
+
+
+def test_a_class_folder_beside_hidden_ones_is_still_one_class(compose, tmp_path):
+    from trainer.errors import ConfigError
+
+    _make_folder(tmp_path / "imgs", classes=("a", ".ipynb_checkpoints"))
+    with pytest.raises(ConfigError, match=r"one class folder \(a\)"):
+        _image_folder_module(compose, tmp_path / "imgs")
+
+
+def test_a_remote_folder_skips_hidden_folders_as_a_local_one_does(tmp_path):
+    import fsspec
+
+    from trainer.data.folder import build_image_folders
+
+    _make_folder(tmp_path / "imgs", classes=("a", "b"))
+    _make_folder(tmp_path / "imgs", classes=("__MACOSX",), per_class=1)
+    fs = fsspec.filesystem("memory")
+    fs.put(f"{tmp_path / 'imgs'}/", f"/hidden-{tmp_path.name}/imgs", recursive=True)
+    train, _, classes = build_image_folders(f"memory://hidden-{tmp_path.name}/imgs", 16, False, 0, 0)
+    assert classes == ["a", "b"] and len(train) == 10
+
+
+def test_the_cache_copies_a_class_folder_that_is_a_symlink(compose, tmp_path):
+    """ImageFolder follows a symlinked class folder: the cache's copy must hold it too, or the copy
+    has a class fewer and the labels after it shift."""
+    _make_folder(tmp_path / "elsewhere", classes=("b",))
+    _make_folder(tmp_path / "imgs", classes=("a", "c"))
+    (tmp_path / "imgs" / "b").symlink_to(tmp_path / "elsewhere" / "b")
+    direct = _image_folder_module(compose, tmp_path / "imgs", "data.val_split=0")
+    cached = _image_folder_module(compose, tmp_path / "imgs", "data.val_split=0", f"data.cache={tmp_path / 'cache'}")
+    assert direct.classes == cached.classes == ["a", "b", "c"]
+    assert len(cached.train_set) == len(direct.train_set) == 15
+
+
+def test_the_cache_refuses_a_symlink_loop_as_the_image_folder_does(compose, tmp_path):
+    from trainer.errors import ConfigError
+
+    _make_folder(tmp_path / "imgs", classes=("a", "b"))
+    (tmp_path / "imgs" / "a" / "again").symlink_to(tmp_path / "imgs")
+    with pytest.raises(ConfigError, match="symlink loop"):
+        _image_folder_module(compose, tmp_path / "imgs", f"data.cache={tmp_path / 'cache'}")
+
+
+def test_a_loop_of_two_symlinks_is_refused(tmp_path):
+    """a/x -> b and b/y -> a: neither link points at a folder above it, yet the walk never ends."""
+    from trainer.data.folder import check_layout
+    from trainer.errors import ConfigError
+
+    _make_folder(tmp_path / "imgs", classes=("a", "b"), per_class=1)
+    (tmp_path / "imgs" / "a" / "x").symlink_to(tmp_path / "imgs" / "b")
+    (tmp_path / "imgs" / "b" / "y").symlink_to(tmp_path / "imgs" / "a")
+    with pytest.raises(ConfigError, match="symlink loop"):
+        check_layout(str(tmp_path / "imgs"), "data.root")

@@ -387,3 +387,76 @@ def test_decode_scale_decodes_every_format_at_the_image_folders_size(compose, tm
         assert short_sides(fmt, "data.decode_scale=off") == {304}, fmt
         assert short_sides(fmt, "data.decode_scale=auto") == {76}, fmt
         assert short_sides(fmt, "data.decode_scale=auto", "data.augment=false") == {38}, fmt
+
+
+def _folder(root: Path, counts: dict) -> Path:
+    """Class folders of 8 px PNGs, each image its own colour (so its pixels say which file it is)."""
+    from PIL import Image
+
+    for c, (cls, n) in enumerate(counts.items()):
+        (root / cls).mkdir(parents=True)
+        for j in range(n):
+            Image.new("RGB", (8, 8), (20 * c, 12 * j, 200 - 20 * c)).save(root / cls / f"{j}.png")
+    return root
+
+
+def _every_format(compose, src: Path, tmp_path) -> dict:
+    """src as each format reads it (trainer.pack's defaults: val_split 0.2, seed 42): name -> built datamodule."""
+    from trainer.data.pack import pack
+
+    roots = {"imagefolder": str(src)}
+    for fmt, name in (("npy", "packed"), ("parquet", "parquet")):
+        pack(str(src), str(tmp_path / name), size=8, fmt=fmt)
+        roots[name] = str(tmp_path / name)
+    built = {}
+    for name, root in roots.items():
+        dm = ImageDataModule(
+            compose(
+                f"data={name}", f"data.root={root}", "data.image_size=8", "data.augment=false", "data.batch_size=2"
+            ).data
+        )
+        dm.build()
+        built[name] = dm
+    return built
+
+
+def _held_out(dm) -> list:
+    """The val set's samples as (class name, pixels' hash), sorted: which images a format holds out."""
+    images = [dm.val_set[i] for i in range(len(dm.val_set))]
+    return sorted((dm.classes[y], hashlib.sha1(x.numpy().tobytes()).hexdigest()) for x, y in images)
+
+
+def test_packed_holds_out_the_image_folders_val_images(compose, tmp_path):
+    """data=packed split its array with one global permutation, data=imagefolder each class apart: the
+    same folder validated on other images (and classes of 2 images on none or both)."""
+    src = _folder(tmp_path / "src", {"a": 10, "b": 3, "c": 2})
+    built = _every_format(compose, src, tmp_path)
+    folder, packed = built["imagefolder"], built["packed"]
+    assert (
+        packed.val_set.indices == folder.val_set.indices and len(folder.val_set) == 3
+    )  # the same rows: packed in order
+    assert packed.train_set.indices == folder.train_set.indices
+    assert _held_out(built["parquet"]) == _held_out(folder)
+
+
+def test_a_train_folder_without_val_is_held_out_alike_by_every_format(compose, tmp_path):
+    src = _folder(tmp_path / "src" / "train", {"a": 5, "b": 5, "c": 5}).parent
+    built = _every_format(compose, src, tmp_path)
+    folder = built["imagefolder"]
+    assert len(folder.val_set) == 3 and built["packed"].val_set.indices == folder.val_set.indices
+    assert _held_out(built["parquet"]) == _held_out(folder)
+
+
+def test_a_validation_folder_is_the_val_split_of_every_format(compose, tmp_path):
+    _folder(tmp_path / "src" / "train", {"a": 4, "b": 4})
+    src = _folder(tmp_path / "src" / "validation", {"a": 2, "b": 1}).parent
+    for name, dm in _every_format(compose, src, tmp_path).items():
+        assert len(dm.train_set) == 8 and len(dm.val_set) == 3, name
+
+
+def test_every_format_reads_a_class_called_train_and_skips_hidden_folders(compose, tmp_path):
+    """A flat folder whose classes include "train" (PASCAL VOC's), with a Jupyter checkpoint folder and a
+    Mac zip's __MACOSX beside them: every format has the same three classes."""
+    src = _folder(tmp_path / "voc", {"bus": 5, "car": 5, "train": 5, ".ipynb_checkpoints": 2, "__MACOSX": 1})
+    for name, dm in _every_format(compose, src, tmp_path).items():
+        assert dm.classes == ["bus", "car", "train"] and len(dm.train_set) + len(dm.val_set) == 15, name

@@ -214,6 +214,25 @@ def test_the_cache_never_writes_into_a_folder_of_the_users(tmp_path):
     assert cached_copy(str(src), str(tmp_path / "other-cache")) == copy and (Path(copy) / "a" / "0.jpg").exists()
 
 
+def test_the_cache_refuses_a_folder_inside_the_data_or_holding_it(tmp_path):
+    """data.cache=DIR/.cache copied the copy into itself and left a class ".cache" in the user's data;
+    a cache folder holding the data would have it deleted with the cache. Refused, nothing written."""
+    from trainer.data.cache import cached_copy
+    from trainer.errors import ConfigError
+
+    src = _jpegs(tmp_path / "data" / "src")
+    before = _snapshot(tmp_path / "data")
+    for cache, says in (
+        (src / ".cache", "is inside data.root"),
+        (src, "is data.root itself"),
+        (tmp_path / "data", "holds data.root"),
+    ):
+        with pytest.raises(ConfigError, match=f"'data.cache={cache}' {says}"):
+            cached_copy(str(src), str(cache))
+    assert _snapshot(tmp_path / "data") == before and sorted(p.name for p in (tmp_path / "data").iterdir()) == ["src"]
+    assert not (src / ".cache").exists()
+
+
 def test_in_process_runs_never_write_into_a_killed_runs_dir(compose, tmp_path):
     from conftest import TINY
 

@@ -23,6 +23,7 @@ import shutil
 import time
 from pathlib import Path
 
+from trainer.data.layout import walk
 from trainer.data.storage import explain, is_remote, local_path, open_root, plain_options
 from trainer.errors import ConfigError
 
@@ -70,6 +71,8 @@ def cached_copy(src: str, cache_dir: str, storage_options=None) -> str:
         )
     ident, name = _source_name(src, storage_options)
     root = Path(os.path.expanduser(cache_dir))
+    if not is_remote(src):
+        _refuse_overlap(Path(ident), root, cache_dir)
     dst, done = root / name, root / name / "DONE"
     if done.exists() and _ours(dst):
         return str(dst)
@@ -106,6 +109,25 @@ def cached_copy(src: str, cache_dir: str, storage_options=None) -> str:
     return str(dst)  # the lock is released when its file closes
 
 
+def _refuse_overlap(src: Path, root: Path, cache_dir: str) -> None:
+    """A cache folder inside the source (or the source itself) writes the copy into the user's data: the
+    copy copies itself, and a later run without data.cache reads it as one more class. A cache folder
+    holding the source puts the user's data where a cache is deleted to free space. Refused before
+    anything is written, as ``trainer.pack`` refuses a DST inside SRC."""
+    cache = root.resolve()
+    if cache == src or src in cache.parents:
+        where = "is data.root itself" if cache == src else "is inside data.root"
+        harm = "the copy would be written into the folder it copies (and a later run could read it as one more class)"
+    elif cache in src.parents:
+        where, harm = "holds data.root", "deleting the cache, to free space or fetch a new copy, would delete the data"
+    else:
+        return
+    raise ConfigError(
+        f"'data.cache={cache_dir}' {where} ({src}): {harm}. Nothing was written; point data.cache at a folder "
+        "outside data.root, and data.root outside data.cache."
+    )
+
+
 class _LocalSource:
     """A local folder: files compared by size and sha256, also after the copy (a file changed mid-copy is refused)."""
 
@@ -113,10 +135,18 @@ class _LocalSource:
         self.path = path
 
     def files(self):
-        """rel -> (size, version): version None (local files are checked by content)."""
-        return {
-            str(p.relative_to(self.path)): (p.stat().st_size, None) for p in sorted(self.path.rglob("*")) if p.is_file()
-        }
+        """rel -> (size, version): version None (local files are checked by content).
+
+        Walked as ImageFolder walks it (``layout.walk``: into symlinked folders, a loop refused), so the
+        copy holds every class the folder has: ``Path.rglob`` does not follow a symlinked class folder
+        (Python 3.11), and the copy lost that class and shifted the labels after it."""
+        found = {}
+        for top, _, names in walk(str(self.path), "data.root"):
+            for name in names:
+                path = os.path.join(top, name)
+                if os.path.isfile(path):  # not a broken link
+                    found[os.path.relpath(path, self.path)] = (os.path.getsize(path), None)
+        return dict(sorted(found.items()))
 
     def fetch(self, rels, tmps) -> list:
         """Copy; return the copies' sha256 (each also the source's after the copy)."""

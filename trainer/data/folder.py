@@ -1,14 +1,17 @@
 """Real image folders (JPEG/PNG) in torchvision's ImageFolder layout, split into train and val.
 
-``root`` holds either ``train/`` and ``val/`` subfolders, each with one folder per class, or the
-class folders directly, in which case ``val_split`` of each class is held out (seeded, so the
-split is the same in every run).
+``root`` holds either ``train/`` and ``val/`` (or ``validation/``) subfolders, each with one folder
+per class, or the class folders directly. Without a val folder, ``val_split`` of each class is held
+out (seeded, so the split is the same in every run). ``trainer.data.layout`` says which folders
+are splits and which are classes (hidden folders are skipped), the same for every format.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import os
+import threading
 from typing import Optional, Tuple
 
 import torch
@@ -20,8 +23,9 @@ from torchvision.transforms import v2
 from trainer.data.augment import CROP_RATIO, Augmentation, transforms_for
 from trainer.data.decoders import DECODE_ERRORS, Loader, undecodable
 from trainer.data.device_decode import BytesLoader
+from trainer.data.layout import class_folders, find_class_folders, split_folders, walk
 from trainer.data.storage import explain, is_remote, local_path, open_root
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, TrainingStopped
 
 CROP_SCALE = Augmentation().crop_scale  # RandomResizedCrop's range of area fractions (data.crop_min_scale's default)
 VAL_RESIZE = (
@@ -82,27 +86,62 @@ def _no_transform(*args, **kwargs):
     return None
 
 
+class _SkippedFiles(threading.local):
+    """The files this thread's image folder skipped since its last batch was collated (the last few).
+
+    A skipped sample reaches the collate as None (the convention every loader's collate shares), so
+    the stop for a batch of nothing else names its files from here: a batch's samples are read and
+    collated one after the other in the same thread (a loader worker, or the main process)."""
+
+    def __init__(self) -> None:
+        self.paths = collections.deque(maxlen=3)
+
+
+_skipped = _SkippedFiles()
+
+
 def _safe_image_folder_class():
     class SafeImageFolder(ImageFolder):
         """ImageFolder that turns an undecodable file into a clear stop, or a skipped sample.
 
         ``on_bad_sample=skip`` returns None for the sample; ``skip_none_collate`` drops it from the
-        batch and ``BadSampleCounter`` counts the short batches.
+        batch and ``BadSampleCounter`` counts the short batches. Hidden folders are not classes
+        (``layout.is_class_folder``).
         """
 
         on_bad_sample = "skip"
+        find_classes = staticmethod(find_class_folders)
 
         def __getitem__(self, index):
             try:
                 return super().__getitem__(index)
             except DECODE_ERRORS as e:
-                return undecodable(self.on_bad_sample, self.samples[index][0], f"{type(e).__name__}: {e}")
+                path = self.samples[index][0]
+                _skipped.paths.append(path)
+                return undecodable(self.on_bad_sample, path, f"{type(e).__name__}: {e}")
 
     return SafeImageFolder
 
 
 def skip_none_collate(batch):
-    return default_collate([b for b in batch if b is not None])
+    """default_collate of the samples that decoded: ``data.on_bad_sample=skip`` left None for the others.
+
+    A batch with none left stops the run (TrainingStopped, naming its files), as ``data.decoder=nvjpeg``
+    stops: an empty batch cannot be trained or validated (default_collate fails on it), and skipping it
+    would leave this rank one step short of the others, which DDP waits for without end.
+    """
+    skipped = list(_skipped.paths)[-len(batch) :]
+    _skipped.paths.clear()
+    kept = [b for b in batch if b is not None]
+    if not kept:
+        more = f" and {len(batch) - len(skipped)} more" if skipped and len(batch) > len(skipped) else ""
+        named = ", ".join(skipped) + more if skipped else "a warning above names each"
+        raise TrainingStopped(
+            f"no image of a batch of {len(batch)} could be decoded ({named}): data.on_bad_sample=skip drops a bad "
+            "image from its batch, but a batch needs at least one image that decodes. Remove or replace the files "
+            "that do not decode."
+        )
+    return default_collate(kept)
 
 
 def check_layout(path: str, key: str) -> None:
@@ -110,10 +149,10 @@ def check_layout(path: str, key: str) -> None:
 
     ImageFolder walks class folders following symlinks, so a link back up the tree repeats the
     same images again and again; a single class folder trains a model that cannot be wrong; images
-    directly in DIR are not a class.
+    directly in DIR are not a class. Hidden folders are skipped, not classes (``layout``): warned here.
     """
     entries = list(os.scandir(path))
-    classes = sorted(e.name for e in entries if e.is_dir())
+    classes = class_folders((e.name for e in entries if e.is_dir()), where=f"'{key}' ({path})")
     loose = [e.name for e in entries if e.is_file() and e.name.lower().endswith(IMG_EXTENSIONS)]
     if loose and not classes:
         raise ConfigError(
@@ -125,18 +164,8 @@ def check_layout(path: str, key: str) -> None:
             f"'{key}' ({path}) holds one class folder ({classes[0]}): a classifier needs at least 2 classes, "
             "one folder each (DIR/<class>/<image>)."
         )
-    for top, dirs, _ in os.walk(path, followlinks=True):
-        here = os.path.realpath(top)
-        for d in dirs:
-            link = os.path.join(top, d)
-            if not os.path.islink(link):
-                continue
-            target = os.path.realpath(link)
-            if here == target or here.startswith(target + os.sep):  # points back at itself or an ancestor
-                raise ConfigError(
-                    f"'{key}': {link} points back to {target}, a folder it is inside: a symlink loop, which would repeat the same "
-                    "images without end. Remove the link or point it outside the data root."
-                )
+    for _ in walk(path, key):  # refuses a symlink loop
+        pass
 
 
 def _image_folder(path: str, transform, key: str, on_bad_sample: str = "skip", loader=None):
@@ -162,7 +191,8 @@ def _remote_image_folder(fs, path: str, transform, key: str, on_bad_sample: str,
                 entries = fs.ls(directory, detail=True)
             except Exception as e:  # noqa: BLE001
                 raise explain(e, root, key) from None
-            classes = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory")
+            names = (e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e["type"] == "directory")
+            classes = class_folders(names, where=f"'{key}' ({directory})")
             loose = [
                 e["name"] for e in entries if e["type"] != "directory" and e["name"].lower().endswith(IMG_EXTENSIONS)
             ]
@@ -207,9 +237,6 @@ class _LocalFolders:
                 f"'{key}' points at {self.base}, which does not exist or is not a folder. Set {key}=DIR to a folder of class subfolders of images."
             )
 
-    isdir = staticmethod(os.path.isdir)
-    join = staticmethod(os.path.join)
-
     def check(self, path: str) -> None:
         check_layout(path, self.key)
 
@@ -223,12 +250,6 @@ class _RemoteFolders:
     def __init__(self, root: str, storage_options, key: str, on_bad_sample: str) -> None:
         self.fs, self.base = open_root(root, storage_options, key)
         self.root, self.key, self.on_bad_sample = root, key, on_bad_sample
-
-    def isdir(self, path: str) -> bool:
-        return self.fs.isdir(path)
-
-    def join(self, *parts: str) -> str:
-        return "/".join(parts)
 
     def check(self, path: str) -> None:
         pass  # no symlinks in an object store; the class checks run in find_classes
@@ -274,30 +295,27 @@ def build_image_folders(
     def make(path: str, train: bool):
         return tree.make(path, make_transform(image_size, train, augment, keep_uint8), loader)
 
-    train_dir, val_dir = tree.join(tree.base, "train"), tree.join(tree.base, "val")
-    if tree.isdir(train_dir):
-        tree.check(train_dir)
-        if tree.isdir(val_dir):
-            tree.check(val_dir)
-        train = make(train_dir, True)
-        val = make(val_dir, False) if tree.isdir(val_dir) else None
-        if val is not None and val.classes != train.classes:
+    train_dir, val_dir = split_folders(tree.base, tree.fs) or (tree.base, None)
+    tree.check(train_dir)  # once: the train and val views below read the same folder
+    train = make(train_dir, True)
+    if val_dir is not None:
+        tree.check(val_dir)
+        val = make(val_dir, False)
+        if val.classes != train.classes:
             raise ConfigError(f"'{key}': {train_dir} and {val_dir} have different class folders; they must match.")
         return train, val, train.classes
-    tree.check(tree.base)  # once: the train and val views below read the same folder
-    full_train = make(tree.base, True)
     if val_split <= 0:
-        return full_train, None, full_train.classes
-    full_val = make(tree.base, False)
-    train_idx, val_idx = split_per_class(full_train.targets, val_split, seed)
-    return Subset(full_train, train_idx), Subset(full_val, val_idx), full_train.classes
+        return train, None, train.classes
+    train_idx, val_idx = split_per_class(train.targets, val_split, seed)
+    return Subset(train, train_idx), Subset(make(train_dir, False), val_idx), train.classes
 
 
 def split_per_class(targets, val_split: float, seed: int):
     """(train indices, val indices), both sorted: ``val_split`` of each class held out, seeded.
 
-    A per-class split keeps every class in both halves; ``trainer.pack`` uses the same rule, so a
-    packed dataset's val set is the image folder's.
+    A per-class split keeps every class in both halves. ``python -m trainer.pack`` (Parquet and
+    WebDataset shards) and ``data=packed`` split with it too, over the same samples in the same
+    order, so every format holds out the image folder's val images.
     """
     g = torch.Generator().manual_seed(seed)
     by_class: dict = {}

@@ -15,8 +15,11 @@ with no sample seen twice or skipped. ``data=packed data.root=DST`` trains from 
 
 Layout of DST: ``images.npy`` (uint8, N x H x W x 3, opened memory-mapped), ``labels.npy``
 (int64), ``meta.json`` (count, size, classes, source, a checksum of the arrays). A source laid out
-as ``SRC/train/<class>`` and ``SRC/val/<class>`` keeps its split: ``DST/train`` and ``DST/val``,
-with the val labels numbered by the train classes.
+as ``SRC/train/<class>`` and ``SRC/val/<class>`` (or ``validation/``) keeps its split: ``DST/train``
+and ``DST/val``, with the val labels numbered by the train classes. Without a val split, the whole
+of it is packed and ``data=packed`` holds out ``data.val_split`` of each class when it trains, the
+images ``data=imagefolder`` holds out. The source's folders are read as ``trainer.data.layout``
+says, the same for every format (hidden folders are not classes).
 
 ``--format parquet``: ``DST/train/train-00000-of-0000N.parquet`` (and ``DST/val/...``), columns
 ``image`` (struct of the file's ``bytes`` and its ``path``) and ``label`` (int64), class names in the
@@ -24,9 +27,9 @@ with the val labels numbered by the train classes.
 ``--format webdataset``: ``DST/train/shard-000000.tar`` (``<key>.jpg`` + ``<key>.cls`` per sample,
 written by WebDataset's TarWriter) and ``DST/train.json``, the ``wids`` index (shards and their
 sample counts, plus the class names). For both, samples are written in a seeded shuffled order
-(shards mix classes), ``--shard-samples`` per file, and a source with no train/val folders is
-split per class with ``--val-split`` and ``--seed``: the same rule and defaults as
-``data=imagefolder``, so the val images are the ones the image folder validates on.
+(shards mix classes), ``--shard-samples`` per file, and a source with no val folder (class folders,
+or ``SRC/train/`` alone) is split per class with ``--val-split`` and ``--seed``: the same rule and
+defaults as ``data=imagefolder``, so the val images are the ones the image folder validates on.
 
 It never destroys what it did not create: DST must not exist or be an empty folder, and may not be
 SRC or lie inside it. Everything is written to a temp dir beside DST (marked as ours, with our
@@ -52,6 +55,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Optional
 
+from trainer.data.layout import find_class_folders, split_folders
 from trainer.measure.sysstats import process_alive
 
 FORMAT = 1
@@ -61,12 +65,6 @@ MARKER = ".trainer-pack-in-progress"  # inside our temp dir: "host pid" of the p
 
 class PackError(Exception):
     """Bad input for pack: the message is the whole answer (no traceback)."""
-
-
-def is_split_layout(src: Path) -> bool:
-    """SRC/train/<class>/... (and SRC/val/<class>/... where there is one), not a class called "train"."""
-    train = src / "train"
-    return train.is_dir() and any(p.is_dir() for p in train.iterdir())
 
 
 def check_destination(src: Path, dst: Path) -> None:
@@ -101,11 +99,16 @@ def _remove_stale_temp_dirs(parent: Path) -> None:
 
 
 def _image_folder(path: Path):
-    """torchvision's ImageFolder of ``path``; no images is a PackError."""
+    """torchvision's ImageFolder of ``path``, its classes found as every format finds them (hidden folders
+    skipped: ``trainer.data.layout``); no images is a PackError."""
     from torchvision.datasets import ImageFolder  # lazy: keeps torch out of python -m trainer.pack's start-up
 
+    class ClassFolders(ImageFolder):
+        def find_classes(self, directory):
+            return find_class_folders(directory, warn=True)
+
     try:
-        dataset = ImageFolder(str(path))
+        dataset = ClassFolders(str(path))
     except (FileNotFoundError, OSError) as e:
         raise PackError(f"no images found in {path} (expected {path}/<class>/<image>): {e}") from None
     if not len(dataset):
@@ -179,15 +182,12 @@ def _samples(src: Path, val_split: float, seed: int):
     """(classes, {"train": [(path, label)], "val": [...]}) of an image folder, split as data=imagefolder splits it."""
     from trainer.data.folder import split_per_class  # lazy: keeps torch out of python -m trainer.pack's start-up
 
-    if is_split_layout(src):
-        train = _image_folder(src / "train")
-        splits = {"train": list(train.samples)}
-        if (src / "val").is_dir():
-            val = _image_folder(src / "val")
-            targets = _numbered_as_train(val.classes, train.class_to_idx, src / "val")
-            splits["val"] = [(p, targets[t]) for p, t in val.samples]
-        return train.classes, splits
-    full = _image_folder(src)
+    train_dir, val_dir = split_folders(str(src)) or (str(src), None)
+    if val_dir is not None:
+        train, val = _image_folder(Path(train_dir)), _image_folder(Path(val_dir))
+        targets = _numbered_as_train(val.classes, train.class_to_idx, Path(val_dir))
+        return train.classes, {"train": list(train.samples), "val": [(p, targets[t]) for p, t in val.samples]}
+    full = _image_folder(Path(train_dir))
     train_idx, val_idx = split_per_class(full.targets, val_split, seed)
     splits = {"train": [full.samples[i] for i in train_idx]}
     if val_idx:
@@ -292,14 +292,16 @@ def pack(
     try:
         (tmp / MARKER).write_text(f"{socket.gethostname()} {os.getpid()}")
         staged = tmp / "data"
+        layout = split_folders(str(src_path))
         if fmt != "npy":
             classes, splits = _samples(src_path, val_split, seed)
             meta = _write_shards(fmt, classes, splits, staged, shard_samples, group_rows, seed, src_path)
-        elif is_split_layout(src_path):
-            meta = _pack_one(src_path / "train", staged / "train", size)
+        elif layout:
+            train_dir, val_dir = layout
+            meta = _pack_one(Path(train_dir), staged / "train", size)
             splits = {"train": meta["count"]}
-            if (src_path / "val").is_dir():
-                val = _pack_one(src_path / "val", staged / "val", size, {c: i for i, c in enumerate(meta["classes"])})
+            if val_dir is not None:  # else data=packed holds out data.val_split of DST/train, as imagefolder would
+                val = _pack_one(Path(val_dir), staged / "val", size, {c: i for i, c in enumerate(meta["classes"])})
                 splits["val"] = val["count"]
             meta = dict(meta, splits=splits)
         else:
@@ -349,7 +351,7 @@ def _parser() -> argparse.ArgumentParser:
         "--val-split",
         type=float,
         default=0.2,
-        help="parquet / webdataset, for a source with no train/val folders: fraction of each class held out",
+        help="parquet / webdataset, for a source with no val folder: fraction of each class held out",
     )
     parser.add_argument(
         "--seed",

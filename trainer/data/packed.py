@@ -6,6 +6,12 @@ copy the arrays to local disk once and memory-map them there). Augmentation (ran
 padding, horizontal flip) and normalization run on the uint8 tensor; with ``data.gpu_normalize``
 the sample stays uint8 and the conversion happens on the device. Map-style, so shuffling is
 global and DistributedSampler/loader workers split it exactly.
+
+The crop is this format's own: the image folder's RandomResizedCrop (``data.crop_min_scale``) does
+not apply, and validation sees the stored square (the short side resized, then center-cropped, at
+pack time) resized to the eval size. The split is the image folder's: without a packed val array,
+``data.val_split`` of each class is held out with ``folder.split_per_class`` over the same images
+in the same order, so the held-out images are the ones ``data=imagefolder`` holds out.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from trainer.data.augment import Augmentation, uint8_train_steps
+from trainer.data.folder import split_per_class
 from trainer.data.gpu_transforms import normalize_uint8
+from trainer.data.layout import TRAIN_SPLIT, VAL_SPLITS
 from trainer.data.storage import explain, is_remote, local_path, open_root
 from trainer.errors import ConfigError
 
@@ -139,19 +147,22 @@ def build_packed(
                 f"'data.root' ({root}) does not exist. data=packed needs a folder made by: python -m trainer.pack SRC DST"
             )
         root, isfile = local_path(root), os.path.isfile
-    if isfile(f"{root}/train/meta.json"):
-        train = PackedImages(f"{root}/train", image_size, True, augment, keep_uint8, fs)
-        val_dir = f"{root}/val"
-        val = (
-            PackedImages(val_dir, image_size, False, augment, keep_uint8, fs)
-            if isfile(f"{val_dir}/meta.json")
-            else None
-        )
-        return train, val, train.classes
-    train_all = PackedImages(root, image_size, True, augment, keep_uint8, fs)
+    train_root, val_root = _split_roots(root, isfile)
+    train = PackedImages(train_root, image_size, True, augment, keep_uint8, fs)
+    if val_root is not None:
+        return train, PackedImages(val_root, image_size, False, augment, keep_uint8, fs), train.classes
     if val_split <= 0:
-        return train_all, None, train_all.classes
-    val_all = PackedImages(root, image_size, False, augment, keep_uint8, fs)
-    perm = torch.randperm(len(train_all), generator=torch.Generator().manual_seed(seed)).tolist()
-    n_val = int(round(len(perm) * val_split))
-    return Subset(train_all, sorted(perm[n_val:])), Subset(val_all, sorted(perm[:n_val])), train_all.classes
+        return train, None, train.classes
+    # the image folder's rule over the same images in the same order: the held-out images are imagefolder's
+    train_idx, val_idx = split_per_class(train.labels.tolist(), val_split, seed)
+    val = PackedImages(train_root, image_size, False, augment, keep_uint8, fs)
+    return Subset(train, train_idx), Subset(val, val_idx), train.classes
+
+
+def _split_roots(root: str, isfile) -> Tuple[str, Optional[str]]:
+    """(training array's folder, validation's or None): ``DST/train`` and ``DST/val`` (or any of the
+    split names ``trainer.data.layout`` reads) where ``trainer.pack`` kept a split, else ``DST``."""
+    if not isfile(f"{root}/{TRAIN_SPLIT}/meta.json"):
+        return root, None
+    vals = [f"{root}/{name}" for name in VAL_SPLITS if isfile(f"{root}/{name}/meta.json")]
+    return f"{root}/{TRAIN_SPLIT}", (vals[0] if vals else None)

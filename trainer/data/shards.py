@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler
 
 from trainer.data.decoders import DECODE_ERRORS, undecodable
+from trainer.data.layout import TRAIN_SPLIT, VAL_SPLITS
 from trainer.data.storage import explain
 from trainer.errors import ConfigError
 from trainer.rank import world_size
@@ -280,9 +281,9 @@ def split_blocks(sizes: Sequence[int], val_split: float, seed: int):
 def find_split_files(fs, root: str, suffix: str, key: str = "data.root"):
     """{"train": [files], "val": [files] or None} under ``root``, in the layouts datasets are published in.
 
-    ``root/train/`` and ``root/val/`` (or ``validation/``) folders; else files whose names start
-    with ``train`` and ``val``/``validation`` anywhere below root (``data/train-00000-of-00004.parquet``);
-    else every file is training data (val: None).
+    ``root/train/`` and ``root/val/`` (or ``validation/``: ``layout.VAL_SPLITS``, the image folder's
+    names too) folders; else files whose names start with ``train`` and ``val``/``validation`` anywhere
+    below root (``data/train-00000-of-00004.parquet``); else every file is training data (val: None).
     """
 
     def files(path):
@@ -291,14 +292,13 @@ def find_split_files(fs, root: str, suffix: str, key: str = "data.root"):
         except Exception as e:  # noqa: BLE001
             raise explain(e, root, key) from None
 
-    for train_dir in (f"{root}/train",):
-        if fs.isdir(train_dir):
-            val_dirs = [d for d in (f"{root}/val", f"{root}/validation") if fs.isdir(d)]
-            return {"train": files(train_dir), "val": files(val_dirs[0]) if val_dirs else None}
+    if fs.isdir(f"{root}/{TRAIN_SPLIT}"):
+        val_dirs = [f"{root}/{name}" for name in VAL_SPLITS if fs.isdir(f"{root}/{name}")]
+        return {"train": files(f"{root}/{TRAIN_SPLIT}"), "val": files(val_dirs[0]) if val_dirs else None}
     everything = files(root)
     name = lambda f: f.rsplit("/", 1)[-1]  # noqa: E731
-    train = [f for f in everything if name(f).startswith("train")]
-    val = [f for f in everything if name(f).startswith(("val", "validation"))]
+    train = [f for f in everything if name(f).startswith(TRAIN_SPLIT)]
+    val = [f for f in everything if name(f).startswith(VAL_SPLITS)]
     if train:
         return {"train": train, "val": val or None}
     return {"train": everything, "val": None}

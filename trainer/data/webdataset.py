@@ -29,6 +29,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS  # what an image folder (
 
 from trainer.data.decoders import Loader
 from trainer.data.folder import decode_min_side, transforms_for
+from trainer.data.layout import TRAIN_SPLIT, VAL_SPLITS
 from trainer.data.shards import BlockImages, find_split_files, require_root, split_blocks
 from trainer.data.storage import explain, open_root
 from trainer.errors import ConfigError
@@ -137,9 +138,10 @@ def build_webdataset(
     require_root(root, "webdataset", "tar shards")
     fs, base = open_root(root, storage_options)
     splits, classes = {}, None
-    for split in ("train", "val"):
-        if fs.isfile(f"{base}/{split}.json"):
-            urls, sizes, names = _descriptor(fs, f"{base}/{split}.json", root)
+    val_index = next((f"{base}/{n}.json" for n in VAL_SPLITS if fs.isfile(f"{base}/{n}.json")), None)
+    for split, index in (("train", f"{base}/{TRAIN_SPLIT}.json"), ("val", val_index)):
+        if index and fs.isfile(index):  # a split's wids index: the image folder's split names (layout)
+            urls, sizes, names = _descriptor(fs, index, root)
             splits[split] = (urls, sizes)
             classes = classes or names
     if "train" not in splits:  # no index: count the samples by reading each shard once
