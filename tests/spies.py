@@ -137,6 +137,14 @@ class SlowDataset(torch.utils.data.Dataset):
         return torch.randn(3, self.size, self.size, generator=g), i % self.classes
 
 
+class MixedSizes(SlowDataset):
+    """A user's dataset that forgot to resize: every other image is 4 px larger."""
+
+    def __getitem__(self, i):
+        image, label = super().__getitem__(i)
+        return (torch.nn.functional.pad(image, (2, 2, 2, 2)) if i % 2 else image), label
+
+
 class FetchLog(SlowDataset):
     """Appends each index a loader worker asks for to ``path``, one line each: every sample the loader's
     workers built (not the training process's own reads, such as the example batch a run measures)."""

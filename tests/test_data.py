@@ -50,6 +50,15 @@ def test_a_builtin_cache_that_cannot_be_written_is_named(tmp_path):
         ensure_builtin(str(taken), 4, 40)
 
 
+def test_a_custom_dataset_of_images_of_different_sizes_is_named_not_a_traceback(train):
+    from trainer.errors import ConfigError
+
+    with pytest.raises(
+        ConfigError, match=r"'data.dataset._target_=spies.MixedSizes' gives samples of different shapes"
+    ):
+        train("data=custom", "data.dataset._target_=spies.MixedSizes", "+data.dataset.sleep_ms=0", "data.num_workers=0")
+
+
 def test_a_custom_dataset_that_cannot_be_built_is_named(compose):
     """Hydra's "Error locating target ... set HYDRA_FULL_ERROR" before; the paragraph model._target_ gets now."""
     from trainer.errors import ConfigError

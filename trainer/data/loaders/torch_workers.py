@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Dict, Optional
 
+from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, IterableDataset
 
 from trainer.data.epoch_ahead import EpochAheadLoader
@@ -21,6 +22,23 @@ from trainer.data.prefetch import DevicePrefetchLoader
 from trainer.data.sampler import RepeatedSamples
 from trainer.data.seeding import SeededSamples
 from trainer.data.shards import BlockImages, BlockSampler
+from trainer.errors import ConfigError
+
+
+def custom_collate(batch, dataset: str):
+    """data=custom's batches: the user's Dataset decides each sample's shape, and samples of different
+    shapes cannot be stacked into one batch (default_collate's RuntimeError, a traceback): one
+    paragraph naming the dataset instead."""
+    try:
+        return skip_none_collate(batch)
+    except RuntimeError as e:
+        if "stack expects each tensor to be equal size" not in str(e):
+            raise
+        raise ConfigError(
+            f"'{dataset}' gives samples of different shapes in one batch ({str(e).splitlines()[0]}): a batch stacks "
+            "its images, so the dataset must return every image at one size. Resize and crop in the dataset "
+            "(e.g. torchvision.transforms.v2.Resize(S) then v2.CenterCrop(S)), or use data=imagefolder, which does."
+        ) from None
 
 
 class TorchLoaders(Loaders):
@@ -30,7 +48,10 @@ class TorchLoaders(Loaders):
         """How a batch is put together from samples (None: the DataLoader's default)."""
         if self.setup.cfg.name == "synthetic":
             return None
-
+        if self.setup.cfg.name == "custom":
+            key = "data.dataset" if train or not self.setup.cfg.get("val_dataset") else "data.val_dataset"
+            target = OmegaConf.select(self.setup.cfg, f"{key.split('.', 1)[1]}._target_")
+            return functools.partial(custom_collate, dataset=f"{key}._target_={target}")
         return skip_none_collate
 
     def plan(self) -> Dict[str, int]:
