@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from PIL import Image
@@ -487,6 +489,29 @@ def test_a_remote_folder_skips_hidden_folders_as_a_local_one_does(tmp_path):
     fs.put(f"{tmp_path / 'imgs'}/", f"/hidden-{tmp_path.name}/imgs", recursive=True)
     train, _, classes = build_image_folders(f"memory://hidden-{tmp_path.name}/imgs", 16, False, 0, 0)
     assert classes == ["a", "b"] and len(train) == 10
+
+
+def test_a_remote_folder_with_subfolders_in_its_classes_holds_out_the_local_ones_val_images(tmp_path):
+    """ImageFolder reads a class folder by folder (each sorted), not by whole paths: a remote reader that
+    sorted whole paths put ``a/sub/x/...`` before ``a/za_...``, and so held out other images."""
+    import fsspec
+
+    from trainer.data.folder import build_image_folders
+
+    for i, cls in enumerate(("a", "b")):  # files named after the subfolder: "sub/..." < "za_..." as whole paths
+        _make_folder(tmp_path / "imgs" / cls / "sub", classes=("x",), per_class=3)
+        for j in range(3):
+            Image.new("RGB", (20, 20), (90 * i, 40 * j, 100)).save(tmp_path / "imgs" / cls / f"za_{j}.jpg")
+    fs = fsspec.filesystem("memory")
+    fs.put(f"{tmp_path / 'imgs'}/", f"/nested-{tmp_path.name}/imgs", recursive=True)
+
+    def held_out(root: str) -> list:
+        _, val, _ = build_image_folders(root, 16, False, 0.5, 7)
+        return [val.dataset.samples[i][0].replace(os.sep, "/").split("/imgs/", 1)[1] for i in val.indices]
+
+    local = held_out(str(tmp_path / "imgs"))
+    assert held_out(f"memory://nested-{tmp_path.name}/imgs") == local
+    assert any("sub" in p for p in local) and any("sub" not in p for p in local)
 
 
 def test_the_cache_copies_a_class_folder_that_is_a_symlink(compose, tmp_path):

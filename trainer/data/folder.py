@@ -177,8 +177,11 @@ def _image_folder(path: str, transform, key: str, on_bad_sample: str = "skip", l
         raise ConfigError(
             f"'{key}' points at {path}, which holds no images in class folders ({e}). "
             "Expected DIR/<class>/<image>.jpg, or DIR/train/<class>/... and DIR/val/<class>/...; "
-            "images may be .jpg, .jpeg, .png, .bmp, .webp."
+            f"images may be {IMAGE_FILES}."
         ) from None
+
+
+IMAGE_FILES = ", ".join(IMG_EXTENSIONS)  # what ImageFolder takes (and so every decoder: trainer.data.decoders)
 
 
 def _remote_image_folder(fs, path: str, transform, key: str, on_bad_sample: str, loader, root: str):
@@ -210,14 +213,14 @@ def _remote_image_folder(fs, path: str, transform, key: str, on_bad_sample: str,
             samples = []
             for cls in sorted(class_to_idx):
                 try:
-                    files = sorted(fs.find(f"{directory}/{cls}"))
+                    # ImageFolder's order: folder by folder (sorted by path), each folder's files sorted; a
+                    # sort of whole paths put a class's subfolders among its files, and so moved the split
+                    files = sorted(fs.find(f"{directory}/{cls}"), key=lambda f: tuple(f.rsplit("/", 1)))
                 except Exception as e:  # noqa: BLE001
                     raise explain(e, root, key) from None
                 samples += [(f, class_to_idx[cls]) for f in files if f.lower().endswith(IMG_EXTENSIONS)]
             if not samples:
-                raise ConfigError(
-                    f"'{key}' ({root}) holds no images in its class folders (.jpg, .jpeg, .png, .bmp, .webp)."
-                )
+                raise ConfigError(f"'{key}' ({root}) holds no images in its class folders ({IMAGE_FILES}).")
             return samples
 
     dataset = RemoteImageFolder(path, transform=transform, loader=loader)
