@@ -400,21 +400,26 @@ def _folder(root: Path, counts: dict) -> Path:
     return root
 
 
-def _every_format(compose, src: Path, tmp_path) -> dict:
+def _every_format(compose, src: Path, tmp_path, *overrides: str) -> dict:
     """src as each format reads it (trainer.pack's defaults: val_split 0.2, seed 42): name -> built datamodule."""
     from trainer.data.pack import pack
 
     roots = {"imagefolder": str(src)}
     for fmt, name in (("npy", "packed"), ("parquet", "parquet")):
-        pack(str(src), str(tmp_path / name), size=8, fmt=fmt)
+        if not (tmp_path / name).exists():
+            pack(str(src), str(tmp_path / name), size=8, fmt=fmt)
         roots[name] = str(tmp_path / name)
     built = {}
     for name, root in roots.items():
-        dm = ImageDataModule(
-            compose(
-                f"data={name}", f"data.root={root}", "data.image_size=8", "data.augment=false", "data.batch_size=2"
-            ).data
+        cfg = compose(
+            f"data={name}",
+            f"data.root={root}",
+            "data.image_size=8",
+            "data.augment=false",
+            "data.batch_size=2",
+            *overrides,
         )
+        dm = ImageDataModule(cfg.data, cfg.seed)
         dm.build()
         built[name] = dm
     return built
@@ -437,6 +442,20 @@ def test_packed_holds_out_the_image_folders_val_images(compose, tmp_path):
     )  # the same rows: packed in order
     assert packed.train_set.indices == folder.train_set.indices
     assert _held_out(built["parquet"]) == _held_out(folder)
+
+
+def test_the_held_out_images_follow_data_split_seed_not_the_runs_seed(compose, tmp_path):
+    """A run's seed (a seed sweep, repeat_seeds) changes its training, not the images it is judged on: at
+    any seed every format holds out what trainer.pack's shards hold out (its --seed 42 is
+    data.split_seed's default); data.split_seed chooses other images."""
+    src = _folder(tmp_path / "src", {"a": 10, "b": 10})
+    default = _every_format(compose, src, tmp_path)
+    other_seed = _every_format(compose, src, tmp_path, "seed=1")
+    for name in default:
+        assert _held_out(other_seed[name]) == _held_out(default[name]) == _held_out(default["parquet"]), name
+    other_split = _every_format(compose, src, tmp_path, "data.split_seed=7")
+    assert _held_out(other_split["imagefolder"]) != _held_out(default["imagefolder"])
+    assert other_split["packed"].val_set.indices == other_split["imagefolder"].val_set.indices
 
 
 def test_a_train_folder_without_val_is_held_out_alike_by_every_format(compose, tmp_path):

@@ -360,13 +360,10 @@ class Prober:
         return result
 
     def time_limit_s(self, kind: str) -> Optional[float]:
-        """Seconds after which a run of ``kind`` counts as stuck and is stopped (None: not bounded).
-
-        A probe is a few short epochs: one far past the budget is stuck. A run to the target
-        (tune.objective=time_to_target) trains at most as long as the baseline's verification, which
-        reached the target: three times that is no contender, and a hung candidate (a loader's
-        deadlock) would otherwise hold the tune, and its budget, for ever. A verification trains
-        full epochs and is not bounded."""
+        """Seconds after which a run of ``kind`` is stuck and stopped (None: not bounded). A probe is a few
+        short epochs. A run to the target (time_to_target) that takes three times the baseline's
+        verification, which reached the target, is no contender, and a hung one (a loader's deadlock)
+        would hold the tune for ever. A verification trains full epochs and is not bounded."""
         if kind == "probe":
             return max(300.0, 60.0 * self.cfg.budget_min)
         if kind == "target" and self.longest_verify_s:
