@@ -248,6 +248,20 @@ def _lossless_file(kind: str):
     return _png16(deep_colour), torch.from_numpy((deep_colour >> 8).astype(np.uint8)).permute(2, 0, 1)
 
 
+def test_a_packed_16_bit_grey_png_keeps_its_high_bytes_as_every_decoder_does(tmp_path):
+    """python -m trainer.pack (data=packed) decodes with Pillow too: a 16-bit grey image was clipped to white."""
+    import numpy as np
+
+    from trainer.data.pack import pack
+
+    for cls in ("a", "b"):
+        (tmp_path / "src" / cls).mkdir(parents=True)
+        (tmp_path / "src" / cls / "0.png").write_bytes(_png16(np.full((8, 8), 0x8000 + 0x40 * len(cls))))
+    pack(str(tmp_path / "src"), str(tmp_path / "dst"), size=8, fmt="npy", val_split=0)
+    images = np.load(tmp_path / "dst" / "images.npy")
+    assert images.shape == (2, 8, 8, 3) and (images == 0x80).all(), np.unique(images)
+
+
 @pytest.mark.parametrize("kind", ["BMP", "TIFF", "PPM", "PGM", "16-bit grey PNG", "16-bit colour PNG"])
 def test_every_decoder_gives_the_same_uint8_pixels_for_a_lossless_file_imagefolder_takes(kind):
     """data.decoder changes speed only: a BMP, PPM/PGM or TIFF (which torchvision cannot read) decodes

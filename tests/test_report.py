@@ -795,6 +795,22 @@ def test_a_key_one_run_took_from_its_recipe_shows_the_value_each_run_ran_with(tm
     assert "data.image_size=224" in configuration and "model=resnet50" in configuration, configuration
 
 
+def test_a_metrics_field_named_like_a_setting_does_not_stand_for_it(tmp_path):
+    """metrics.json's compile_cache is the compile cache's state (cold, warm); the setting is in the run's
+    .hydra/config.yaml (job): a sweep over compile_cache must show the setting, and its baseline is the
+    run at the off value."""
+    import yaml
+
+    sweep = tmp_path / "sweep"
+    default = _job(sweep, "0", {}, [2.0, 1.0, 1.0], overrides=["compile=true"])
+    _job(sweep, "1", {}, [2.0, 0.9, 0.9], overrides=["compile=true", "compile_cache=shared"])
+    _amend(default, compile_cache="warm")
+    (default / ".hydra").mkdir()
+    (default / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"compile": True, "compile_cache": "job"}))
+    columns, rows, base = report.build_rows(report.load_jobs([str(sweep)]), target_acc="off")
+    assert [r["compile_cache"] for r in rows] == ["job", "shared"] and base.name == "0", (columns, rows)
+
+
 def _stopped_sweep(tmp_path):
     """A sweep of model.width=4,5,6 with report.target_acc=0.75 in its config, stopped after two jobs."""
     import yaml

@@ -140,7 +140,8 @@ def task(cfg) -> None:
     console.set_sweep(job.multirun)
     if not job.multirun:
         # a single run in this process (also a launched rank); a local sweep's jobs have the sweep's
-        # (SweepCallback.on_multirun_start), and a Slurm job keeps submitit's until fit takes over
+        # (SweepCallback.on_multirun_start), and a Slurm job keeps submitit's until fit takes over (or,
+        # where it launches the job's processes, until they run: processes.launch)
         stopping.install()
     elif sweep.running() and stopping.requested():
         raise sweep.SweepStopped(stopping.requested())  # the signal came between two jobs

@@ -101,20 +101,13 @@ def plan_jobs(task_overrides: List[str]) -> Optional[List[List[str]]]:
         return None
 
 
-def _read(sweep_dir: str) -> Optional[Dict[str, Any]]:
-    try:
-        return json.loads(Path(sweep_dir, PLAN).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _write(sweep_dir: str, plan: Dict[str, Any]) -> None:
     atomic_write_text(Path(sweep_dir, PLAN), json.dumps(plan, indent=1) + "\n")
 
 
 def resumable(sweep_dir: str, task_overrides: List[str]) -> Optional[str]:
     """Why this sweep dir may be taken up again by a sweep of ``task_overrides`` (None: it may not)."""
-    plan = _read(sweep_dir)
+    plan = sweep_record.read_plan(sweep_dir)
     if not plan or plan.get("overrides") != list(task_overrides):
         return None
     if plan.get("state") == "stopped":
@@ -137,7 +130,7 @@ def start(sweep_dir: str, task_overrides: List[str]) -> None:
         # config that actually ran (chosen batch size, scaled lr): kept here and put back (keep_finished)
         for job in sorted(Path(sweep_dir).glob("*/metrics.json")):
             config = job.parent / ".hydra" / "config.yaml"
-            if _status(job.parent) == "ok" and config.exists():
+            if sweep_record.job_status(job.parent) == "ok" and config.exists():
                 _state["configs"][str(job.parent.resolve())] = config.read_text()
         log.warning(
             "taking up the sweep in %s (%s): finished jobs are kept, a stopped job resumes from its last.ckpt, the rest run",
@@ -177,7 +170,11 @@ def expect_slow_jobs(config, jobs: Optional[List[List[str]]]) -> None:
     if not jobs:
         return
     cpu_bf16 = {}
-    swept = swept_keys((_read(_state["sweep_dir"]) or {}).get("overrides") or []) if _state["sweep_dir"] else []
+    swept = (
+        swept_keys((sweep_record.read_plan(_state["sweep_dir"]) or {}).get("overrides") or [])
+        if _state["sweep_dir"]
+        else []
+    )
     for num, overrides in enumerate(jobs):
         cfg = _job_config(config, overrides, swept)
         if cfg is None or cfg.accelerator in ("gpu", "cuda"):
@@ -240,7 +237,7 @@ def announce(num: int, overrides: List[str]) -> None:
 def _finished_twin(num: int, overrides: List[str]) -> Optional[tuple]:
     """(job number, wall seconds, seconds in its epochs) of a finished fp32 job that differs from this one only in
     amp/amp_dtype (else the first finished fp32 one)."""
-    sweep_dir, plan = _state["sweep_dir"], _read(_state["sweep_dir"] or "") or {}
+    sweep_dir, plan = _state["sweep_dir"], sweep_record.read_plan(_state["sweep_dir"] or "") or {}
     mine = {o for o in overrides if not o.lstrip("+~").startswith("amp")}
     finished = []
     for other, other_overrides in enumerate(plan.get("jobs") or []):
@@ -272,17 +269,10 @@ def _duration(seconds: float) -> str:
 
 def done(sweep_dir: str) -> None:
     """on_multirun_end: every job ran."""
-    plan = _read(sweep_dir)
+    plan = sweep_record.read_plan(sweep_dir)
     if plan:
         plan["state"] = "done"
         _write(sweep_dir, plan)
-
-
-def _status(job_dir: Path) -> Optional[str]:
-    try:
-        return json.loads((job_dir / "metrics.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def resume_action(out_dir: str) -> str:
@@ -292,7 +282,7 @@ def resume_action(out_dir: str) -> str:
     # lazy: no torch before a job starts (trainer/__init__.py)
     from trainer.launch.checkpoint_files import checkpoint_candidates
 
-    status = _status(Path(out_dir))
+    status = sweep_record.job_status(Path(out_dir))
     if status == "ok":
         return "keep"
     if status in ("failed", "running") and checkpoint_candidates(out_dir):
@@ -310,7 +300,7 @@ def keep_finished(out_dir: str) -> Dict[str, Any]:
 
 def not_run(sweep_dir: str) -> List[str]:
     """Labels of the planned jobs with no result in the sweep dir (``#2 amp=true ...``)."""
-    return sweep_record.not_run(Path(sweep_dir), _read(sweep_dir) or {})
+    return sweep_record.not_run(Path(sweep_dir), sweep_record.read_plan(sweep_dir) or {})
 
 
 def finish_stopped(signal_name: str) -> int:
@@ -320,7 +310,7 @@ def finish_stopped(signal_name: str) -> int:
     sweep_dir = _state["sweep_dir"]
     if not sweep_dir:
         return PREEMPTED_EXIT_CODE
-    plan = _read(sweep_dir) or {}
+    plan = sweep_record.read_plan(sweep_dir) or {}
     plan.update(state="stopped", signal=signal_name, argv=plan.get("argv") or sys.argv[1:])
     plan.setdefault("dir", sweep_dir)
     _write(sweep_dir, plan)
@@ -361,7 +351,7 @@ class SweepCallback(Callback):
                 _refuse_taken(lambda: run_dirs.refuse_used_sweep_dir(sweep_dir, config.get("ckpt_path")))
             start(sweep_dir, task_overrides)
             _open_trackers(config, sweep_dir)
-            expect_slow_jobs(config, (_read(sweep_dir) or {}).get("jobs"))
+            expect_slow_jobs(config, (sweep_record.read_plan(sweep_dir) or {}).get("jobs"))
         launcher = str(config.hydra.launcher.get("_target_", ""))
         if "BasicLauncher" in launcher and not is_launched_rank():
             _state["in_process"] = True

@@ -59,10 +59,11 @@ class DataConfig:
     # imagefolder without train/ and val/ subfolders: fraction of each class held out for validation
     val_split: float = key(0.2, check=(lambda v: 0.0 <= v < 1.0, "a fraction in [0, 1)"))
     # the held-out split's own seed, apart from `seed`: runs of any seed (a seed sweep, repeat_seeds) are
-    # judged on the same images, and every format holds out the same ones (trainer.pack's --seed is 42 too)
+    # judged on the same images, and every format holds out the same ones (trainer.pack's --seed is 42 too).
+    # data=synthetic draws its images (val set included) from the run's seed
     split_seed: int = key(
         42,
-        "the seed of the data.val_split hold-out (not the run's seed: every seed validates on the same images)",
+        "the seed of the data.val_split hold-out (not the run's seed: with a held-out split, every seed validates on the same images)",
         check=(lambda v: 0 <= v <= 2**63 - 1, "a whole number >= 0"),
     )
     # builtin, cifar10, imagenette: the trainer's cache, where the generated JPEG folder or the download

@@ -1,4 +1,4 @@
-"""Real image folders (JPEG/PNG) in torchvision's ImageFolder layout, split into train and val.
+"""Real image folders (JPEG, PNG, WebP, BMP, TIFF, ...) in torchvision's ImageFolder layout, split into train and val.
 
 ``root`` holds either ``train/`` and ``val/`` (or ``validation/``) subfolders, each with one folder
 per class, or the class folders directly. Without a val folder, ``val_split`` of each class is held

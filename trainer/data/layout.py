@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Iterable, List, Optional, Tuple
+from typing import Callable, Iterable, List, Optional, Tuple
 
 from trainer.errors import ConfigError
 
@@ -61,6 +61,12 @@ def _subfolders(path: str, fs) -> List[str]:
     return [e["name"].rstrip("/").rsplit("/", 1)[-1] for e in fs.ls(path, detail=True) if e["type"] == "directory"]
 
 
+def find_val_split(path_of: str, exists: Callable[[str], bool]) -> Optional[str]:
+    """The held-out split's path, ``path_of`` formatted with the first of ``VAL_SPLITS`` for which
+    ``exists`` holds (a folder ``"DIR/{}"``, an index file ``"DIR/{}.json"``); None where none does."""
+    return next((path_of.format(name) for name in VAL_SPLITS if exists(path_of.format(name))), None)
+
+
 def split_folders(root: str, fs=None) -> Optional[Tuple[str, Optional[str]]]:
     """(train folder, val folder or None) where ``root`` holds ``train/<class>/...``; None where ``root``
     is the class folders themselves. ``fs``: an fsspec filesystem for a URL's path, None for local."""
@@ -68,8 +74,7 @@ def split_folders(root: str, fs=None) -> Optional[Tuple[str, Optional[str]]]:
     train = f"{root.rstrip('/')}/{TRAIN_SPLIT}"
     if not isdir(train) or not any(is_class_folder(n) for n in _subfolders(train, fs)):
         return None
-    vals = [f"{root.rstrip('/')}/{name}" for name in VAL_SPLITS]
-    return train, next((v for v in vals if isdir(v)), None)
+    return train, find_val_split(f"{root.rstrip('/')}/{{}}", isdir)
 
 
 def walk(path: str, key: str):

@@ -132,6 +132,8 @@ def _pack_one(src: Path, out: Path, size: int, class_to_idx: Optional[Dict[str, 
     import numpy as np
     from PIL import Image, UnidentifiedImageError
 
+    from trainer.data.decoders import eight_bit_grey  # lazy, as above (torch: the image folder's already)
+
     dataset = _image_folder(src)
     classes = dataset.classes
     targets = list(range(len(classes)))
@@ -145,7 +147,7 @@ def _pack_one(src: Path, out: Path, size: int, class_to_idx: Optional[Dict[str, 
     for i, (path, label) in enumerate(dataset.samples):
         try:
             with Image.open(path) as im:
-                im = im.convert("RGB")
+                im = eight_bit_grey(im).convert("RGB")  # a 16-bit grey PNG: its high bytes, as every decoder
                 # resize the short side, then center-crop: the same framing as the val transform
                 scale = size / min(im.size)
                 im = im.resize(
@@ -178,11 +180,12 @@ def _pack_one(src: Path, out: Path, size: int, class_to_idx: Optional[Dict[str, 
     return meta
 
 
-def _samples(src: Path, val_split: float, seed: int):
-    """(classes, {"train": [(path, label)], "val": [...]}) of an image folder, split as data=imagefolder splits it."""
+def _samples(src: Path, layout, val_split: float, seed: int):
+    """(classes, {"train": [(path, label)], "val": [...]}) of an image folder, split as data=imagefolder splits it
+    (``layout``: its ``split_folders``)."""
     from trainer.data.folder import split_per_class  # lazy: keeps torch out of python -m trainer.pack's start-up
 
-    train_dir, val_dir = split_folders(str(src)) or (str(src), None)
+    train_dir, val_dir = layout or (str(src), None)
     if val_dir is not None:
         train, val = _image_folder(Path(train_dir)), _image_folder(Path(val_dir))
         targets = _numbered_as_train(val.classes, train.class_to_idx, Path(val_dir))
@@ -294,7 +297,7 @@ def pack(
         staged = tmp / "data"
         layout = split_folders(str(src_path))
         if fmt != "npy":
-            classes, splits = _samples(src_path, val_split, seed)
+            classes, splits = _samples(src_path, layout, val_split, seed)
             meta = _write_shards(fmt, classes, splits, staged, shard_samples, group_rows, seed, src_path)
         elif layout:
             train_dir, val_dir = layout

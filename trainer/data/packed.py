@@ -28,7 +28,7 @@ from torch.utils.data import Dataset, Subset
 from trainer.data.augment import Augmentation, uint8_train_steps
 from trainer.data.folder import split_per_class
 from trainer.data.gpu_transforms import normalize_uint8
-from trainer.data.layout import TRAIN_SPLIT, VAL_SPLITS
+from trainer.data.layout import TRAIN_SPLIT, find_val_split
 from trainer.data.storage import explain, is_remote, local_path, open_root
 from trainer.errors import ConfigError
 
@@ -164,5 +164,4 @@ def _split_roots(root: str, isfile) -> Tuple[str, Optional[str]]:
     split names ``trainer.data.layout`` reads) where ``trainer.pack`` kept a split, else ``DST``."""
     if not isfile(f"{root}/{TRAIN_SPLIT}/meta.json"):
         return root, None
-    vals = [f"{root}/{name}" for name in VAL_SPLITS if isfile(f"{root}/{name}/meta.json")]
-    return f"{root}/{TRAIN_SPLIT}", (vals[0] if vals else None)
+    return f"{root}/{TRAIN_SPLIT}", find_val_split(f"{root}/{{}}", lambda folder: isfile(f"{folder}/meta.json"))

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.utils.data import Dataset, DistributedSampler
 
 from trainer.data.decoders import DECODE_ERRORS, undecodable
-from trainer.data.layout import TRAIN_SPLIT, VAL_SPLITS
+from trainer.data.layout import TRAIN_SPLIT, VAL_SPLITS, find_val_split
 from trainer.data.storage import explain
 from trainer.errors import ConfigError
 from trainer.rank import world_size
@@ -293,8 +293,8 @@ def find_split_files(fs, root: str, suffix: str, key: str = "data.root"):
             raise explain(e, root, key) from None
 
     if fs.isdir(f"{root}/{TRAIN_SPLIT}"):
-        val_dirs = [f"{root}/{name}" for name in VAL_SPLITS if fs.isdir(f"{root}/{name}")]
-        return {"train": files(f"{root}/{TRAIN_SPLIT}"), "val": files(val_dirs[0]) if val_dirs else None}
+        val_dir = find_val_split(f"{root}/{{}}", fs.isdir)
+        return {"train": files(f"{root}/{TRAIN_SPLIT}"), "val": files(val_dir) if val_dir else None}
     everything = files(root)
     name = lambda f: f.rsplit("/", 1)[-1]  # noqa: E731
     train = [f for f in everything if name(f).startswith(TRAIN_SPLIT)]

@@ -29,7 +29,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS  # what an image folder (
 
 from trainer.data.decoders import Loader
 from trainer.data.folder import decode_min_side, transforms_for
-from trainer.data.layout import TRAIN_SPLIT, VAL_SPLITS
+from trainer.data.layout import TRAIN_SPLIT, find_val_split
 from trainer.data.shards import BlockImages, find_split_files, require_root, split_blocks
 from trainer.data.storage import explain, open_root
 from trainer.errors import ConfigError
@@ -138,7 +138,7 @@ def build_webdataset(
     require_root(root, "webdataset", "tar shards")
     fs, base = open_root(root, storage_options)
     splits, classes = {}, None
-    val_index = next((f"{base}/{n}.json" for n in VAL_SPLITS if fs.isfile(f"{base}/{n}.json")), None)
+    val_index = find_val_split(f"{base}/{{}}.json", fs.isfile)
     for split, index in (("train", f"{base}/{TRAIN_SPLIT}.json"), ("val", val_index)):
         if index and fs.isfile(index):  # a split's wids index: the image folder's split names (layout)
             urls, sizes, names = _descriptor(fs, index, root)

@@ -4,8 +4,8 @@ settings the jobs vary, and the rows they fold into.
 Every part of the report starts from the same rows and the same baseline: the table's numbers
 (``rows``), the chart (``figure``) and the doctor's verdicts (``render``) fold the jobs here, so they
 agree on which jobs are one configuration. What a setting is when a job's command line did not set it
-is what the job ran with, from its own record (``Job.value``: metrics.json, else the run dir's
-``.hydra`` files); only where neither holds it, the schema's default (its "off" value), read from
+is what the job ran with, from its own record (``Job.value``: the run dir's ``.hydra`` files, else
+metrics.json); only where neither holds it, the schema's default (its "off" value), read from
 ``trainer.config`` once and only when needed.
 """
 
@@ -48,7 +48,9 @@ class Job:
         would show two different runs as one configuration and their difference as a speed-up."""
         if key in self.settings:
             return self.settings[key]
-        for record in (self.metrics, self._run_config):
+        # the config first: metrics.json's own fields may share a key's name (its compile_cache is the
+        # cache's state, cold or warm, not the setting); it answers where the run dir has no .hydra/
+        for record in (self._run_config, self.metrics):
             found = _lookup(record, key)
             if found is not _MISSING and not isinstance(found, dict):
                 return found

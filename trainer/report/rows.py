@@ -145,7 +145,9 @@ def _speedup(row: Row, base: Optional[Row]) -> tuple:
         notes.append(f"{NO_SPEEDUP}: {_side(short, row)} has no steady epoch time{why}")
     elif speedup is not None:
         if interval is None:
-            short = next((side for side in (row, base) if _stopped_at_target(side)), None)
+            short = next(
+                (side for side in (row, base) if _stopped_at_target(side) and sum(map(len, side.samples())) < 2), None
+            )
             why = f" ({_side(short, row)}: {STOPPED_AT_TARGET})" if short else ""
             notes.append(f"noise not judged: fewer than 2 steady epochs{why}")
         elif interval[0] <= 1.0 <= interval[1]:

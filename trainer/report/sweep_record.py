@@ -27,7 +27,8 @@ def is_sweep_dir(path: Path) -> bool:
     return (path / SWEEP_PLAN).is_file() or (path / SWEEP_CONFIG).is_file()
 
 
-def read_plan(sweep_dir: Path) -> Optional[Dict[str, Any]]:
+def read_plan(sweep_dir) -> Optional[Dict[str, Any]]:
+    """The sweep's plan (``sweep.json``: its command, jobs and state), None where it has none."""
     try:
         plan = json.loads(Path(sweep_dir, SWEEP_PLAN).read_text())
     except (OSError, ValueError):
@@ -41,7 +42,7 @@ def not_run(sweep_dir: Path, plan: Dict[str, Any]) -> List[str]:
     swept = console.swept_keys(plan.get("overrides") or [])
     labels = []
     for num, overrides in enumerate(plan.get("jobs") or []):
-        if _status(Path(sweep_dir, str(num))) is None:
+        if job_status(Path(sweep_dir, str(num))) is None:
             varied = [ov for ov in overrides if ov.partition("=")[0].lstrip("+~") in swept]
             labels.append(console.job_label(num, varied))
     return labels
@@ -104,7 +105,8 @@ def recorded_report(sweep_dir: Path) -> Dict[str, Any]:
     return {**recorded_settings(sweep_dir), **unfinished(sweep_dir)}
 
 
-def _status(job_dir: Path) -> Optional[str]:
+def job_status(job_dir: Path) -> Optional[str]:
+    """The status a job's metrics.json records (None: no readable record: the job has not run)."""
     try:
         return json.loads((job_dir / "metrics.json").read_text()).get("status")
     except (OSError, ValueError, AttributeError):

@@ -283,14 +283,21 @@ def _check_monitor(cfg, module) -> None:
 
 def _check_no_empty_layers(module, cfg) -> None:
     """A size of 0 among model.* (model.width=0) builds layers with no weights, which failed only at the
-    first batch, reported as an image size the model cannot take."""
-    empty = [(name, tuple(p.shape)) for name, p in module.named_parameters() if p.numel() == 0]
+    first batch, reported as an image size the model cannot take. Only where a model.* value is 0: a
+    module may hold an empty parameter on purpose (a device marker), or one not made yet (Lazy layers)."""
+    zero = [f"model.{k}=0" for k, v in cfg.model.items() if type(v) is int and v == 0]
+    if not zero:
+        return
+    empty = [
+        (name, tuple(p.shape))
+        for name, p in module.named_parameters()
+        if not isinstance(p, torch.nn.parameter.UninitializedParameter) and p.numel() == 0
+    ]
     if empty:
-        given = " ".join(f"model.{k}={v}" for k, v in cfg.model.items() if not str(k).startswith("_"))
         name, shape = empty[0]
         raise ConfigError(
-            f"The model built from model.* ({given or 'its defaults'}) has {len(empty)} empty layer(s) "
-            f"({name} of shape {list(shape)}): a size among model.* is 0. Give every width or size at least 1."
+            f"'{' '.join(zero)}' builds a model with {len(empty)} empty layer(s) ({name} of shape {list(shape)}). "
+            "Give every width or size in model.* at least 1."
         )
 
 

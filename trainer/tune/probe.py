@@ -361,9 +361,9 @@ class Prober:
 
     def time_limit_s(self, kind: str) -> Optional[float]:
         """Seconds after which a run of ``kind`` is stuck and stopped (None: not bounded). A probe is a few
-        short epochs. A run to the target (time_to_target) that takes three times the baseline's
-        verification, which reached the target, is no contender, and a hung one (a loader's deadlock)
-        would hold the tune for ever. A verification trains full epochs and is not bounded."""
+        short epochs. A run to the target (time_to_target) that takes three times the longest
+        verification (the baseline's, which reached the target, comes first) is no contender, and a hung
+        one (a loader's deadlock) would hold the tune for ever. A verification is not bounded."""
         if kind == "probe":
             return max(300.0, 60.0 * self.cfg.budget_min)
         if kind == "target" and self.longest_verify_s:
@@ -377,7 +377,7 @@ class Prober:
 
 LIMIT_REASON = {
     "probe": "a probe should take seconds",
-    "target": "three times the baseline's whole verification, which reached the target",
+    "target": "three times the longest verification, the baseline's included, which reached the target",
 }
 
 
