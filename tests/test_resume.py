@@ -481,6 +481,30 @@ def test_a_model_size_of_zero_is_named_not_taken_for_the_image_size(train):
         train("model.width=0")
 
 
+def test_resuming_a_run_from_before_split_seed_says_its_held_out_images_may_have_moved(compose, tmp_path, caplog):
+    from conftest import TINY
+    from PIL import Image
+
+    from trainer.run import run
+
+    for c, cls in enumerate(("a", "b")):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for j in range(5):
+            Image.new("RGB", (16, 16), (120 * c, 40 * j, 90)).save(tmp_path / "imgs" / cls / f"{j}.jpg")
+    folder = [*TINY, "data=imagefolder", f"data.root={tmp_path / 'imgs'}", "data.batch_size=2", "seed=1"]
+    out = tmp_path / "run"
+    run(compose(*folder, "checkpoint.enabled=true"), str(out))
+    record = json.loads((out / "metrics.json").read_text())
+    assert record["data"]["split_seed"] == 42
+    resume = [*folder, "checkpoint.enabled=true", "ckpt_path=last"]
+    run(compose(*resume, "trainer.max_epochs=2"), str(out))
+    assert "started before data.split_seed" not in caplog.text  # its record says how it split
+    del record["data"]["split_seed"]  # a record written before the key existed
+    (out / "metrics.json").write_text(json.dumps(record))
+    run(compose(*resume, "trainer.max_epochs=3"), str(out))
+    assert "started before data.split_seed" in caplog.text and "drawn with seed=1" in caplog.text
+
+
 def test_unwritable_output_dir_is_a_clear_error(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")

@@ -73,6 +73,7 @@ def _plan(parts: Parts) -> None:
         raise
     if parts.ckpt_path:
         _merge_previous(parts)
+        _warn_if_the_held_out_images_moved(parts)
         check_checkpoint(parts.ckpt_path)
         parts.notes["resumed_from"] = parts.ckpt_path
         log.info("resuming from %s", parts.ckpt_path)
@@ -89,6 +90,29 @@ def _merge_previous(parts: Parts) -> None:
     """A resumed run's record continues what its dir's metrics.json holds (its epochs first)."""
     parts.previous = previous_result(parts.out_dir)
     parts.timer.previous = (parts.previous or {}).get("epochs") or []
+
+
+# the formats that hold out data.val_split of a folder or of shards themselves (data.split_seed)
+SPLITTING_FORMATS = ("imagefolder", "builtin", "packed", "parquet", "webdataset")
+
+
+def _warn_if_the_held_out_images_moved(parts: Parts) -> None:
+    """A run started before data.split_seed (its record has none) held out images drawn with its own
+    seed, and data=packed with one permutation of all images: resumed now, where those differ, it may
+    validate on images it trained on. Said, not refused: the weights are sound, the val_acc is not."""
+    cfg, earlier = parts.cfg, (parts.previous or {}).get("data") or {}
+    if not earlier or "split_seed" in earlier or cfg.data.name not in SPLITTING_FORMATS or not cfg.data.val_split:
+        return
+    if cfg.data.name == "packed" or cfg.seed != cfg.data.split_seed:
+        log.warning(
+            "this run was started before data.split_seed: where its data had no val/ folder, the images it held out "
+            "were drawn with seed=%s%s, and data.split_seed=%s draws others. Its val_acc from here on may count images "
+            "it trained on; train it afresh (or give data.split_seed=%s where data=packed is not used) to compare it.",
+            cfg.seed,
+            " (data=packed: from one permutation of all images)" if cfg.data.name == "packed" else "",
+            cfg.data.split_seed,
+            cfg.seed,
+        )
 
 
 def _trackers(parts: Parts) -> None:

@@ -120,7 +120,9 @@ def record_of(parts: Parts, status: str, error: Optional[str], running: bool = F
             "compile_warmup_s": _compile_warmup(found),
             **parts.notes,
             "overrides": parts.overrides,
-            "data": {k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers")},
+            "data": {
+                k: cfg.data[k] for k in ("name", "batch_size", "image_size", "num_workers", "val_split", "split_seed")
+            },
             **(parts.datamodule.describe_loader() if parts.datamodule else {"num_workers": None, "decoder": None}),
             "allocator": allocator_loaded(),
             "wall_time_s": round(time.time() - parts.started, 2),
