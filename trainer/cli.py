@@ -214,7 +214,11 @@ def _launch_job(cfg, job: JobContext) -> None:
         OmegaConf.save(cfg, job.config_path, resolve=True)
     # the child processes run this job in this job's dir
     watch, training_started = watch_for_training(job.out_dir)
-    code = launch(cfg, job.out_dir, job.overrides, quiet=job.multirun, env={**switchboard.plan_env(plan), **watch})
+    try:
+        code = launch(cfg, job.out_dir, job.overrides, quiet=job.multirun, env={**switchboard.plan_env(plan), **watch})
+    except BaseException:  # (a second Ctrl-C): the new config stays, the watched file goes
+        settle_launched_config(job.out_dir, training_started, bad_input=False)
+        raise
     # bad input (exit 2) before the processes trained: the run's own config back
     settle_launched_config(job.out_dir, training_started, bad_input=code == ConfigError.exit_code)
     hand_launched_job_to_submitit(code)  # a submitit job stopped by Slurm: requeued, this process leaves
