@@ -493,7 +493,7 @@ def test_a_probe_scales_the_steps_not_the_epochs_fixed_cost(train):
     """Loader workers that take 1 s to start (non-persistent: every epoch) cost 1 s per epoch, long or
     short: the timer puts that second in the epoch's fixed cost, and a probe's epoch is scaled to the
     full epoch's length by its steps only."""
-    from trainer.tune.probe import Result, fixed_cost
+    from trainer.tune.result import Result, fixed_cost
 
     # the scaling: 3 s for 16 samples, 2 s of them fixed -> 2 s + 4 x 1 s for 64 samples (not 4 x 3 s)
     assert Result("probe", [], "p", "ok", steady=[[3.0, 16, 2.0]]).epoch_times(full_samples=64, horizon_epochs=1) == [
@@ -622,7 +622,7 @@ def test_a_probes_time_to_target_and_compile_cost_include_what_the_process_paid_
     the compiler's warm-up counts in the compile cost spread over the horizon: compile=true is not
     given a head start."""
     from trainer.measure import time_to_target as ttt
-    from trainer.tune.probe import _from_metrics
+    from trainer.tune.result import from_metrics
 
     epochs = [
         {"epoch": 0, "time_s": 1.5, "samples": 100, "warmup": True, "setup_s": 2.5, "val_compile_s": 0.5, "val_acc": 0.5},
@@ -630,9 +630,41 @@ def test_a_probes_time_to_target_and_compile_cost_include_what_the_process_paid_
     ]  # fmt: skip
     metrics = {"status": "ok", "epochs": epochs, "compile_time_s": 1.2, "compile_warmup_s": 2.4, "val_acc": 0.95}
     (tmp_path / "metrics.json").write_text(json.dumps(metrics))
-    result = _from_metrics("target", ["compile=true"], tmp_path, 9.0, "")
+    result = from_metrics("target", ["compile=true"], tmp_path, 9.0, "")
     assert sum(result.to_target(0.9)) == pytest.approx(5.5) == ttt.reach(epochs, 0.9)[0]
     assert result.compile_s == pytest.approx(3.6)
+
+
+def test_with_validations_within_epochs_a_run_reaches_the_target_where_a_stopped_one_stops(tmp_path):
+    """report.val_per_epoch=2 under time_to_target: the baseline's verification (not stopped) and a
+    candidate's run to the target (stop_at_acc stops it there) reach 0.9 at the same validation half-way
+    through the second epoch; the same configuration is not faster for being stopped (the verification
+    was counted to its epoch's end), and both agree with the report's time to target."""
+    from trainer.measure import time_to_target as ttt
+    from trainer.measure.time_to_target import to_target_interval
+    from trainer.tune.result import from_metrics
+
+    def validations(accs, upto=2):
+        return [
+            {"step": 5 * (k + 1), "fraction": 0.5 * (k + 1), "train_s": 1.0 * (k + 1), "val_acc": a}
+            for k, a in enumerate(accs[:upto])
+        ]
+
+    first = {"epoch": 0, "time_s": 2.0, "samples": 100, "warmup": True, "setup_s": 1.0, "val_acc": 0.6}
+    first["validations"] = validations([0.5, 0.6])
+    whole = {"epoch": 1, "time_s": 2.0, "samples": 100, "val_acc": 0.95, "validations": validations([0.9, 0.95])}
+    cut = dict(whole, time_s=1.0, samples=50, partial=True, val_acc=0.9, validations=validations([0.9], upto=1))
+    results = {}
+    for name, epochs in (("verify", [first, whole]), ("target", [first, cut])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.json").write_text(json.dumps({"status": "ok", "epochs": epochs}))
+        results[name] = from_metrics(name, [], tmp_path / name, 9.0, "")
+        assert sum(results[name].to_target(0.9)) == pytest.approx(4.0) == ttt.reach(epochs, 0.9)[0], name
+        assert results[name].epochs_to_target(0.9) == 1.5 == ttt.reach(epochs, 0.9)[1], name
+    assert results["verify"].to_target(0.97) is None
+    # the interval resamples a last half epoch as half a steady epoch (4 s against a whole epoch's 5 s)
+    half, whole_epoch = [([3.0, 1.0], [2.0, 2.0], 0.5)] * 2, [([3.0, 2.0], [2.0, 2.0], 1.0)] * 2
+    assert to_target_interval(half, whole_epoch) == (pytest.approx(0.8), pytest.approx(0.8))
 
 
 def test_progressive_resize_and_ema_are_offered_only_when_judged_by_the_time_to_target():

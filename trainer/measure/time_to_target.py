@@ -242,14 +242,17 @@ def _of_repeats(count: int, total: int) -> str:
 def to_target_interval(base: List[tuple], other: List[tuple], seed: int = 0) -> Optional[tuple]:
     """Bootstrap interval of median(base) / median(other) times to target, for runs of one seed (the tuner's).
 
-    Each side is a list of repeats, each ``(epoch times up to the target, the run's steady epoch times)``.
-    A draw resamples the repeats, and in each the epochs after the warm-up from that run's steady
-    epochs (the warm-up, compile included, stays as measured): the interval holds timing noise, not
-    the seed's say in how many epochs it takes. None when neither side has anything to resample.
+    Each side is a list of repeats, each ``(epoch times up to the target, the run's steady epoch times[,
+    the share of the last epoch trained when the target was reached])``: with ``report.val_per_epoch``
+    the target may be reached part-way through an epoch, whose time is then that part's. A draw
+    resamples the repeats, and in each the epochs after the warm-up from that run's steady epochs (the
+    last one scaled by its share; the warm-up, compile included, stays as measured): the interval holds
+    timing noise, not the seed's say in how many epochs it takes. None when neither side has anything
+    to resample.
     """
 
     def spread(side: List[tuple]) -> bool:
-        return len(side) > 1 or any(len(times) > 1 and len(steady) > 1 for times, steady in side)
+        return len(side) > 1 or any(len(r[0]) > 1 and len(r[1]) > 1 for r in side)
 
     if not base or not other or not (spread(base) or spread(other)):
         return None
@@ -258,9 +261,15 @@ def to_target_interval(base: List[tuple], other: List[tuple], seed: int = 0) -> 
     def draw(side: List[tuple]) -> float:
         picked = rng.choices(side, k=len(side)) if len(side) > 1 else side
         values = []
-        for times, steady in picked:
+        for repeat in picked:
+            times, steady = repeat[0], repeat[1]
+            last = repeat[2] if len(repeat) > 2 else 1.0
             rest = len(times) - 1
-            values.append(times[0] + sum(rng.choices(steady, k=rest)) if rest and steady else sum(times))
+            if rest and steady:
+                drawn = rng.choices(steady, k=rest)
+                values.append(times[0] + sum(drawn[:-1]) + drawn[-1] * last)
+            else:
+                values.append(sum(times))
         return statistics.median(values)
 
     ratios = sorted(draw(base) / draw(other) for _ in range(BOOTSTRAP_RESAMPLES))

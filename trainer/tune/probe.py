@@ -23,113 +23,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from statistics import median
 from typing import Any, Dict, List, Optional
 
 from trainer.errors import ConfigError
 from trainer.launch import preloaded
-from trainer.measure import metrics as metrics_io
 from trainer.measure.metrics import atomic_write_text
-from trainer.measure.time_to_target import reaches
+from trainer.tune.result import Result, from_metrics, last_lines
 
 log = logging.getLogger("trainer.tune")
 
 JOURNAL = "tune_journal.jsonl"
-
-
-@dataclass
-class Result:
-    """What the tuner needs from one probe's (or verification's) metrics.json."""
-
-    kind: str  # "probe", "verify", or "target" (trains until the target val_acc: tune.objective=time_to_target)
-    config: List[str]  # the configuration's overrides (on top of the user's)
-    dir: str
-    status: str  # ok | failed
-    error: Optional[str] = None
-    steady: List[List[float]] = field(default_factory=list)  # [time_s, samples, fixed_s] of each measured epoch
-    compile_s: float = 0.0
-    bottleneck: Optional[str] = None
-    verdict: Optional[str] = None
-    val_acc: Optional[float] = None
-    val_samples: Optional[int] = None
-    epoch_samples: Optional[float] = None  # median samples of a training epoch
-    wall_s: float = 0.0
-    curve: List[list] = field(default_factory=list)  # [time_s, val_acc or None] of every epoch, the warm-up first
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok" and (self.kind != "probe" or bool(self.steady))
-
-    def to_target(self, target: float) -> Optional[List[float]]:
-        """The training time of each epoch up to the first whose val_acc reaches ``target``; None if none did."""
-        times = []
-        for time_s, acc in self.curve:
-            times.append(time_s)
-            if reaches(acc, target):
-                return times
-        return None
-
-    def epoch_times(self, full_samples: float, horizon_epochs: int) -> List[float]:
-        """Each measured epoch as the time of a full epoch of the real run, compile time spread over the horizon.
-
-        Only the steps scale with the epoch's length: its fixed cost (starting non-persistent loader
-        workers and the first fetch, what follows the last step) is paid once per epoch, long or short.
-        """
-        out = []
-        for record in self.steady:
-            t, s = record[0], max(1.0, record[1])
-            fixed = min(record[2], t) if len(record) > 2 else 0.0  # journals written before it was measured
-            out.append(fixed + (t - fixed) / s * full_samples + self.compile_s / max(1, horizon_epochs))
-        return out
-
-
-def fixed_cost(epoch: Dict[str, Any]) -> float:
-    """The part of an epoch outside its steps (EpochTimer's ``fixed_s``; 0 in records from before it was measured)."""
-    return float(epoch.get("fixed_s") or 0.0)
-
-
-def _from_metrics(kind: str, config: List[str], run_dir: Path, wall_s: float, stderr: str) -> Result:
-    path = run_dir / "metrics.json"
-    if not path.exists():
-        return Result(
-            kind,
-            config,
-            str(run_dir),
-            "failed",
-            error=f"the run wrote no metrics.json ({_last_lines(stderr) or 'no output'})",
-            wall_s=wall_s,
-        )
-    m = metrics_io.read(str(path))
-    epochs = sorted(
-        (e for e in m.get("epochs", []) if e.get("time_s") and e.get("samples")), key=lambda e: e.get("epoch", 0)
-    )
-    steady = [[e["time_s"], e["samples"], fixed_cost(e)] for e in epochs if not e.get("warmup")]
-    diagnosis = m.get("diagnosis") or {}
-    return Result(
-        kind,
-        config,
-        str(run_dir),
-        m.get("status", "failed"),
-        error=m.get("error"),
-        steady=steady,
-        # the compiler's per-process warm-up is part of what compiling costs a run (paid once, in setup_s)
-        compile_s=float(m.get("compile_time_s") or 0.0) + float(m.get("compile_warmup_s") or 0.0),
-        bottleneck=diagnosis.get("bottleneck"),
-        verdict=diagnosis.get("verdict"),
-        val_acc=m.get("val_acc"),
-        val_samples=m.get("val_samples"),
-        epoch_samples=median([e["samples"] for e in epochs]) if epochs else None,
-        wall_s=wall_s,
-        # an epoch's training time plus what the process paid before it (the first epoch's setup_s: the
-        # compiler's warm-up, the first workers' start) and its validations' compiling (val_compile_s):
-        # the report's time to target counts the same (time_to_target.with_elapsed)
-        curve=[
-            [e["time_s"] + float(e.get("setup_s") or 0.0) + float(e.get("val_compile_s") or 0.0), e.get("val_acc")]
-            for e in epochs
-        ],
-    )
 
 
 def check_header(line: str, header: Dict[str, Any], run_dir: Path) -> Optional[str]:
@@ -273,7 +178,7 @@ def run_settings(kind: str, tune_cfg: Any) -> List[str]:
 
 def result_of(run_dir: Path, config: List[str]) -> Result:
     """A finished probe's result, read back from its run dir."""
-    return _from_metrics("probe", config, run_dir, 0.0, "")
+    return from_metrics("probe", config, run_dir, 0.0, "")
 
 
 class Prober:
@@ -350,9 +255,9 @@ class Prober:
                 raise
             wall = time.perf_counter() - start
             stderr = Path(err.name).read_text(errors="replace")
-        result = _from_metrics(kind, config, run_dir, wall, stderr or "")
+        result = from_metrics(kind, config, run_dir, wall, stderr or "")
         if result.status != "ok" or proc.returncode != 0:
-            reason = stopped or result.error or _last_lines(stderr) or f"exit code {proc.returncode}"
+            reason = stopped or result.error or last_lines(stderr) or f"exit code {proc.returncode}"
             result.status, result.error = "failed", reason
         self.spent_s += wall
         self._count(result)
@@ -379,11 +284,6 @@ LIMIT_REASON = {
     "probe": "a probe should take seconds",
     "target": "three times the longest verification, the baseline's included, which reached the target",
 }
-
-
-def _last_lines(text: Optional[str]) -> str:
-    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
-    return " ".join(lines[-3:])[-400:]
 
 
 def _kill(proc) -> None:

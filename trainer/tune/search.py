@@ -41,7 +41,7 @@ from trainer.measure.time_to_target import resolve_target, to_target_interval
 from trainer.report.noise import speedup_interval
 from trainer.report.rows import SEEDED_REPEATS
 from trainer.tune.candidates import EPOCHS, EXTRA, ORDER, Candidate, Context, settings_of
-from trainer.tune.probe import Result
+from trainer.tune.result import Result
 
 log = logging.getLogger("trainer.tune")
 
@@ -65,7 +65,7 @@ class Step:
     val_acc: Optional[float] = None
     dir: Optional[str] = None
     time_to_target_s: Optional[float] = None  # tune.objective=time_to_target
-    epochs_to_target: Optional[int] = None
+    epochs_to_target: Optional[float] = None
 
 
 @dataclass
@@ -163,9 +163,14 @@ class Search:
         return [r.epoch_times(self.full_samples, self.cfg.horizon_epochs) for r in results if r.ok]
 
     def _to_target(self, results: List[Result]) -> List[tuple]:
-        """(epoch times up to the target, steady epoch times) of each result that reached it."""
-        found = [(r.to_target(self.target), [record[0] for record in r.steady]) for r in results if r.ok]
-        return [(times, steady) for times, steady in found if times]
+        """(epoch times up to the target, steady epoch times, the share of its last epoch trained by then) of
+        each result that reached it (the share is below 1 with report.val_per_epoch)."""
+        found = [
+            (r.to_target(self.target), [record[0] for record in r.steady], r.epochs_to_target(self.target))
+            for r in results
+            if r.ok
+        ]
+        return [(times, steady, epochs - (len(times) - 1)) for times, steady, epochs in found if times]
 
     def _compare(self, base: List[Result], other: List[Result]) -> tuple:
         """(speedup of ``other`` over ``base``, its interval) from pooled full-epoch times, or from the
@@ -174,7 +179,7 @@ class Search:
             b, o = self._to_target(base), self._to_target(other)
             if not b or not o:
                 return None, None
-            speed = statistics.median(sum(t) for t, _ in b) / statistics.median(sum(t) for t, _ in o)
+            speed = statistics.median(sum(r[0]) for r in b) / statistics.median(sum(r[0]) for r in o)
             return speed, to_target_interval(b, o)
         b, o = self._times(base), self._times(other)
         if not b or not o:
@@ -196,7 +201,7 @@ class Search:
         )
         if self.target is not None and result.ok:
             times = result.to_target(self.target)
-            step.epochs_to_target = len(times) if times else None
+            step.epochs_to_target = result.epochs_to_target(self.target)
             step.time_to_target_s = sum(times) if times else None
             step.val_acc = result.val_acc
         return step
@@ -210,7 +215,8 @@ class Search:
     def _set_target(self, base_verify: Result) -> None:
         """time_to_target: the target from the baseline's training, which must reach it, and a budget
         that holds a judgement (a candidate and the incumbent measured again), else say so now."""
-        curve = [{"epoch": i, "val_acc": acc} for i, (_, acc) in enumerate(base_verify.curve)]
+        # each epoch's val_acc, its last validation's, as the report's auto target reads metrics.json
+        curve = [{"epoch": n, "val_acc": p[1]} for n, p in enumerate(base_verify.curve) if len(p) < 4 or p[3] >= 1.0]
         target, how = resolve_target(self.target_spec[0], [curve], self.target_spec[1])
         epochs = self.cfg.verify_epochs
         if target is None:
@@ -237,16 +243,16 @@ class Search:
             raise ConfigError(
                 f"tune.objective=time_to_target cannot judge a candidate within tune.budget_min={self.cfg.budget_min:g}: each "
                 f"probe trains until val_acc {target:.3f} ({how}), up to tune.verify_epochs={epochs} epochs, about "
-                f"{per_probe:.0f} s here (the baseline reached it in {len(base_verify.to_target(target))} epochs), and one "
+                f"{per_probe:.0f} s here (the baseline reached it in {base_verify.epochs_to_target(target):g} epochs), and one "
                 f"judgement takes two (the candidate, then the configuration it is tried on, again). Give tune.budget_min="
                 f"{needed / 60 + 0.05:.1f} or more: the same command with that budget and the same hydra.run.dir resumes "
                 "without training the baseline again."
             )
         self.target, self.target_how = target, how
         log.info(
-            "objective: time to %s; the configuration as given reaches it in %d epochs",
+            "objective: time to %s; the configuration as given reaches it in %g epochs",
             how,
-            len(base_verify.to_target(target)),
+            base_verify.epochs_to_target(target),
         )
 
     def _settings(self, config: List[str]) -> Dict[str, Any]:
