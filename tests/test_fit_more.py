@@ -75,6 +75,29 @@ def test_activation_checkpointing_recomputes_blocks_in_backward(compose):
     assert conv_calls_per_step("true") == 2  # once in forward, once recomputed in backward
 
 
+def test_activation_checkpointing_leaves_the_batchnorm_statistics_as_they_are_without_it(compose):
+    """The recomputation in backward runs each block's forward again in training mode: BatchNorm folded
+    the batch into its running statistics twice and counted it twice, so the flag changed the eval
+    model, not only memory."""
+    from trainer.models import build_module
+    from trainer.switches import model_transforms
+
+    def buffers_after_a_step(flag: str) -> dict:
+        torch.manual_seed(0)
+        module = model_transforms.prepare_model(
+            build_module(compose(*RESNET18, f"activation_checkpointing={flag}")),
+            compose(f"activation_checkpointing={flag}"),
+        )
+        module.train()
+        module(torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))).sum().backward()
+        return {k: v.clone() for k, v in module.state_dict().items() if "running" in k or "num_batches" in k}
+
+    plain, checkpointed = buffers_after_a_step("false"), buffers_after_a_step("true")
+    assert plain.keys() == checkpointed.keys() and plain
+    for key in plain:
+        assert torch.allclose(plain[key].float(), checkpointed[key].float(), atol=1e-6), key
+
+
 def test_activation_checkpointing_trains_and_keeps_state_dict_keys(train, compose):
     from trainer.models import build_module
     from trainer.switches import model_transforms

@@ -35,6 +35,7 @@ parameters (the built-in classifier's ``net``; a user's own LightningModule's ``
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -101,8 +102,32 @@ def _checkpointed_forward(block, forward, *args, **kwargs):
     model's FLOPs are counted (``measure.flops``): MFU counts the model's math, not the recomputation."""
     on_meta = bool(args) and isinstance(args[0], torch.Tensor) and args[0].is_meta
     if torch.is_grad_enabled() and not on_meta:
-        return checkpoint(forward, block, *args, use_reentrant=False, **kwargs)
+        if torch.compiler.is_compiling():
+            # compiled, the graph's buffer updates are applied once, after its forward: the recomputation
+            # in backward does not fold the batch in again (and Dynamo takes no context of ours here)
+            return checkpoint(forward, block, *args, use_reentrant=False, **kwargs)
+        recompute = functools.partial(_batchnorm_statistics_kept, block)
+        context_fn = lambda: (contextlib.nullcontext(), recompute())  # noqa: E731
+        return checkpoint(forward, block, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
     return forward(block, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def _batchnorm_statistics_kept(block: nn.Module):
+    """The recomputation of a checkpointed block in backward runs its forward in training mode again:
+    each BatchNorm would fold the same batch into its running statistics a second time (and count it
+    twice), so the flag changed the eval model, not only memory. During the recomputation their
+    momentum is 0 (the statistics stay) and the batch count is put back after."""
+    norms = [m for m in block.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
+    kept = [(m, m.momentum, m.num_batches_tracked.clone()) for m in norms]
+    for m in norms:
+        m.momentum = 0.0
+    try:
+        yield
+    finally:
+        for m, momentum, count in kept:
+            m.momentum = momentum
+            m.num_batches_tracked.copy_(count)
 
 
 # ---- 2. memory format, and the input's conversion inside the network
