@@ -300,6 +300,18 @@ def _last_per_step(points) -> list:
     return [last[step] for step in range(len(last))]
 
 
+def test_the_step_loss_a_tracker_gets_is_the_batchs_loss_also_with_accumulate(train):
+    """Lightning hands on_train_batch_end the loss it backpropagated, divided by accumulate: train/loss
+    showed an accumulate=2 run at half its loss. The first logged value is the first batch's loss from
+    the same initial weights, with and without accumulation."""
+    first = {}
+    for accumulate in (1, 2):
+        _, run_dir = train("logger=[csv]", f"accumulate={accumulate}", "trainer.log_every_n_steps=1")
+        losses = [float(r["train/loss"]) for r in _csv_rows(run_dir / "metrics.csv") if r.get("train/loss")]
+        first[accumulate] = losses[0]
+    assert first[2] == pytest.approx(first[1], rel=1e-5), first
+
+
 def test_an_unreachable_tracking_server_is_one_paragraph_before_training(tmp_path):
     from mlflow_server import _free_port
 

@@ -29,7 +29,8 @@ class StepLoss(pl.Callback):
         step = trainer.global_step  # the optimizer steps taken: the x axis Lightning's own step metrics use
         if every and isinstance(loss, torch.Tensor) and step != self._last_step and step % every == 0:
             self._last_step = step
-            self.reads.push(step, loss)
+            # Lightning hands over the loss it backpropagated: divided by accumulate's micro-batch count
+            self.reads.push(step, loss.detach() * trainer.accumulate_grad_batches)
         self._write(trainer, self.reads.ready())
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
