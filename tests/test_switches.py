@@ -685,6 +685,33 @@ def test_ema_stopped_mid_run_and_resumed_ends_with_the_average_of_a_run_never_st
         _assert_same_state(resumed[key], never[key], key)
 
 
+def test_a_checkpoint_saved_with_ema_resumed_without_it_trains_on_from_the_raw_weights(
+    add_callbacks, compose, tmp_path
+):
+    """Its state_dict is the average: loaded as the model, training went on from the average with the raw
+    weights' optimizer state, saying nothing. Without EMA the run continues from the raw weights."""
+    import pytorch_lightning as pl
+    from conftest import TINY
+
+    from trainer.run import run
+
+    started = {}
+
+    class Spy(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            started["state"] = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+
+    add_callbacks(Spy())
+    out = tmp_path / "run"
+    run(compose(*TINY, "ema=true", "ema_decay=0.9", "checkpoint.enabled=true"), str(out))
+    ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    run(compose(*TINY, "checkpoint.enabled=true", "ckpt_path=last", "trainer.max_epochs=2"), str(out))
+    weights = [k for k in ckpt["current_model_state"] if "running" not in k and "num_batches" not in k]
+    assert any(not torch.equal(ckpt["state_dict"][k], ckpt["current_model_state"][k]) for k in weights)
+    for name in weights:
+        assert torch.equal(started["state"][name], ckpt["current_model_state"][name]), name
+
+
 def test_ema_with_weights_only_checkpoints_is_refused_up_front(compose):
     """Lightning skips callbacks on weights-only saves, so such a file would hold the raw weights while
     metrics.json says validation used the average."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 from typing import Any, Dict
 
+import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import EMAWeightAveraging
 
@@ -82,3 +83,14 @@ class EMA(EMAWeightAveraging):
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self.updates = state_dict.get("updates", self._latest_update_step)
+
+
+class RawWeightsOfAnEmaCheckpoint(pl.Callback):
+    """``ema=false`` resuming a checkpoint saved with ``ema=true``: Lightning loads its ``state_dict``, the
+    average, and training went on from the average with the raw weights' optimizer state (its momentum),
+    saying nothing. Training continues from the raw weights (``current_model_state``), as it would have
+    with EMA on; the average is left behind with the switch."""
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: Dict[str, Any]) -> None:
+        if checkpoint.get("weights") == "ema" and "current_model_state" in checkpoint:
+            pl_module.load_state_dict(checkpoint["current_model_state"])

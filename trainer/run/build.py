@@ -18,7 +18,7 @@ from trainer import config as config_mod
 from trainer import tracking
 from trainer.callbacks import BadSampleCounter, NaNGuard, ProfilerCallback, StepLoss, StopAtAccuracy, SystemMonitor
 from trainer.callbacks.checkpointing import PreemptionCallback, ResumableState, checkpoint_callbacks
-from trainer.callbacks.ema import EMA
+from trainer.callbacks.ema import EMA, RawWeightsOfAnEmaCheckpoint
 from trainer.console import quiet_known_warnings
 from trainer.data.datamodule import ImageDataModule
 from trainer.data.progressive import resize_batch, schedule
@@ -277,6 +277,8 @@ def build_callbacks(parts: Parts) -> Callbacks:
         found.all.append(model_transforms.CompileAfterSetup(cfg))
     if cfg.ema:
         found.all.append(EMA(cfg.ema_decay))
+    elif parts.ckpt_path and cfg.strategy not in ("fsdp", "fsdp2"):  # (EMA is refused with them)
+        found.all.append(RawWeightsOfAnEmaCheckpoint())
     if cfg.stop_at_acc is not None:
         found.all.append(StopAtAccuracy(cfg.stop_at_acc))
     if isinstance(parts.module, ImageClassifier):
