@@ -419,6 +419,32 @@ def test_nan_loss_skip_skips_the_steps(train):
     assert m["status"] == "ok" and m["nan_skipped_steps"] == 8 - 3
 
 
+@pytest.mark.parametrize("setting", ["optim.zero_grad_to_none=false", "accumulate=2"])
+def test_a_skipped_step_changes_no_weight(train, add_callbacks, setting):
+    """on_nan=skip skipped the non-finite micro-batch's backward, but the optimizer still stepped with what
+    was there: zeros (SGD's momentum and weight decay moved the weights) or, with accumulate, the
+    window's other micro-batches' gradients. From the first non-finite forward on, nothing moves."""
+    import pytorch_lightning as pl
+
+    weights = []
+
+    class Spy(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            weights.append({k: p.detach().clone() for k, p in pl_module.named_parameters()})
+
+    add_callbacks(Spy())
+    m, _ = train("on_nan=skip", "model._target_=spies.ProbeNet", "~model.width", "+model.nan_after=3", setting)
+    assert m["status"] == "ok" and m["nan_skipped_steps"] == 8 - 3, m
+    moved = [
+        n for n in range(3, len(weights)) if any(not torch.equal(weights[2][k], weights[n][k]) for k in weights[2])
+    ]
+    if setting == "accumulate=2":  # batches 2 and 3 are one step, skipped whole: only the window before counts
+        moved = [
+            n for n in range(2, len(weights)) if any(not torch.equal(weights[1][k], weights[n][k]) for k in weights[1])
+        ]
+    assert moved == [], moved
+
+
 def _folder_with_a_corrupt_image(root: Path) -> None:
     from PIL import Image
 

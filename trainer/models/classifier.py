@@ -55,6 +55,7 @@ class ImageClassifier(pl.LightningModule):
         self.eval_hflip = eval_hflip
         self.seed = seed
         self._zero_grad_to_none = bool(optim_cfg.get("zero_grad_to_none", True))
+        self._step_skipped = False  # on_nan=skip: a micro-batch of this optimizer step was not finite
 
     def forward(self, x):
         return self.net(x)
@@ -67,7 +68,8 @@ class ImageClassifier(pl.LightningModule):
             x, y = self.mixing(x, y, seed)
         loss = self.loss(self(x), y)
         if self.on_nan == "skip" and not torch.isfinite(loss):
-            return None  # Lightning skips backward and the optimizer step
+            self._step_skipped = True  # on_before_optimizer_step drops the whole optimizer step
+            return None  # Lightning skips this micro-batch's backward
         # the epoch mean is reduced (across ranks too) once per epoch; the step values (train/loss)
         # are written by the StepLoss callback, which reads them without a device sync
         self.log("train/loss_epoch", loss, on_step=False, on_epoch=True, sync_dist=True, batch_size=y.shape[0])
@@ -144,10 +146,21 @@ class ImageClassifier(pl.LightningModule):
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def on_before_optimizer_step(self, optimizer):
-        """fp16 under strategy=fsdp with a fused optimizer: unscale here, so that the ranks agree on an
+        """on_nan=skip: a step with a non-finite micro-batch changes no weight. Returning None skips only
+        that micro-batch's backward; the optimizer still stepped (fp32 and bf16) with what was there: with
+        accumulate, the window's other micro-batches' gradients, and with optim.zero_grad_to_none=false,
+        zeros, which SGD's momentum and weight decay still move. Without gradients (None) every optimizer
+        leaves every weight as it is, as fp16's loss scaler skips the step. (The step still counts:
+        global_step, the schedule, EMA.)
+
+        fp16 under strategy=fsdp with a fused optimizer: unscale here, so that the ranks agree on an
         overflow. Lightning's FSDP precision unscales only optimizers that do not unscale themselves; a
         fused one then looks for inf in this rank's shards alone (the sharded scaler all-reduces what it
         found in ``unscale_``), so ranks could disagree about skipping a step and their scales drift."""
+        if self._step_skipped:
+            optimizer.zero_grad(set_to_none=True)
+            self._step_skipped = False
+            return
         if isinstance(self.trainer.strategy, FSDPStrategy):
             self._unscale_once(optimizer)
 
