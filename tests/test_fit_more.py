@@ -407,3 +407,20 @@ def test_step_loss_reaches_tensorboard_every_log_every_n_steps(train):
     assert steps == list(range(3, 25, 3)), steps
     assert all(e.value > 0 for e in events.Scalars("train/loss"))
     assert "train/loss_epoch" in events.Tags()["scalars"]
+
+
+def test_a_resume_records_the_lr_it_trains_at_the_checkpoints(compose, tmp_path, caplog):
+    """Lightning restores the optimizer and its schedule, base lr included: a resume at another batch
+    (lr_scaling=linear) trained at the checkpoint's lr while metrics.json recorded the new config's."""
+    from conftest import TINY
+
+    from trainer.run import run
+
+    out = tmp_path / "run"
+    first = run(compose(*TINY, "lr_scaling=linear", "data.batch_size=8", "checkpoint.enabled=true"), str(out))
+    resume = [*TINY, "lr_scaling=linear", "checkpoint.enabled=true", "ckpt_path=last", "trainer.max_epochs=2"]
+    resumed = run(compose(*resume, "data.batch_size=16"), str(out))
+    ckpt = torch.load(out / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    ran = ckpt["optimizer_states"][0]["param_groups"][0]["initial_lr"]
+    assert resumed["lr"] == pytest.approx(first["lr"]) == pytest.approx(ran), (first["lr"], resumed["lr"], ran)
+    assert "resuming at the checkpoint's lr" in caplog.text and "not this config's" in resumed["lr_note"]

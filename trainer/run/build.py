@@ -5,6 +5,7 @@ model, the values the run settles itself, then the strategy, the callbacks and L
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import warnings
@@ -33,7 +34,7 @@ from trainer.measure.memory import PeakMemory
 from trainer.models import build_module
 from trainer.models.build import check_user_module, user_lightning_module_class
 from trainer.models.classifier import ImageClassifier
-from trainer.run.checkpoint_fit import check_checkpoint, check_fits
+from trainer.run.checkpoint_fit import check_checkpoint, check_fits, lr_it_resumes_at
 from trainer.run.parts import Callbacks, Parts, previous_result, save_config
 from trainer.run.record import MetricsJournal
 from trainer.switches import model_transforms, switchboard
@@ -192,6 +193,19 @@ def _settle(parts: Parts) -> None:
         _settle_value(parts, "data.batch_size", batch_size)
         pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the search consumed random numbers
     lr, parts.notes["lr_note"] = switchboard.scaled_lr(cfg, plan.world_size(parts.hw))
+    resumed = (
+        lr_it_resumes_at(parts.ckpt_path) if parts.ckpt_path and isinstance(parts.module, ImageClassifier) else None
+    )
+    if resumed is not None and not math.isclose(resumed, lr, rel_tol=1e-6):
+        # recorded as what runs (metrics.json, the trackers, .hydra/config.yaml), and said
+        log.warning(
+            "resuming at the checkpoint's lr %g: its optimizer and schedule carry on; this config's lr %g "
+            "(optim.lr, lr_scaling, the batch) applies to a run started afresh",
+            resumed,
+            lr,
+        )
+        parts.notes["lr_note"] += f"; resumed at the checkpoint's lr {resumed:g}, not this config's"
+        lr = resumed
     _settle_value(parts, "optim.lr", lr)
     log.info(parts.notes["lr_note"])
     save_config(parts)

@@ -13,7 +13,7 @@ is searched or anything trains. Both map the file rather than read it.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -90,3 +90,17 @@ def _check_optimizer(path: str, states: List[Dict[str, Any]], name: str) -> None
             f"Checkpoint {path} was saved by another optimizer (its state is optim.name={was}'s), which optim.name={name} "
             f"cannot continue. Resume with optim.name={was.split()[0]}, or train anew."
         )
+
+
+def lr_it_resumes_at(path: str) -> Optional[float]:
+    """The learning rate a resume from ``path`` trains at: Lightning restores the optimizer's and its
+    schedule's state, base lr included, so the lr this run's config gives is not applied. None where
+    the checkpoint holds no optimizer (a user's module's, weights only)."""
+    ckpt = safe_load(path, mmap=True)
+    schedulers = ckpt.get("lr_schedulers") or []
+    if schedulers and schedulers[0].get("base_lrs"):
+        return float(schedulers[0]["base_lrs"][0])
+    groups = ((ckpt.get("optimizer_states") or [{}])[0] or {}).get("param_groups") or []
+    if groups:
+        return float(groups[0].get("initial_lr", groups[0].get("lr")))
+    return None

@@ -114,10 +114,9 @@ def _checkpointed_forward(block, forward, *args, **kwargs):
 
 @contextlib.contextmanager
 def _batchnorm_statistics_kept(block: nn.Module):
-    """The recomputation of a checkpointed block in backward runs its forward in training mode again:
-    each BatchNorm would fold the same batch into its running statistics a second time (and count it
-    twice), so the flag changed the eval model, not only memory. During the recomputation their
-    momentum is 0 (the statistics stay) and the batch count is put back after."""
+    """A checkpointed block's recomputation in backward runs its forward in training mode again, and each
+    BatchNorm folded the batch into its running statistics twice (the flag changed the eval model, not
+    only memory). Meanwhile their momentum is 0 (the statistics stay); the batch count is put back."""
     norms = [m for m in block.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats]
     kept = [(m, m.momentum, m.num_batches_tracked.clone()) for m in norms]
     for m in norms:
