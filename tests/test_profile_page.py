@@ -232,6 +232,26 @@ def test_the_profile_summary_page_renders_offline_in_a_real_browser(profiled, tm
     assert _render(leaky, tmp_path / "leaky.png")[0] == ["http://example.invalid/chart.png"]
 
 
+def test_the_profiled_steps_hold_no_validation(train):
+    """The profiler's steps end at each batch's end: the step after an epoch's last batch also held the
+    validation and the epoch's end, and the page counted their seconds as a training step's. The
+    window moves to steps clear of them (5 batches an epoch: steps 6-8, not 3-5)."""
+    import json
+    from types import SimpleNamespace
+
+    from trainer.callbacks.profiler import clear_of_validation
+
+    schedule = SimpleNamespace(skip_first=1, wait=1, warmup=1, active=3, repeat=1)
+    assert clear_of_validation(schedule, 5) == 4 and clear_of_validation(schedule, 16) == 1
+    assert clear_of_validation(schedule, 3) == 1  # no room between two validations: as given
+    m, out = train(
+        "profile=true", "data.num_samples=40", "data.batch_size=8", "data.val_samples=512", "trainer.max_epochs=2"
+    )
+    summary = json.loads((out / "profiler" / "summary.json").read_text())
+    validation = m["epochs"][0]["val_time_s"]
+    assert summary["steps"] == 3 and summary["step_time_us"] / 1e6 < validation, (summary["step_time_us"], validation)
+
+
 def test_the_breakdown_partition_counts_each_instant_once_by_priority():
     """Kernel time wins over the CPU time it overlaps; what nothing covers is "other"."""
     from trainer.callbacks.profile_page import partition

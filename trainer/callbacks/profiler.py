@@ -45,9 +45,19 @@ class ProfilerCallback(pl.Callback):
             handler(prof)
             self.traces = sorted(f for f in os.listdir(self.out_dir) if f.endswith(".pt.trace.json"))
 
+        skip_first = clear_of_validation(c, _boundary(trainer))
+        if skip_first != c.skip_first:
+            log.info(
+                "profile: steps %d-%d recorded (profiler.skip_first %d, not %d): the window reached a validation or an "
+                "epoch's end, whose time the profiled steps would have counted",
+                skip_first + c.wait + c.warmup,
+                skip_first + c.wait + c.warmup + c.active - 1,
+                skip_first,
+                c.skip_first,
+            )
         self.prof = profile(
             activities=activities,
-            schedule=schedule(skip_first=c.skip_first, wait=c.wait, warmup=c.warmup, active=c.active, repeat=c.repeat),
+            schedule=schedule(skip_first=skip_first, wait=c.wait, warmup=c.warmup, active=c.active, repeat=c.repeat),
             on_trace_ready=on_ready,
             profile_memory=c.memory,
             with_stack=c.with_stack,
@@ -107,6 +117,30 @@ class ProfilerCallback(pl.Callback):
             except Exception as e:  # the summary is a convenience; the trace files are the product
                 log.warning("could not summarize the profile: %s", e)
             log.info("profiler traces in %s: tensorboard --logdir %s", self.out_dir, os.path.dirname(self.out_dir))
+
+
+def _boundary(trainer) -> int:
+    """Training batches between two points where the loop leaves them (a validation, an epoch's end)."""
+    per_epoch = trainer.num_training_batches if isinstance(trainer.num_training_batches, int) else 0
+    every = trainer.val_check_batch if isinstance(trainer.val_check_batch, int) else per_epoch
+    return min(b for b in (per_epoch, every) if b) if (per_epoch or every) else 0
+
+
+def clear_of_validation(cfg, boundary: int) -> int:
+    """``profiler.skip_first``, moved on where the recorded steps would hold a validation or an epoch's end.
+
+    The profiler's steps end at each training batch's end, so the step after the batch that ends an
+    epoch (or a validation interval) also holds that validation, the epoch-end hooks and checkpointing:
+    counted as a training step, it showed the page seconds per step of another kind of work. The
+    window's start moves to the first place where its recorded steps (``active``, after ``wait`` and
+    ``warmup``) fit between two such points; where they cannot (``active`` >= the points' distance) or
+    the window repeats, it stays and the page's per-step times include them."""
+    if not boundary or cfg.repeat != 1 or cfg.active >= boundary:
+        return cfg.skip_first
+    first = cfg.skip_first + cfg.wait + cfg.warmup  # the first recorded step (step 0: the first batch)
+    while any(j > 0 and j % boundary == 0 for j in range(first, first + cfg.active)):
+        first += 1
+    return first - cfg.wait - cfg.warmup
 
 
 def _device_time(event) -> float:
