@@ -105,6 +105,9 @@ def test_a_stopped_sweep_finished_later_reaches_mlflow_wandb_and_csv_as_one_swee
     assert stopped.returncode == PREEMPTED_EXIT_CODE, stopped.stderr[-3000:]
     assert "preempted by SIGTERM at step 3;" in read_metrics(sweep / "0")["error"] and not (sweep / "1").exists()
     group = _state(sweep)
+    client = mlflow_server.client()
+    attached = {a.path for a in client.list_artifacts(group["mlflow"]["parent_run_id"])}
+    assert "ab_report.md" in attached, attached  # the stopped sweep's report, attached at the stop
     r = run_cli(*command, env_extra=env)  # the same command finishes the sweep
     assert r.returncode == 0, r.stderr[-3000:]
     assert _state(sweep) == group  # the same parent run and group

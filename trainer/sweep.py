@@ -318,6 +318,10 @@ def finish_stopped(signal_name: str) -> int:
     again = sweep_record.finish_command(Path(sweep_dir), plan)
     stopped = sweep_record.stopped_by(plan)
     write_report([sweep_dir], sweep_dir, **sweep_record.unfinished(Path(sweep_dir)), **_state["report"])
+    if not is_launched_rank():
+        # the report of what finished, on the parent run / group too; the parent run stays open for the
+        # command that finishes the sweep (it attaches the whole report and ends the run)
+        tracking.sweep_end(sweep_dir, finished=False)
     print(
         f"\n{stopped} after the job in flight saved its checkpoint; "
         + (f"{len(missing)} job(s) did not run: {'; '.join(missing)}. " if missing else "")

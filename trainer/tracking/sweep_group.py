@@ -84,7 +84,11 @@ def _mlflow_parent(name: str, entry: Dict[str, Any], config, sweep_dir: str) -> 
 
 
 def sweep_end(sweep_dir: str, finished: bool = True) -> None:
-    """Attach the A/B report to the sweep's parent run and group (the same table the sweep dir holds)."""
+    """Attach the A/B report to the sweep's parent run and group (the same table the sweep dir holds).
+
+    ``finished=False``: a stopped sweep's report of what finished, on the MLflow parent run, which stays
+    open for the command that finishes the sweep (its report then replaces this one). W&B gets only the
+    finished sweep's: a report there is a run of its own in the group, and a second would stay beside it."""
     state = read_state(os.path.join(sweep_dir, STATE))
     files = [os.path.join(sweep_dir, f) for f in REPORT_FILES if os.path.isfile(os.path.join(sweep_dir, f))]
     for name, entry in state.items():
@@ -96,7 +100,7 @@ def sweep_end(sweep_dir: str, finished: bool = True) -> None:
                 mlflow_artifacts(client, entry["parent_run_id"], files, sweep_dir)
                 if finished:
                     client.set_terminated(entry["parent_run_id"], "FINISHED")
-            elif entry.get("group"):
+            elif entry.get("group") and finished:
                 _wandb_report_run(entry, files, sweep_dir)
         except Exception as e:
             log.warning("logger=%s: could not attach the A/B report: %s", name, metrics_mod.one_line(e))
