@@ -298,11 +298,6 @@ def keep_finished(out_dir: str) -> Dict[str, Any]:
     return dict(metrics.read(os.path.join(out_dir, "metrics.json")), already_finished=True)
 
 
-def not_run(sweep_dir: str) -> List[str]:
-    """Labels of the planned jobs with no result in the sweep dir (``#2 amp=true ...``)."""
-    return sweep_record.not_run(Path(sweep_dir), sweep_record.read_plan(sweep_dir) or {})
-
-
 def finish_stopped(signal_name: str) -> int:
     """After a stop: mark the plan, write the report of what finished, say what did not run and how to finish.
     The report's "Not run" list and note come from the plan as written here (``sweep_record.unfinished``),
@@ -314,10 +309,11 @@ def finish_stopped(signal_name: str) -> int:
     plan.update(state="stopped", signal=signal_name, argv=plan.get("argv") or sys.argv[1:])
     plan.setdefault("dir", sweep_dir)
     _write(sweep_dir, plan)
-    missing = not_run(sweep_dir)
+    unfinished = sweep_record.unfinished(Path(sweep_dir), plan)
+    missing = unfinished["not_run"]
     again = sweep_record.finish_command(Path(sweep_dir), plan)
     stopped = sweep_record.stopped_by(plan)
-    write_report([sweep_dir], sweep_dir, **sweep_record.unfinished(Path(sweep_dir)), **_state["report"])
+    write_report([sweep_dir], sweep_dir, **unfinished, **_state["report"])
     if not is_launched_rank():
         # the report of what finished, on the parent run / group too; the parent run stays open for the
         # command that finishes the sweep (it attaches the whole report and ends the run)

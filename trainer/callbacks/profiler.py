@@ -121,9 +121,8 @@ class ProfilerCallback(pl.Callback):
 
 def _boundary(trainer) -> int:
     """Training batches between two points where the loop leaves them (a validation, an epoch's end)."""
-    per_epoch = trainer.num_training_batches if isinstance(trainer.num_training_batches, int) else 0
-    every = trainer.val_check_batch if isinstance(trainer.val_check_batch, int) else per_epoch
-    return min(b for b in (per_epoch, every) if b) if (per_epoch or every) else 0
+    counts = (trainer.num_training_batches, trainer.val_check_batch)  # (either may be inf: none)
+    return min((b for b in counts if isinstance(b, int) and b > 0), default=0)
 
 
 def clear_of_validation(cfg, boundary: int) -> int:

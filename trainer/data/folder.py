@@ -27,6 +27,7 @@ from trainer.data.layout import class_folders, find_class_folders, split_folders
 from trainer.data.storage import explain, is_remote, local_path, open_root
 from trainer.errors import ConfigError, TrainingStopped
 
+IMAGE_FILES = ", ".join(IMG_EXTENSIONS)  # what ImageFolder takes (and so every decoder: trainer.data.decoders)
 CROP_SCALE = Augmentation().crop_scale  # RandomResizedCrop's range of area fractions (data.crop_min_scale's default)
 VAL_RESIZE = (
     Augmentation().eval_resize_ratio
@@ -179,9 +180,6 @@ def _image_folder(path: str, transform, key: str, on_bad_sample: str = "skip", l
             "Expected DIR/<class>/<image>.jpg, or DIR/train/<class>/... and DIR/val/<class>/...; "
             f"images may be {IMAGE_FILES}."
         ) from None
-
-
-IMAGE_FILES = ", ".join(IMG_EXTENSIONS)  # what ImageFolder takes (and so every decoder: trainer.data.decoders)
 
 
 def _remote_image_folder(fs, path: str, transform, key: str, on_bad_sample: str, loader, root: str):

@@ -138,9 +138,13 @@ def build_webdataset(
     require_root(root, "webdataset", "tar shards")
     fs, base = open_root(root, storage_options)
     splits, classes = {}, None
-    val_index = find_val_split(f"{base}/{{}}.json", fs.isfile)
-    for split, index in (("train", f"{base}/{TRAIN_SPLIT}.json"), ("val", val_index)):
-        if index and fs.isfile(index):  # a split's wids index: the image folder's split names (layout)
+    train_index = f"{base}/{TRAIN_SPLIT}.json"
+    indexes = {  # each split's wids index, under the image folder's split names (layout)
+        "train": train_index if fs.isfile(train_index) else None,
+        "val": find_val_split(f"{base}/{{}}.json", fs.isfile),
+    }
+    for split, index in indexes.items():
+        if index:
             urls, sizes, names = _descriptor(fs, index, root)
             splits[split] = (urls, sizes)
             classes = classes or names

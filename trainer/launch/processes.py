@@ -113,12 +113,16 @@ def allocator_loaded() -> str:
     return _ALLOCATOR_OF[pid]
 
 
+# set in the allocator's relaunched child (``allocator_env``): which allocator it was started to preload
+ALLOCATOR_RELAUNCHED_ENV = "TRAINER_ALLOCATOR_RELAUNCHED"
+
+
 def allocator_env(cfg) -> dict:
     """Environment that preloads runtime.allocator (empty when it is already loaded or default)."""
     name = cfg.runtime.allocator
     if name == "default" or allocator_loaded() == name:
         return {}
-    if os.environ.get("TRAINER_ALLOCATOR_RELAUNCHED") == name:
+    if os.environ.get(ALLOCATOR_RELAUNCHED_ENV) == name:
         raise ConfigError(
             f"'runtime.allocator={name}': preloading {find_allocator(name)} did not take effect (LD_PRELOAD ignored?)."
         )
@@ -130,7 +134,7 @@ def allocator_env(cfg) -> dict:
             f"Install it (Debian/Ubuntu: apt-get install {package}) or use runtime.allocator=default."
         )
     preload = " ".join(filter(None, [path, os.environ.get("LD_PRELOAD")]))
-    return {"LD_PRELOAD": preload, "TRAINER_ALLOCATOR_RELAUNCHED": name}
+    return {"LD_PRELOAD": preload, ALLOCATOR_RELAUNCHED_ENV: name}
 
 
 def settle_strategy(cfg) -> None:

@@ -30,6 +30,7 @@ from omegaconf import open_dict
 
 from trainer.errors import ConfigError
 from trainer.launch import stopping
+from trainer.launch.processes import ALLOCATOR_RELAUNCHED_ENV
 from trainer.launch.stopping import PREEMPTED_EXIT_CODE
 from trainer.launch.torchrun import LAUNCHED_RANKS_ENV
 from trainer.rank import restart_count, srun_rank
@@ -110,7 +111,7 @@ def leave_for_requeue(result) -> None:
         and "SIGTERM" in str(result.get("error"))
     ):
         return
-    if os.environ.get(LAUNCHED_RANKS_ENV) or os.environ.get("TRAINER_ALLOCATOR_RELAUNCHED"):
+    if os.environ.get(LAUNCHED_RANKS_ENV) or os.environ.get(ALLOCATOR_RELAUNCHED_ENV):
         return  # a process the job's own process started: that one leaves (hand_launched_job_to_submitit)
     if not requeue_pending():
         return  # scancel: no rerun comes, so this attempt's result (a failed row) is the job's

@@ -59,10 +59,11 @@ def stopped_by(plan: Dict[str, Any]) -> str:
     return f"the sweep was stopped by {plan.get('signal') or 'a signal'}"
 
 
-def unfinished(sweep_dir: Path) -> Dict[str, Any]:
+def unfinished(sweep_dir: Path, plan: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """``write_report``'s ``not_run`` and ``note`` for a sweep that did not run all its jobs ({} for one
-    that ended, or has no plan): the stop's own words for a stopped one."""
-    plan = read_plan(sweep_dir) or {}
+    that ended, or has no plan): the stop's own words for a stopped one. ``plan``: the plan as the
+    sweep's process holds it (else read from the sweep dir)."""
+    plan = plan if plan is not None else read_plan(sweep_dir) or {}
     if plan.get("state") not in ("stopped", "running"):
         return {}
     again = finish_command(sweep_dir, plan)

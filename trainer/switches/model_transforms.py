@@ -106,8 +106,7 @@ def _checkpointed_forward(block, forward, *args, **kwargs):
             # compiled, the graph's buffer updates are applied once, after its forward: the recomputation
             # in backward does not fold the batch in again (and Dynamo takes no context of ours here)
             return checkpoint(forward, block, *args, use_reentrant=False, **kwargs)
-        recompute = functools.partial(_batchnorm_statistics_kept, block)
-        context_fn = lambda: (contextlib.nullcontext(), recompute())  # noqa: E731
+        context_fn = lambda: (contextlib.nullcontext(), _batchnorm_statistics_kept(block))  # noqa: E731
         return checkpoint(forward, block, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
     return forward(block, *args, **kwargs)
 

@@ -44,15 +44,16 @@ class Result:
         """The training time of each epoch up to the first validation whose val_acc reaches ``target``, the
         last epoch's up to that validation (a part of it with report.val_per_epoch, as a run that
         stop_at_acc stops there trains); None if none did."""
-        reached = self._reach(target)
+        reached = self.reach(target)
         return reached[0] if reached else None
 
     def epochs_to_target(self, target: float) -> Optional[float]:
         """The epochs trained when a validation first reached ``target`` (1.5: half-way through the second)."""
-        reached = self._reach(target)
+        reached = self.reach(target)
         return reached[1] if reached else None
 
-    def _reach(self, target: float) -> Optional[tuple]:
+    def reach(self, target: float) -> Optional[tuple]:
+        """(``to_target``'s times, ``epochs_to_target``'s epochs) from one pass over the curve; None if not reached."""
         times: dict = {}  # epoch -> its training time so far
         for n, point in enumerate(self.curve):
             time_s, acc = point[0], point[1]

@@ -165,12 +165,13 @@ class Search:
     def _to_target(self, results: List[Result]) -> List[tuple]:
         """(epoch times up to the target, steady epoch times, the share of its last epoch trained by then) of
         each result that reached it (the share is below 1 with report.val_per_epoch)."""
-        found = [
-            (r.to_target(self.target), [record[0] for record in r.steady], r.epochs_to_target(self.target))
-            for r in results
-            if r.ok
-        ]
-        return [(times, steady, epochs - (len(times) - 1)) for times, steady, epochs in found if times]
+        found = []
+        for r in results:
+            reached = r.reach(self.target) if r.ok else None
+            if reached:
+                times, epochs = reached
+                found.append((times, [record[0] for record in r.steady], epochs - (len(times) - 1)))
+        return found
 
     def _compare(self, base: List[Result], other: List[Result]) -> tuple:
         """(speedup of ``other`` over ``base``, its interval) from pooled full-epoch times, or from the
@@ -200,8 +201,7 @@ class Search:
             n, name, group, chosen_by, config, "", "", self._epoch_s([result]), result.compile_s, dir=result.dir
         )
         if self.target is not None and result.ok:
-            times = result.to_target(self.target)
-            step.epochs_to_target = result.epochs_to_target(self.target)
+            times, step.epochs_to_target = result.reach(self.target) or (None, None)
             step.time_to_target_s = sum(times) if times else None
             step.val_acc = result.val_acc
         return step
